@@ -1,0 +1,220 @@
+"""The tool-call ledger: backend-neutral types and protocol.
+
+A ledger entry is the durable record of one logical side-effecting tool call:
+
+* ``issued``    - written and committed *before* the tool runs. It is the claim: only
+  the process that inserted it (the *owner*) may run the tool while its lease lasts.
+* ``completed`` - the tool returned; ``result`` holds its serialized output.
+* ``failed``    - the tool raised; ``error`` holds the message and ``result`` the
+  serialized error ``ToolMessage`` that was returned to the model (replayed as is).
+
+An ``issued`` entry whose lease has expired has an *unknown outcome*: its process died
+somewhere between the claim and the final write, so the side effect may or may not have
+happened. The tool node never re-runs such a call silently (see ``tool_node``).
+
+Backends (SQLite, Postgres) implement :class:`ToolCallLedger`'s small set of record
+methods; all policy (keys, status transitions, leases, replay) lives in the core so the
+backends cannot disagree about it.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class CallStatus(str, Enum):
+    """The three states of a ledger entry."""
+
+    ISSUED = "issued"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class CallIntent:
+    """What the tool node knows about a call before it runs it (one ``issued`` row).
+
+    ``scope`` is the thread id by default, or ``"ns:<name>"`` for an explicitly named
+    namespace shared across threads. ``agent_path`` is the checkpoint namespace with task
+    ids stripped (``"supervisor|researcher"``), so a child agent's call keeps its identity
+    when LangGraph re-runs the task under a new task id.
+
+    ``key`` must not embed ``scope``: the primary key is ``(scope, key)`` and
+    ``acopy_thread`` re-scopes a thread's rows to the fork, which must still find them.
+    """
+
+    scope: str
+    key: str
+    thread_id: str
+    agent_path: str
+    tool_name: str
+    args_hash: str
+    args: bytes  # canonical JSON of the model-emitted args (before injection)
+    tool_call_id: str
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One row of the ledger, as read back."""
+
+    scope: str
+    key: str
+    thread_id: str
+    agent_path: str
+    tool_name: str
+    args_hash: str
+    args: bytes
+    tool_call_id: str
+    status: CallStatus
+    attempts: int
+    replays: int
+    conflicts: int
+    owner: str
+    issued_at: float
+    lease_expires_at: float
+    finished_at: float | None = None
+    result_type: str | None = None
+    result: bytes | None = None
+    error: str | None = None
+    run_id: str | None = None
+    adopted_by: str | None = None
+
+    def is_unknown(self, now: float | None = None) -> bool:
+        """True when the call was issued, never finished, and its claim has lapsed."""
+        now = time.time() if now is None else now
+        return self.status is CallStatus.ISSUED and self.lease_expires_at <= now
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    """Result of trying to claim one call.
+
+    ``claimed`` is True when *this* call inserted the ``issued`` row (the caller must
+    now run the tool and then :meth:`ToolCallLedger.finish` it). Otherwise ``entry`` is
+    the row that already existed under the same key.
+    """
+
+    claimed: bool
+    entry: LedgerEntry
+
+
+@dataclass
+class LedgerStats:
+    """Counters over a set of entries (a thread, or the whole ledger)."""
+
+    executed: int = 0
+    replayed: int = 0
+    unknown: int = 0
+    in_progress: int = 0
+    failed: int = 0
+    conflicts: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+class ToolCallLedger(ABC):
+    """The ledger protocol every backend implements.
+
+    All methods are atomic: each is one transaction, committed before it returns
+    (``claim`` commits every ``issued`` row of a batch of parallel calls at once).
+    """
+
+    @abstractmethod
+    async def aclaim(
+        self, intents: Sequence[CallIntent], *, owner: str, lease_seconds: float
+    ) -> list[ClaimOutcome]:
+        """Insert an ``issued`` row for each intent whose key is free, in one commit.
+
+        For a key already present the existing row is returned unchanged (the caller
+        decides: replay, conflict, wait, or unknown outcome).
+        """
+
+    @abstractmethod
+    async def afinish(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> LedgerEntry:
+        """Record the outcome of a claimed call (``completed`` or ``failed``).
+
+        Only succeeds while the row is still ``issued`` and owned by ``owner``;
+        otherwise raises :class:`~langgraph_idem_saver.errors.LedgerStateError`.
+        """
+
+    @abstractmethod
+    async def areclaim(
+        self, scope: str, key: str, *, owner: str, lease_seconds: float, expected_attempts: int
+    ) -> LedgerEntry | None:
+        """Take over an ``issued`` entry whose outcome is settled as "did not happen".
+
+        Atomically bumps ``attempts``, sets the new owner and lease, and returns the
+        row; returns None when the row changed since it was read (``attempts`` differs
+        or it is no longer ``issued``) - another process got there first.
+        """
+
+    @abstractmethod
+    async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
+        """Delete an ``issued`` row owned by ``owner`` without recording an outcome.
+
+        For a tool that raised LangGraph's ``interrupt()`` (human approval): it did
+        nothing final, and LangGraph re-enters it on resume, which must run it again.
+        Returns False when the row is not ours or not ``issued`` any more.
+        """
+
+    @abstractmethod
+    async def aadopt(self, scope: str, key: str, *, tool_call_id: str) -> LedgerEntry | None:
+        """Mark an orphaned entry as adopted by a re-issued call (new tool_call_id).
+
+        Returns None if it was adopted by someone else already.
+        """
+
+    @abstractmethod
+    async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
+        """Read one entry."""
+
+    @abstractmethod
+    async def afind_orphans(
+        self, scope: str, agent_path: str, tool_name: str, args_hash: str
+    ) -> list[LedgerEntry]:
+        """Entries with the same call signature not yet adopted, oldest first."""
+
+    @abstractmethod
+    async def alist_entries(
+        self, thread_id: str | None = None, *, agent_path: str | None = None
+    ) -> list[LedgerEntry]:
+        """Entries of one thread (optionally one agent path), or all, oldest first."""
+
+    @abstractmethod
+    async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
+        """Unknown outcomes across all threads: ``issued`` with an expired lease."""
+
+    @abstractmethod
+    async def aresolve(
+        self,
+        scope: str,
+        key: str,
+        *,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None,
+        expected_attempts: int,
+    ) -> LedgerEntry | None:
+        """Settle an unknown outcome by hand (operator or human-in-the-loop).
+
+        Returns None if the row is not ``issued`` any more or ``attempts`` changed.
+        """
+
+    @abstractmethod
+    async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
+        """Count a replay (or an idempotency conflict) on an entry."""

@@ -1,0 +1,264 @@
+"""What every backend's saver shares: config parsing, encoding, versions, the sync bridge.
+
+Backends subclass :class:`IdemSaverBase` and implement the async methods of
+``BaseCheckpointSaver`` and :class:`~langgraph_idem_saver.ledger.ToolCallLedger`; the
+synchronous methods here run those coroutines on the saver's event loop, as LangGraph's
+own async savers do, so ``graph.invoke`` from a worker thread works and a sync call made
+on the loop's own thread fails loudly instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from langgraph_idem_saver.errors import (
+    ConfigError,
+    CorruptRecordError,
+    IdemSaverError,
+    SerializationError,
+)
+from langgraph_idem_saver.ledger import ToolCallLedger
+
+T = TypeVar("T")
+
+PRUNE_STRATEGIES = ("keep_latest", "delete")
+
+
+class SyncCallOnEventLoopError(IdemSaverError, asyncio.InvalidStateError):
+    """A synchronous saver method was called on the event loop the saver runs on.
+
+    Blocking that thread would deadlock (the result can only be produced by the loop
+    we would be blocking). Use the ``a``-prefixed method, or ``await graph.ainvoke``.
+    """
+
+
+def thread_id_of(config: RunnableConfig | None) -> str:
+    """The config's ``thread_id`` as a string, or a :class:`ConfigError` naming the key."""
+    configurable = (config or {}).get("configurable")
+    if not isinstance(configurable, dict):
+        raise ConfigError(
+            "config has no 'configurable' dict; pass "
+            "{'configurable': {'thread_id': ...}} (LangGraph needs a thread_id to checkpoint)"
+        )
+    thread_id = configurable.get("thread_id")
+    if thread_id is None or thread_id == "":
+        raise ConfigError(
+            "config['configurable'] has no 'thread_id'; pass "
+            "{'configurable': {'thread_id': ...}} to use a checkpointer"
+        )
+    if not isinstance(thread_id, (str, int)) or isinstance(thread_id, bool):
+        raise ConfigError(
+            f"config['configurable']['thread_id'] must be a str (or int), got "
+            f"{type(thread_id).__name__}"
+        )
+    return str(thread_id)
+
+
+def checkpoint_ns_of(config: RunnableConfig) -> str:
+    """The config's ``checkpoint_ns`` ('' when absent), validated to be a string."""
+    ns = config["configurable"].get("checkpoint_ns", "")
+    if ns is None:
+        return ""
+    if not isinstance(ns, str):
+        raise ConfigError(
+            f"config['configurable']['checkpoint_ns'] must be a str, got {type(ns).__name__}"
+        )
+    return ns
+
+
+def checkpoint_id_of(config: RunnableConfig) -> str | None:
+    """The config's ``checkpoint_id`` or None, validated to be a string."""
+    cid = config["configurable"].get("checkpoint_id")
+    if cid is None or cid == "":
+        return None
+    if not isinstance(cid, str):
+        raise ConfigError(
+            f"config['configurable']['checkpoint_id'] must be a str, got {type(cid).__name__}"
+        )
+    return cid
+
+
+def encode_metadata(metadata: CheckpointMetadata) -> str:
+    """Metadata as canonical JSON text (sorted keys), the form filters compare against.
+
+    UTF-8 text when possible; ``\\u`` escapes when the metadata holds lone surrogates
+    (which UTF-8 cannot carry), so such strings still round-trip exactly.
+    """
+    try:
+        text = json.dumps(
+            metadata, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(
+            f"checkpoint metadata must be JSON-serializable (str/int/float/bool/None, "
+            f"lists and dicts of them): {exc}"
+        ) from exc
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(metadata, ensure_ascii=True, sort_keys=True, separators=(",", ":"))
+    return text
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON for equality comparisons inside the database (metadata filters)."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def encode_versions(versions: ChannelVersions) -> str:
+    """``channel_versions`` as a JSON object of strings: the blob keys of a checkpoint."""
+    return json.dumps({k: str(v) for k, v in versions.items()}, separators=(",", ":"))
+
+
+def decode_typed(
+    serde: SerializerProtocol, type_: str, data: bytes | None, what: str, **location: Any
+) -> Any:
+    """``serde.loads_typed`` that turns any decoding failure into :class:`CorruptRecordError`."""
+    try:
+        return serde.loads_typed((type_, data if data is not None else b""))
+    except Exception as exc:
+        raise CorruptRecordError(what, location=location, cause=exc) from exc
+
+
+def decode_json(text: str | bytes, what: str, **location: Any) -> Any:
+    """``json.loads`` that turns a failure into :class:`CorruptRecordError`."""
+    try:
+        return json.loads(text)
+    except Exception as exc:
+        raise CorruptRecordError(what, location=location, cause=exc) from exc
+
+
+def make_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
+    """The config that addresses one stored checkpoint."""
+    return {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": checkpoint_ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
+class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
+    """Shared behaviour of :class:`AsyncSqliteSaver` and :class:`AsyncPostgresSaver`."""
+
+    loop: asyncio.AbstractEventLoop | None
+
+    def __init__(self, *, serde: SerializerProtocol | None = None) -> None:
+        super().__init__(serde=serde)
+        try:
+            self.loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+
+    def _remember_loop(self) -> None:
+        """Record the loop of the first async call, for savers built outside a loop."""
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+
+    # --- versions ---------------------------------------------------------------
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """LangGraph's string version format, so databases and versions stay compatible.
+
+        ``"<32-digit counter>.<16-digit random>"``: monotonic in the counter, with a random
+        tail so that two forks of one checkpoint never mint the same version.
+        """
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(str(current).split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
+
+    # --- the sync bridge ----------------------------------------------------------
+
+    def _run_sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        loop = self.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or (running is not None and running is loop):
+            coro.close()
+            if loop is None:
+                raise SyncCallOnEventLoopError(
+                    f"{type(self).__name__} has no event loop yet: create it inside a running "
+                    "loop (e.g. `async with AsyncSqliteSaver.from_conn_string(...)`) and call "
+                    "its sync methods from another thread"
+                )
+            raise SyncCallOnEventLoopError(
+                f"Synchronous calls to {type(self).__name__} are only allowed from a "
+                "different thread than its event loop's. On the loop, use the async "
+                "interface: `await saver.aget_tuple(...)` or `await graph.ainvoke(...)`."
+            )
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._run_sync(self.aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        async def collect() -> list[CheckpointTuple]:
+            return [t async for t in self.alist(config, filter=filter, before=before, limit=limit)]
+
+        yield from self._run_sync(collect())
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return self._run_sync(self.aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        self._run_sync(self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._run_sync(self.adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._run_sync(self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._run_sync(self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._run_sync(self.aprune(thread_ids, strategy=strategy))
+
+
+def check_prune_strategy(strategy: str) -> None:
+    """Reject an unknown prune strategy before touching anything."""
+    if strategy not in PRUNE_STRATEGIES:
+        raise ValueError(
+            f"unknown prune strategy {strategy!r}; expected one of {', '.join(PRUNE_STRATEGIES)}"
+        )

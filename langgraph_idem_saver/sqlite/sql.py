@@ -1,0 +1,304 @@
+"""Every SQL statement of the SQLite backend, and its migrations.
+
+``MIGRATIONS[i]`` brings a database from schema version ``i - 1`` to ``i``; the versions
+applied are recorded in ``idem_saver_migrations`` (as LangGraph's Postgres saver does),
+so ``len(MIGRATIONS) - 1`` is the schema version this release writes. Never edit a
+migration that has shipped: append a new one.
+
+Tables carry an ``idem_`` prefix so a file that LangGraph's own SQLite saver also uses
+(tables ``checkpoints`` / ``writes``) is never misread.
+
+Channel values are stored once per (channel, version) in ``idem_blobs`` and written only
+for ``new_versions``: a thread costs what it adds, not the whole state per checkpoint.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 0: the bookkeeping table itself
+    """
+    CREATE TABLE IF NOT EXISTS idem_saver_migrations (v INTEGER PRIMARY KEY);
+    """,
+    # 1: checkpoints, blobs, writes
+    """
+    CREATE TABLE IF NOT EXISTS idem_checkpoints (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL DEFAULT '',
+        checkpoint_id TEXT NOT NULL,
+        parent_checkpoint_id TEXT,
+        run_id TEXT,
+        type TEXT NOT NULL,
+        checkpoint BLOB NOT NULL,
+        metadata TEXT NOT NULL,
+        channel_versions TEXT NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+    );
+    CREATE INDEX IF NOT EXISTS idem_checkpoints_run_id
+        ON idem_checkpoints (run_id) WHERE run_id IS NOT NULL;
+    CREATE TABLE IF NOT EXISTS idem_blobs (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL DEFAULT '',
+        channel TEXT NOT NULL,
+        version TEXT NOT NULL,
+        type TEXT NOT NULL,
+        blob BLOB,
+        PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+    );
+    CREATE TABLE IF NOT EXISTS idem_writes (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL DEFAULT '',
+        checkpoint_id TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        task_path TEXT NOT NULL DEFAULT '',
+        idx INTEGER NOT NULL,
+        channel TEXT NOT NULL,
+        type TEXT NOT NULL,
+        value BLOB,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+    );
+    """,
+    # 2: the tool-call ledger
+    """
+    CREATE TABLE IF NOT EXISTS idem_tool_calls (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        thread_id TEXT NOT NULL,
+        agent_path TEXT NOT NULL DEFAULT '',
+        tool_name TEXT NOT NULL,
+        args_hash TEXT NOT NULL,
+        args BLOB NOT NULL,
+        tool_call_id TEXT NOT NULL,
+        run_id TEXT,
+        status TEXT NOT NULL CHECK (status IN ('issued', 'completed', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 1,
+        replays INTEGER NOT NULL DEFAULT 0,
+        conflicts INTEGER NOT NULL DEFAULT 0,
+        owner TEXT NOT NULL,
+        issued_at REAL NOT NULL,
+        lease_expires_at REAL NOT NULL,
+        finished_at REAL,
+        result_type TEXT,
+        result BLOB,
+        error TEXT,
+        adopted_by TEXT,
+        PRIMARY KEY (scope, key)
+    );
+    CREATE INDEX IF NOT EXISTS idem_tool_calls_thread
+        ON idem_tool_calls (thread_id, issued_at);
+    CREATE INDEX IF NOT EXISTS idem_tool_calls_signature
+        ON idem_tool_calls (scope, agent_path, tool_name, args_hash);
+    CREATE INDEX IF NOT EXISTS idem_tool_calls_issued
+        ON idem_tool_calls (lease_expires_at) WHERE status = 'issued';
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS) - 1
+
+SELECT_MIGRATIONS_TABLE = (
+    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idem_saver_migrations'"
+)
+SELECT_SCHEMA_VERSION = "SELECT MAX(v) FROM idem_saver_migrations"
+INSERT_MIGRATION = "INSERT INTO idem_saver_migrations (v) VALUES (?)"
+
+# --- checkpoints ------------------------------------------------------------------
+
+UPSERT_CHECKPOINT = """
+INSERT OR REPLACE INTO idem_checkpoints
+    (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+     type, checkpoint, metadata, channel_versions)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+UPSERT_BLOB = """
+INSERT OR REPLACE INTO idem_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+VALUES (?, ?, ?, ?, ?, ?)
+"""
+
+# Regular writes (idx >= 0) are never overwritten: a task's writes are final once saved,
+# and a re-run task must not replace them. Special writes (errors, interrupts, resume;
+# idx < 0) are replaced, as LangGraph's savers do.
+UPSERT_WRITE = """
+INSERT INTO idem_writes
+    (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+    task_path = excluded.task_path, channel = excluded.channel,
+    type = excluded.type, value = excluded.value
+WHERE excluded.idx < 0
+"""
+
+CHECKPOINT_COLUMNS = (
+    "thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, "
+    "metadata, channel_versions"
+)
+
+SELECT_CHECKPOINT_BY_ID = f"""
+SELECT {CHECKPOINT_COLUMNS} FROM idem_checkpoints
+WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+
+SELECT_LATEST_CHECKPOINT = f"""
+SELECT {CHECKPOINT_COLUMNS} FROM idem_checkpoints
+WHERE thread_id = ? AND checkpoint_ns = ?
+ORDER BY checkpoint_id DESC LIMIT 1
+"""
+
+# The blobs one checkpoint references, looked up by primary key: the channel_versions
+# column is a JSON object {channel: version}, joined through json_each.
+SELECT_BLOBS_FOR_VERSIONS = """
+SELECT b.channel, b.type, b.blob
+FROM json_each(?) AS j
+JOIN idem_blobs AS b
+  ON b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = j.key AND b.version = j.value
+"""
+
+SELECT_WRITES_FOR_CHECKPOINT = """
+SELECT task_id, channel, type, value, task_path, idx FROM idem_writes
+WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+ORDER BY task_path, task_id, idx
+"""
+
+LIST_ORDER = " ORDER BY checkpoint_id DESC, thread_id DESC, checkpoint_ns DESC LIMIT ?"
+LIST_SELECT = f"SELECT {CHECKPOINT_COLUMNS} FROM idem_checkpoints"
+# keyset pagination: the next page starts strictly after the last row returned
+LIST_AFTER = "(checkpoint_id, thread_id, checkpoint_ns) < (?, ?, ?)"
+
+# --- deletion, copy, prune ----------------------------------------------------------
+
+DELETE_THREAD = [
+    "DELETE FROM idem_checkpoints WHERE thread_id = ?",
+    "DELETE FROM idem_blobs WHERE thread_id = ?",
+    "DELETE FROM idem_writes WHERE thread_id = ?",
+    "DELETE FROM idem_tool_calls WHERE thread_id = ?",
+]
+
+SELECT_CHECKPOINTS_OF_RUN = (
+    "SELECT thread_id, checkpoint_ns, checkpoint_id FROM idem_checkpoints WHERE run_id = ?"
+)
+DELETE_CHECKPOINT = (
+    "DELETE FROM idem_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+)
+DELETE_WRITES_OF_CHECKPOINT = (
+    "DELETE FROM idem_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+)
+DELETE_TOOL_CALLS_OF_RUN = "DELETE FROM idem_tool_calls WHERE run_id = ?"
+
+SELECT_LIVE_VERSIONS = (
+    "SELECT checkpoint_ns, channel_versions FROM idem_checkpoints WHERE thread_id = ?"
+)
+SELECT_BLOB_KEYS = "SELECT checkpoint_ns, channel, version FROM idem_blobs WHERE thread_id = ?"
+DELETE_BLOB = (
+    "DELETE FROM idem_blobs WHERE thread_id = ? AND checkpoint_ns = ? AND channel = ? "
+    "AND version = ?"
+)
+
+COPY_THREAD = [
+    """INSERT OR REPLACE INTO idem_checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+         type, checkpoint, metadata, channel_versions)
+       SELECT ?, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+         type, checkpoint, metadata, channel_versions
+       FROM idem_checkpoints WHERE thread_id = ?""",
+    """INSERT OR REPLACE INTO idem_blobs
+        (thread_id, checkpoint_ns, channel, version, type, blob)
+       SELECT ?, checkpoint_ns, channel, version, type, blob
+       FROM idem_blobs WHERE thread_id = ?""",
+    """INSERT OR REPLACE INTO idem_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
+       SELECT ?, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
+       FROM idem_writes WHERE thread_id = ?""",
+]
+
+# A fork has already done its source's side effects: the ledger rows scoped to the
+# source thread come along (rows in a named namespace are shared, not copied).
+COPY_TOOL_CALLS = """
+INSERT OR REPLACE INTO idem_tool_calls
+    (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
+     status, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
+     result_type, result, error, adopted_by)
+SELECT ?, key, ?, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
+     status, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
+     result_type, result, error, adopted_by
+FROM idem_tool_calls WHERE thread_id = ? AND scope = ?
+"""
+
+# keep_latest: every checkpoint of the thread except the newest one per namespace
+SELECT_PRUNABLE = """
+SELECT c.checkpoint_ns, c.checkpoint_id FROM idem_checkpoints AS c
+WHERE c.thread_id = ? AND c.checkpoint_id < (
+    SELECT MAX(l.checkpoint_id) FROM idem_checkpoints AS l
+    WHERE l.thread_id = c.thread_id AND l.checkpoint_ns = c.checkpoint_ns
+)
+"""
+DELETE_CHECKPOINTS_OF_THREAD = "DELETE FROM idem_checkpoints WHERE thread_id = ?"
+DELETE_WRITES_OF_THREAD = "DELETE FROM idem_writes WHERE thread_id = ?"
+DELETE_BLOBS_OF_THREAD = "DELETE FROM idem_blobs WHERE thread_id = ?"
+
+# --- ledger -------------------------------------------------------------------------
+
+LEDGER_COLUMNS = (
+    "scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status, "
+    "attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at, "
+    "result_type, result, error, run_id, adopted_by"
+)
+
+INSERT_ISSUED = """
+INSERT INTO idem_tool_calls
+    (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
+     status, attempts, owner, issued_at, lease_expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'issued', 1, ?, ?, ?)
+ON CONFLICT (scope, key) DO NOTHING
+"""
+
+SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = ? AND key = ?"
+
+FINISH_ENTRY = """
+UPDATE idem_tool_calls
+SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
+WHERE scope = ? AND key = ? AND status = 'issued' AND owner = ?
+"""
+
+RECLAIM_ENTRY = """
+UPDATE idem_tool_calls
+SET attempts = attempts + 1, owner = ?, issued_at = ?, lease_expires_at = ?
+WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ?
+"""
+
+RELEASE_ENTRY = """
+DELETE FROM idem_tool_calls WHERE scope = ? AND key = ? AND status = 'issued' AND owner = ?
+"""
+
+ADOPT_ENTRY = """
+UPDATE idem_tool_calls SET adopted_by = ?
+WHERE scope = ? AND key = ? AND adopted_by IS NULL
+"""
+
+SELECT_ORPHAN_CANDIDATES = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE scope = ? AND agent_path = ? AND tool_name = ? AND args_hash = ? AND adopted_by IS NULL
+ORDER BY issued_at, key
+"""
+
+SELECT_ENTRIES_OF_THREAD = (
+    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = ? ORDER BY issued_at, key"
+)
+SELECT_ENTRIES_OF_AGENT = (
+    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = ? AND agent_path = ? "
+    "ORDER BY issued_at, key"
+)
+SELECT_ALL_ENTRIES = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls ORDER BY issued_at, key"
+
+SELECT_UNKNOWN = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE status = 'issued' AND lease_expires_at <= ?
+ORDER BY issued_at, key
+"""
+
+RESOLVE_ENTRY = """
+UPDATE idem_tool_calls
+SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
+WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ?
+"""
+
+NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = ? AND key = ?"
+NOTE_CONFLICT = "UPDATE idem_tool_calls SET conflicts = conflicts + 1 WHERE scope = ? AND key = ?"

@@ -1,0 +1,421 @@
+"""Model-based property test: our saver against a reference built on ``InMemorySaver``.
+
+Hypothesis generates a sequence of operations (put with forks and emptied channels,
+put_writes incl. special channels, get_tuple, list with filter/before/limit,
+delete_thread, copy_thread, prune, delete_for_runs). Each one is applied to the saver
+under test and to :class:`ReferenceSaver`; every read and, after every write, the whole
+observable state must agree.
+
+``InMemorySaver`` lacks ``delete_for_runs``/``copy_thread``/``prune``; the subclass
+implements them with the semantics of the conformance spec (delete the checkpoints and
+their writes; copy every namespace, checkpoint, write and blob; keep only the newest
+checkpoint per namespace). Blobs are never garbage-collected in the reference, so the
+surviving checkpoints' ``channel_values`` must stay exactly as they were.
+
+Ordering contract of ``list`` (that of LangGraph's SQLite and Postgres savers): newest
+``checkpoint_id`` first across all namespaces of the thread, then ``limit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timezone
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.constants import ERROR, INTERRUPT
+
+
+RESUME = "__resume__"
+SaverFactory = Callable[[], AbstractAsyncContextManager[Any]]
+
+
+class ReferenceSaver(InMemorySaver):
+    """InMemorySaver plus the optional capabilities, as the conformance spec defines them."""
+
+    def _drop(self, thread_id: str, ns: str, checkpoint_id: str) -> None:
+        del self.storage[thread_id][ns][checkpoint_id]
+        self.writes.pop((thread_id, ns, checkpoint_id), None)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        wanted = set(run_ids)
+        for thread_id, namespaces in list(self.storage.items()):
+            for ns, checkpoints in list(namespaces.items()):
+                for cid, (_, metadata, _) in list(checkpoints.items()):
+                    if self.serde.loads_typed(metadata).get("run_id") in wanted:
+                        self._drop(thread_id, ns, cid)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        for ns, checkpoints in list(self.storage.get(source_thread_id, {}).items()):
+            self.storage[target_thread_id][ns].update(checkpoints)
+        for (tid, ns, cid), writes in list(self.writes.items()):
+            if tid == source_thread_id:
+                self.writes[(target_thread_id, ns, cid)] = dict(writes)
+        for (tid, ns, ch, ver), blob in list(self.blobs.items()):
+            if tid == source_thread_id:
+                self.blobs[(target_thread_id, ns, ch, ver)] = blob
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                self.delete_thread(thread_id)
+                continue
+            assert strategy == "keep_latest", strategy
+            for ns, checkpoints in list(self.storage.get(thread_id, {}).items()):
+                if not checkpoints:
+                    continue
+                latest = max(checkpoints)
+                for cid in [c for c in checkpoints if c != latest]:
+                    self._drop(thread_id, ns, cid)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self.delete_for_runs(run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self.copy_thread(source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self.prune(thread_ids, strategy=strategy)
+
+
+# --------------------------------------------------------------------------- normalizing
+
+CHECKPOINT_KEYS = ("v", "id", "ts", "channel_values", "channel_versions", "versions_seen")
+
+
+def _cfg(config: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    if config is None:
+        return None
+    c = config["configurable"]
+    return (c["thread_id"], c.get("checkpoint_ns", ""), c.get("checkpoint_id"))
+
+
+def normalize(t: CheckpointTuple | None) -> Any:
+    if t is None:
+        return None
+    return {
+        "config": _cfg(t.config),
+        "checkpoint": {k: t.checkpoint.get(k) for k in CHECKPOINT_KEYS},
+        "metadata": t.metadata,
+        "parent_config": _cfg(t.parent_config),
+        "pending_writes": [tuple(w) for w in (t.pending_writes or [])],
+    }
+
+
+async def collect(saver: Any, config: Any, **kw: Any) -> list[Any]:
+    return [normalize(t) async for t in saver.alist(config, **kw)]
+
+
+def newest_first(rows: list[Any]) -> list[Any]:
+    return sorted(rows, key=lambda r: r["config"][2], reverse=True)
+
+
+# --------------------------------------------------------------------------- operations
+
+THREADS = ["t0", "t1", "t2"]
+NAMESPACES = ["", "child:1", "sub|x:2"]
+CHANNELS = ["messages", "count", "flag"]
+RUN_IDS = ["run-a", "run-b", "run-c"]
+SOURCES = ["input", "loop", "update", "fork"]
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.text(max_size=8),
+)
+values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+filter_values = st.one_of(st.integers(0, 4), st.sampled_from(SOURCES + RUN_IDS + ["zoë", "x"]))
+
+pick = st.integers(0, 50)  # resolved modulo the current number of candidates
+
+op_put = st.tuples(
+    st.just("put"),
+    pick,  # thread
+    st.sampled_from(NAMESPACES),
+    st.sampled_from(["latest", "fork", "root"]),
+    pick,  # fork point
+    st.dictionaries(st.sampled_from(CHANNELS), st.one_of(st.just("<empty>"), values), max_size=3),
+    st.fixed_dictionaries(
+        {"source": st.sampled_from(SOURCES), "run_id": st.sampled_from(RUN_IDS)},
+        optional={
+            "user": st.sampled_from(["alice", "zoë", "a.b c", "x\x00y"]),
+            "score": st.integers(0, 4),
+            "tags": st.lists(st.text(max_size=3), max_size=2),
+            "nested": st.dictionaries(st.text(max_size=3), json_scalars, max_size=2),
+        },
+    ),
+)
+op_put_writes = st.tuples(
+    st.just("put_writes"),
+    pick,  # checkpoint
+    st.one_of(
+        st.lists(st.tuples(st.sampled_from(CHANNELS), values), min_size=1, max_size=3),
+        st.lists(
+            st.tuples(st.sampled_from([ERROR, INTERRUPT, RESUME]), values),
+            min_size=1,
+            max_size=2,
+        ),
+    ),
+    st.sampled_from(["task-1", "task-2", "task-3"]),
+    st.sampled_from(["", "~__pregel_pull, a", "~__pregel_pull, b"]),
+)
+op_get = st.tuples(
+    st.just("get"),
+    pick,
+    st.sampled_from(NAMESPACES),
+    st.sampled_from(["latest", "existing", "missing"]),
+    pick,
+)
+op_list = st.tuples(
+    st.just("list"),
+    st.one_of(st.none(), pick),  # thread (None: no config, across threads)
+    st.one_of(st.none(), st.sampled_from(NAMESPACES)),
+    st.dictionaries(st.sampled_from(["source", "step", "run_id", "user", "score"]),
+                    filter_values, max_size=2),
+    st.one_of(st.none(), pick),  # before: index of a known checkpoint
+    st.one_of(st.none(), st.integers(1, 4)),  # limit
+    st.booleans(),  # config names an exact checkpoint_id
+)
+op_delete_thread = st.tuples(st.just("delete_thread"), pick)
+op_copy = st.tuples(st.just("copy_thread"), pick)
+op_prune = st.tuples(
+    st.just("prune"), st.lists(pick, max_size=2), st.sampled_from(["keep_latest", "delete"])
+)
+op_delete_runs = st.tuples(
+    st.just("delete_for_runs"), st.lists(st.sampled_from([*RUN_IDS, "run-none"]), max_size=2)
+)
+
+operations = st.lists(
+    st.one_of(
+        op_put, op_put, op_put, op_put_writes, op_put_writes, op_get, op_list, op_list,
+        op_delete_thread, op_copy, op_prune, op_delete_runs,
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+class Harness:
+    """Applies one operation to both savers and compares what can be observed."""
+
+    def __init__(self, ours: Any, ref: ReferenceSaver) -> None:
+        self.ours = ours
+        self.ref = ref
+        self.threads = list(THREADS)
+        self.version = 0
+        self.step = 0
+        self.copies = 0
+
+    def _thread(self, i: int) -> str:
+        return self.threads[i % len(self.threads)]
+
+    async def _all_checkpoints(self) -> list[Any]:
+        rows = await collect(self.ref, None)
+        return sorted(rows, key=lambda r: r["config"])
+
+    async def check_state(self) -> None:
+        for tid in self.threads:
+            ours = await collect(self.ours, {"configurable": {"thread_id": tid}})
+            ref = newest_first(await collect(self.ref, {"configurable": {"thread_id": tid}}))
+            assert ours == ref, f"state of thread {tid!r} differs"
+            for ns in NAMESPACES:
+                cfg = {"configurable": {"thread_id": tid, "checkpoint_ns": ns}}
+                assert normalize(await self.ours.aget_tuple(cfg)) == normalize(
+                    await self.ref.aget_tuple(cfg)
+                ), f"latest of {tid!r}/{ns!r} differs"
+
+    async def both(self, method: str, *args: Any, **kw: Any) -> tuple[Any, Any]:
+        return (
+            await getattr(self.ours, method)(*args, **kw),
+            await getattr(self.ref, method)(*args, **kw),
+        )
+
+    async def apply(self, op: tuple[Any, ...]) -> None:
+        kind = op[0]
+        known = await self._all_checkpoints()
+        if kind == "put":
+            _, ti, ns, mode, fi, updates, metadata = op
+            tid = self._thread(ti)
+            in_ns = [r for r in known if r["config"][:2] == (tid, ns)]
+            parent = None
+            if in_ns and mode == "latest":
+                parent = max(in_ns, key=lambda r: r["config"][2])
+            elif in_ns and mode == "fork":
+                parent = in_ns[fi % len(in_ns)]
+            base_versions = dict(parent["checkpoint"]["channel_versions"]) if parent else {}
+            base_values = dict(parent["checkpoint"]["channel_values"]) if parent else {}
+            new_versions = {}
+            for ch, val in updates.items():
+                self.version += 1
+                new_versions[ch] = self.version
+                if val == "<empty>":
+                    base_values.pop(ch, None)
+                else:
+                    base_values[ch] = val
+            base_versions.update(new_versions)
+            self.step += 1
+            checkpoint = {
+                "v": 4,
+                "id": str(uuid6(clock_seq=-1)),
+                "ts": datetime.now(timezone.utc).isoformat(),
+                "channel_values": base_values,
+                "channel_versions": base_versions,
+                "versions_seen": {"node": dict.fromkeys(new_versions, self.version)},
+                "updated_channels": sorted(new_versions),
+            }
+            configurable: dict[str, Any] = {"thread_id": tid, "checkpoint_ns": ns}
+            if parent is not None:
+                configurable["checkpoint_id"] = parent["config"][2]
+            md = {**metadata, "step": self.step % 5, "parents": {}}
+            ours_cfg, ref_cfg = await self.both(
+                "aput", {"configurable": configurable}, checkpoint, md, new_versions
+            )
+            assert _cfg(ours_cfg) == _cfg(ref_cfg) == (tid, ns, checkpoint["id"])
+        elif kind == "put_writes":
+            _, ci, writes, task_id, task_path = op
+            if not known:
+                return
+            target = known[ci % len(known)]["config"]
+            cfg = {
+                "configurable": {
+                    "thread_id": target[0],
+                    "checkpoint_ns": target[1],
+                    "checkpoint_id": target[2],
+                }
+            }
+            await self.both("aput_writes", cfg, writes, task_id, task_path)
+        elif kind == "get":
+            _, ti, ns, mode, ci = op
+            tid = self._thread(ti)
+            configurable = {"thread_id": tid, "checkpoint_ns": ns}
+            in_thread = [r for r in known if r["config"][0] == tid]
+            if mode == "existing" and in_thread:
+                configurable["checkpoint_id"] = in_thread[ci % len(in_thread)]["config"][2]
+            elif mode == "missing":
+                configurable["checkpoint_id"] = str(uuid6(clock_seq=-1))
+            ours, ref = await self.both("aget_tuple", {"configurable": configurable})
+            assert normalize(ours) == normalize(ref), f"get_tuple({configurable}) differs"
+            return
+        elif kind == "list":
+            _, ti, ns, flt, bi, limit, exact = op
+            before = None
+            if bi is not None and known:
+                b = known[bi % len(known)]["config"]
+                before = {"configurable": {"thread_id": b[0], "checkpoint_ns": b[1],
+                                           "checkpoint_id": b[2]}}
+            if ti is None:
+                # Across threads: order between equal ids of copied threads is unspecified.
+                ours = await collect(self.ours, None, filter=flt, before=before)
+                ref = await collect(self.ref, None, filter=flt, before=before)
+                key = lambda r: r["config"]  # noqa: E731
+                assert sorted(ours, key=key) == sorted(ref, key=key), "list(None) differs"
+                return
+            configurable = {"thread_id": self._thread(ti)}
+            if ns is not None:
+                configurable["checkpoint_ns"] = ns
+            in_thread = [r for r in known if r["config"][0] == configurable["thread_id"]]
+            if exact and in_thread:
+                configurable["checkpoint_id"] = in_thread[(bi or 0) % len(in_thread)]["config"][2]
+            cfg = {"configurable": configurable}
+            ours = await collect(self.ours, cfg, filter=flt, before=before, limit=limit)
+            ref = newest_first(await collect(self.ref, cfg, filter=flt, before=before))
+            if limit is not None:
+                ref = ref[:limit]
+            assert ours == ref, f"list({cfg}, filter={flt}, before={before}, limit={limit})"
+            return
+        elif kind == "delete_thread":
+            await self.both("adelete_thread", self._thread(op[1]))
+        elif kind == "copy_thread":
+            src = self._thread(op[1])
+            self.copies += 1
+            dst = f"copy-{self.copies}-of-{src}"
+            await self.both("acopy_thread", src, dst)
+            self.threads.append(dst)
+        elif kind == "prune":
+            _, tis, strategy = op
+            tids = sorted({self._thread(i) for i in tis})
+            await self.both("aprune", tids, strategy=strategy)
+        elif kind == "delete_for_runs":
+            await self.both("adelete_for_runs", op[1])
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+        await self.check_state()
+
+
+async def run_model(factory: SaverFactory, ops: list[tuple[Any, ...]]) -> list[Any]:
+    """Run ``ops`` on a fresh saver and the reference; returns the final checkpoints."""
+    async with factory() as ours:
+        harness = Harness(ours, ReferenceSaver())
+        for op in ops:
+            await harness.apply(op)
+        await harness.check_state()
+        return await harness._all_checkpoints()
+
+
+@settings(
+    max_examples=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=operations)
+def test_saver_matches_in_memory_model(saver_factory: SaverFactory, ops: list[Any]) -> None:
+    """Any operation sequence: every read equals the InMemorySaver-based reference."""
+    asyncio.run(run_model(saver_factory, ops))
+
+
+def test_model_exercises_every_operation(saver_factory: SaverFactory) -> None:
+    """A fixed sequence touching every operation, so the property is never vacuous."""
+    put = ("put", 0, "", "latest", 0, {"messages": [1], "count": 1},
+           {"source": "input", "run_id": "run-a", "user": "zoë"})
+    ops = [
+        put,
+        ("put", 0, "", "latest", 0, {"count": 2, "flag": "<empty>"},
+         {"source": "loop", "run_id": "run-b"}),
+        ("put", 0, "child:1", "root", 0, {"messages": ["c"]},
+         {"source": "loop", "run_id": "run-b", "user": "a.b c"}),
+        ("put", 1, "", "latest", 0, {"count": 7}, {"source": "input", "run_id": "run-c"}),
+        ("put", 0, "", "fork", 0, {"count": 3}, {"source": "fork", "run_id": "run-c", "user": "zoë"}),
+        ("put_writes", 0, [("messages", "w1"), ("count", 5)], "task-1", ""),
+        ("put_writes", 0, [(INTERRUPT, {"v": 1})], "task-2", "~__pregel_pull, a"),
+        ("put_writes", 0, [(INTERRUPT, {"v": 2})], "task-2", "~__pregel_pull, a"),
+        ("put_writes", 0, [("messages", "ignored-dup")], "task-1", ""),
+        ("get", 0, "", "latest", 0),
+        ("get", 0, "", "existing", 1),
+        ("get", 0, "", "missing", 0),
+        ("list", 0, None, {}, None, None, False),
+        ("list", 0, "", {"source": "loop"}, 2, 1, False),
+        ("list", 0, None, {"user": "zoë"}, None, 2, False),
+        ("list", None, None, {"run_id": "run-c"}, None, None, False),
+        ("copy_thread", 0),
+        ("delete_for_runs", ["run-b"]),
+        ("prune", [1, 3], "keep_latest"),
+        ("put", 3, "", "latest", 0, {"count": 9}, {"source": "loop", "run_id": "run-a"}),
+        ("prune", [0], "delete"),
+        ("delete_thread", 1),
+    ]
+    final = asyncio.run(run_model(saver_factory, ops))
+    # t0 pruned away, t1 deleted; the copy of t0 was pruned to its newest checkpoint per
+    # namespace (run-b's checkpoints were deleted before), then got one more put.
+    by_thread: dict[str, list[Any]] = {}
+    for row in final:
+        by_thread.setdefault(row["config"][0], []).append(row)
+    assert sorted(by_thread) == ["copy-1-of-t0"]
+    copy = sorted(by_thread["copy-1-of-t0"], key=lambda r: r["config"][2])
+    assert [r["metadata"]["run_id"] for r in copy] == ["run-c", "run-a"]
+    assert copy[0]["checkpoint"]["channel_values"] == {"messages": [1], "count": 3}
+    assert copy[1]["checkpoint"]["channel_values"] == {"messages": [1], "count": 9}
+    assert copy[0]["metadata"]["user"] == "zoë"
+    assert copy[0]["pending_writes"] == []
