@@ -77,38 +77,41 @@ class Profile:
     # sliding window of messages held in the "messages" channel for the aput rows
     window: int = 20
     msg_bytes: int = 1000
+    # wall-clock cap per micro-benchmark row (both backends together), seconds
+    budget_s: float = 12.0
 
 
 FULL = Profile(
     name="full",
     warmup=50,
-    rounds=10,
-    per_round=100,
+    rounds=40,
+    per_round=25,
     short_thread=10,
     long_thread=5000,
-    read_rounds=10,
-    read_per_round=100,
+    read_rounds=20,
+    read_per_round=50,
     graph_steps=20,
     graph_warmup=3,
-    graph_rounds=6,
-    graph_per_round=5,
+    graph_rounds=40,
+    graph_per_round=1,
     chat_turns=200,
 )
 
 QUICK = Profile(
     name="quick",
     warmup=10,
-    rounds=4,
-    per_round=25,
+    rounds=10,
+    per_round=10,
     short_thread=10,
-    long_thread=5000,
+    long_thread=1000,
     read_rounds=4,
     read_per_round=25,
     graph_steps=20,
     graph_warmup=1,
-    graph_rounds=2,
-    graph_per_round=2,
+    graph_rounds=8,
+    graph_per_round=1,
     chat_turns=200,
+    budget_s=2.5,
 )
 
 # --------------------------------------------------------------------------------------
@@ -198,11 +201,47 @@ class Backend:
             res = setup()
             if asyncio.iscoroutine(res):
                 await res
+        if SYNCHRONOUS_OVERRIDE:
+            conn = _aiosqlite_conn(self.saver)
+            if conn is None:
+                raise RuntimeError(f"--synchronous: no aiosqlite connection on {self.label}")
+            await conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS_OVERRIDE}")
+        if self.label not in PRAGMAS:
+            PRAGMAS[self.label] = await conn_pragmas(self.saver)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self._cm.__aexit__(*exc)
         self.saver = None
+
+
+PRAGMAS: dict[str, dict] = {}
+SYNCHRONOUS_OVERRIDE: str | None = None  # diagnostic: --synchronous
+
+
+def _aiosqlite_conn(saver: Any) -> Any:
+    import aiosqlite
+
+    for v in vars(saver).values():
+        if isinstance(v, aiosqlite.Connection):
+            return v
+    return None
+
+
+async def conn_pragmas(saver: Any) -> dict:
+    """Best effort: the durability-relevant PRAGMAs of the saver's own connection."""
+    conn = _aiosqlite_conn(saver)
+    if conn is None:
+        return {"note": "no aiosqlite.Connection attribute found"}
+    out = {}
+    for name in ("journal_mode", "synchronous", "cache_size", "mmap_size", "page_size"):
+        try:
+            async with conn.execute(f"PRAGMA {name}") as cur:
+                row = await cur.fetchone()
+            out[name] = row[0] if row else None
+        except Exception as e:  # noqa: BLE001
+            out[name] = f"error: {e}"
+    return out
 
 
 def file_bytes(path: str) -> dict[str, int]:
@@ -339,11 +378,15 @@ async def interleaved(
     warmup: int,
     rounds: int,
     per_round: int,
+    budget_s: float | None = None,
 ) -> dict[str, list[int]]:
     """Time ``await prepare(ctx)()`` per call; preparation is not timed.
 
-    Backends alternate order each round (A B, B A, ...) to spread drift evenly.
+    Backends alternate order each round (A B, B A, ...) to spread drift evenly. If
+    ``budget_s`` is exceeded, stop after the current round (at least 2 rounds), so a
+    pathologically slow backend cannot blow the run time; both keep equal counts.
     """
+    t_begin = time.perf_counter()
     labels = list(ctxs)
     for lab in labels:
         for _ in range(warmup):
@@ -360,6 +403,8 @@ async def interleaved(
                 t0 = perf_ns()
                 await fn()
                 buf.append(perf_ns() - t0)
+        if budget_s is not None and r >= 1 and time.perf_counter() - t_begin > budget_s:
+            break
     return samples
 
 
@@ -419,7 +464,12 @@ async def bench_aput(classes: dict[str, type], tmp: str, prof: Profile) -> list[
                 return run
 
             samples = await interleaved(
-                {lab: lab for lab in sims}, prepare, prof.warmup, prof.rounds, prof.per_round
+                {lab: lab for lab in sims},
+                prepare,
+                prof.warmup,
+                prof.rounds,
+                prof.per_round,
+                prof.budget_s,
             )
         finally:
             for b in backends.values():
@@ -447,7 +497,12 @@ async def bench_aput_writes(classes: dict[str, type], tmp: str, prof: Profile) -
             return lambda: saver.aput_writes(cfg, writes, task_id, "~__pregel_pull, agent")
 
         samples = await interleaved(
-            {lab: lab for lab in backends}, prepare, prof.warmup, prof.rounds, prof.per_round
+            {lab: lab for lab in backends},
+            prepare,
+            prof.warmup,
+            prof.rounds,
+            prof.per_round,
+            prof.budget_s,
         )
     finally:
         for b in backends.values():
@@ -544,7 +599,12 @@ async def bench_reads(classes: dict[str, type], tmp: str, prof: Profile) -> tupl
         for key, title, prep in specs:
             per = prof.read_per_round if key != "alist_10" else max(5, prof.read_per_round // 4)
             samples = await interleaved(
-                {lab: lab for lab in backends}, prep, prof.warmup // 2, prof.read_rounds, per
+                {lab: lab for lab in backends},
+                prep,
+                prof.warmup // 2,
+                prof.read_rounds,
+                per,
+                prof.budget_s,
             )
             rows.append(Row(key, title, "us", summarize(samples["official"]), summarize(samples["ours"])))
     finally:
@@ -622,6 +682,7 @@ async def bench_graph_loop(classes: dict[str, type], tmp: str, prof: Profile) ->
             prof.graph_warmup,
             prof.graph_rounds,
             prof.graph_per_round,
+            prof.budget_s * 2,
         )
         # checkpoints per run, for the record
         ck = 0
@@ -642,41 +703,53 @@ async def bench_graph_loop(classes: dict[str, type], tmp: str, prof: Profile) ->
 
 
 async def bench_chat(classes: dict[str, type], tmp: str, prof: Profile) -> list[Row]:
-    """200 turns (human + AI ~1 KB each) through a compiled graph; file size after."""
+    """N turns (human + AI ~1 KB each) through a compiled graph; file size after.
+
+    Both backends run the same conversation, alternating turn by turn (order swapped
+    every turn) so disk/CPU noise hits both alike.
+    """
     builder = build_chat_graph(prof.msg_bytes)
+    backends = {lab: Backend(lab, cls, tmp, "chat") for lab, cls in classes.items()}
+    for b in backends.values():
+        await b.__aenter__()
+    labels = list(backends)
+    turn_ns: dict[str, list[int]] = {lab: [] for lab in labels}
     res: dict[str, dict] = {}
-    # run backends one after the other (not interleaved: each is one long sequence)
-    for lab, cls in classes.items():
-        b = Backend(lab, cls, tmp, "chat")
-        rng = random.Random(7)
-        turn_ns: list[int] = []
-        async with b:
-            graph = builder.compile(checkpointer=b.saver)
-            cfg = {"configurable": {"thread_id": "chat-1"}}
-            for _ in range(prof.chat_turns):
-                inp = {"messages": [human(rng, prof.msg_bytes)]}
+    try:
+        graphs = {lab: builder.compile(checkpointer=b.saver) for lab, b in backends.items()}
+        rngs = {lab: random.Random(7) for lab in labels}
+        cfg = {"configurable": {"thread_id": "chat-1"}}
+        for t in range(prof.chat_turns):
+            for lab in labels if t % 2 == 0 else labels[::-1]:
+                inp = {"messages": [human(rngs[lab], prof.msg_bytes)]}
                 t0 = perf_ns()
-                await graph.ainvoke(inp, cfg, durability="sync")
-                turn_ns.append(perf_ns() - t0)
-            state = await graph.aget_state(cfg)
+                await graphs[lab].ainvoke(inp, cfg, durability="sync")
+                turn_ns[lab].append(perf_ns() - t0)
+        for lab, b in backends.items():
+            state = await graphs[lab].aget_state(cfg)
             assert len(state.values["messages"]) == 2 * prof.chat_turns
             n_ck = 0
             async for _ in b.saver.alist(cfg):
                 n_ck += 1
-            before = file_bytes(b.path)
+            res[lab] = {"checkpoints": n_ck, "bytes_open": file_bytes(b.path)}
+    finally:
+        for b in backends.values():
+            await b.__aexit__(None, None, None)
+    for lab, b in backends.items():
+        res[lab]["bytes_closed"] = file_bytes(b.path)
         checkpoint_wal(b.path)
         after = file_bytes(b.path)
-        res[lab] = {
-            "total_s": sum(turn_ns) / 1e9,
-            "first10_turn_us": statistics.median(turn_ns[:10]) / 1000.0,
-            "last10_turn_us": statistics.median(turn_ns[-10:]) / 1000.0,
-            "bytes_before_wal_checkpoint": before,
-            "bytes_after_wal_checkpoint": after,
-            "mb": (after.get("db", 0) + after.get("-wal", 0)) / 1e6,
-            "checkpoints": n_ck,
-        }
-        os.remove(b.path)
-        for sfx in ("-wal", "-shm"):
+        ts = turn_ns[lab]
+        res[lab].update(
+            {
+                "total_s": sum(ts) / 1e9,
+                "first10_turn_us": statistics.median(ts[:10]) / 1000.0,
+                "last10_turn_us": statistics.median(ts[-10:]) / 1000.0,
+                "bytes_after_wal_checkpoint": after,
+                "mb": (after.get("db", 0) + after.get("-wal", 0)) / 1e6,
+            }
+        )
+        for sfx in ("", "-wal", "-shm"):
             if os.path.exists(b.path + sfx):
                 os.remove(b.path + sfx)
     o, u = res["official"], res["ours"]
@@ -698,7 +771,7 @@ async def bench_chat(classes: dict[str, type], tmp: str, prof: Profile) -> list[
         ),
         Row(
             "chat_last_turn",
-            f"chat turn latency, last 10 of {t} (median)",
+            f"chat turn latency, last 10 of {t} turns",
             "us",
             {"median_us": o["last10_turn_us"], "first10_turn_us": o["first10_turn_us"]},
             {"median_us": u["last10_turn_us"], "first10_turn_us": u["first10_turn_us"]},
@@ -813,9 +886,18 @@ async def main_async(args: argparse.Namespace) -> int:
     if args.turns:
         prof.chat_turns = args.turns
     ours_cls, ours_impl = resolve_ours(args.ours)
+    global SYNCHRONOUS_OVERRIDE
+    SYNCHRONOUS_OVERRIDE = args.synchronous
     classes = {"official": OfficialSaver, "ours": ours_cls}
     only = set(args.only.split(",")) if args.only else set(ALL_BENCHES)
     tmp = tempfile.mkdtemp(prefix="bench_sqlite_", dir=args.tmpdir)
+    load_before = os.getloadavg()
+    if load_before[0] > 0.5 * (os.cpu_count() or 1):
+        print(
+            f"WARNING: load average {load_before[0]:.2f} on {os.cpu_count()} CPUs: other "
+            "processes are busy; expect noisy numbers (fsync-bound rows especially)",
+            file=sys.stderr,
+        )
     t_start = time.perf_counter()
     rows: list[Row] = []
     extra: dict[str, Any] = {}
@@ -846,6 +928,7 @@ async def main_async(args: argparse.Namespace) -> int:
         else:
             print(f"kept temp files in {tmp}", file=sys.stderr)
     elapsed = time.perf_counter() - t_start
+    load_after = os.getloadavg()
 
     print_table(rows, ours_impl)
     by_key = {r.key: r for r in rows}
@@ -860,8 +943,8 @@ async def main_async(args: argparse.Namespace) -> int:
         r = by_key["chat_file_mb"]
         for side, d in (("official", r.official), ("ours", r.ours)):
             print(
-                f"chat {side}: {d['checkpoints']} checkpoints, files before WAL checkpoint "
-                f"{d['bytes_before_wal_checkpoint']}, after {d['bytes_after_wal_checkpoint']}"
+                f"chat {side}: {d['checkpoints']} checkpoints; bytes while open {d['bytes_open']}, "
+                f"after close {d['bytes_closed']}, after wal_checkpoint {d['bytes_after_wal_checkpoint']}"
             )
     if "aget_tuple_10" in by_key and "aget_tuple_long" in by_key:
         a, b = by_key["aget_tuple_10"], by_key["aget_tuple_long"]
@@ -869,10 +952,14 @@ async def main_async(args: argparse.Namespace) -> int:
             "aget_tuple long/short ratio: official "
             f"{b.value('official') / a.value('official'):.2f}, ours {b.value('ours') / a.value('ours'):.2f}"
         )
+    print(f"connection pragmas: {PRAGMAS}")
     print("\ntargets:")
     for t in targets:
         print(f"  [{'MET' if t['met'] else 'NOT MET'}] {t['target']}: {t['value']}")
-    print(f"\ntotal benchmark time {elapsed:.1f}s ({prof.name})")
+    print(
+        f"\ntotal benchmark time {elapsed:.1f}s ({prof.name}); load average before "
+        f"{load_before[0]:.2f}, after {load_after[0]:.2f} ({os.cpu_count()} CPUs)"
+    )
 
     if args.json:
         payload = {
@@ -880,6 +967,8 @@ async def main_async(args: argparse.Namespace) -> int:
             "ours_impl": ours_impl,
             "env": env_info(ours_cls),
             "elapsed_s": elapsed,
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
             "rows": [
                 {
                     "key": r.key,
@@ -893,6 +982,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 for r in rows
             ],
             "targets": targets,
+            "pragmas": PRAGMAS,
+            "synchronous_override": SYNCHRONOUS_OVERRIDE,
             **extra,
         }
         with open(args.json, "w") as fh:
@@ -916,6 +1007,12 @@ def main() -> int:
     ap.add_argument("--long-thread", type=int, help="checkpoints in the long thread (default 5000)")
     ap.add_argument("--turns", type=int, help="chat turns for the file-size row (default 200)")
     ap.add_argument("--tmpdir", help="where to create the temp files (default: system temp)")
+    ap.add_argument(
+        "--synchronous",
+        choices=("NORMAL", "OFF", "FULL"),
+        help="diagnostic: force this PRAGMA synchronous on BOTH connections after setup "
+        "(default: each saver's own setting, FULL for both)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temp databases")
     args = ap.parse_args()
     return asyncio.run(main_async(args))

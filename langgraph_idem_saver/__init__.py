@@ -19,8 +19,17 @@ from langgraph_idem_saver.errors import (
 )
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 from langgraph_idem_saver.sqlite import AsyncSqliteSaver
+from langgraph_idem_saver.tool_node import (
+    NOT_APPLIED,
+    IdempotencyConflict,
+    IdempotentToolNode,
+    NoLedgerError,
+    ToolCallInProgress,
+    UnknownToolOutcome,
+)
 
 __all__ = [
+    "NOT_APPLIED",
     "AsyncSqliteSaver",
     "CallStatus",
     "ConfigError",
@@ -28,11 +37,16 @@ __all__ = [
     "CorruptRecordError",
     "DatabaseLockedError",
     "IdemSaverError",
+    "IdempotencyConflict",
+    "IdempotentToolNode",
     "LedgerEntry",
     "LedgerStateError",
+    "NoLedgerError",
     "NotADatabaseError",
     "SchemaVersionError",
     "SerializationError",
+    "ToolCallInProgress",
     "ToolCallLedger",
+    "UnknownToolOutcome",
 ]
 __version__ = "0.1.0"

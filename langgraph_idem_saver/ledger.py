@@ -19,7 +19,10 @@ backends cannot disagree about it.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -85,9 +88,61 @@ class LedgerEntry:
     adopted_by: str | None = None
 
     def is_unknown(self, now: float | None = None) -> bool:
-        """True when the call was issued, never finished, and its claim has lapsed."""
+        """True when the call was issued, never finished, and its claim has lapsed.
+
+        A claim lapses when its lease expires, or at once when its owner is a process on
+        this machine that no longer exists (a crash here need not wait out the lease).
+        """
+        if self.status is not CallStatus.ISSUED:
+            return False
         now = time.time() if now is None else now
-        return self.status is CallStatus.ISSUED and self.lease_expires_at <= now
+        return self.lease_expires_at <= now or owner_is_dead(self.owner)
+
+
+_HOST = socket.gethostname()
+
+
+def make_owner() -> str:
+    """An owner id for claims made by this process: ``host:pid:nonce``.
+
+    The nonce tells apart two processes that got the same pid (after a reboot, or in
+    containers sharing a host name).
+    """
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def owner_is_dead(owner: str) -> bool:
+    """Whether ``owner`` names a process on this host that has exited.
+
+    Conservative: an owner on another host, in an unparsable format, or whose pid is
+    alive (even if the pid was reused by an unrelated process) counts as alive, so the
+    caller waits for the lease - never the other way round.
+    """
+    parts = owner.split(":")
+    if len(parts) < 3:
+        return False
+    host, pid_text = ":".join(parts[:-2]), parts[-2]
+    if host != _HOST or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """A killed child not yet reaped by its parent still answers ``kill(pid, 0)``."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -132,6 +132,20 @@ def decode_typed(
         return serde.loads_typed((type_, data if data is not None else b""))
     except Exception as exc:
         raise CorruptRecordError(what, location=location, cause=exc) from exc
+
+
+def decode_checkpoint(
+    serde: SerializerProtocol, type_: str, data: bytes | None, **location: Any
+) -> dict[str, Any]:
+    """Decode a stored checkpoint, insisting it decodes to a checkpoint-shaped dict."""
+    value = decode_typed(serde, type_, data, "checkpoint", **location)
+    if not isinstance(value, dict) or "id" not in value:
+        raise CorruptRecordError(
+            "checkpoint",
+            location=location,
+            cause=TypeError(f"decoded to {type(value).__name__}, not a checkpoint dict"),
+        )
+    return value
 
 
 def decode_json(text: str | bytes, what: str, **location: Any) -> Any:
@@ -254,6 +268,35 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         self._run_sync(self.aprune(thread_ids, strategy=strategy))
+
+
+def checkpoints_to_keep(
+    head_id: str, read: Callable[[str], tuple[str | None, dict[str, Any]] | None]
+) -> list[str]:
+    """The checkpoint ids ``keep_latest`` must keep for a namespace whose newest is ``head_id``.
+
+    The head, plus the ancestors a ``DeltaChannel`` still needs: such a channel stores a
+    full value only every few updates (a ``_DeltaSnapshot``) and rebuilds the others by
+    replaying ancestors' writes. A checkpoint's ``counters_since_delta_snapshot``
+    metadata lists the channels with updates since their last snapshot; we walk parents
+    until each of those reaches the ancestor where it was snapshotted (its counter is
+    absent there). Dropping those ancestors would silently empty the channel.
+    ``read(id)`` returns ``(parent_id, metadata)`` or None when the row is gone.
+    """
+    keep = [head_id]
+    head = read(head_id)
+    if head is None:
+        return keep
+    parent, metadata = head
+    pending = set(metadata.get("counters_since_delta_snapshot") or ())
+    while pending and parent is not None:
+        row = read(parent)
+        if row is None:
+            break
+        keep.append(parent)
+        parent, metadata = row
+        pending &= set(metadata.get("counters_since_delta_snapshot") or ())
+    return keep
 
 
 def check_prune_strategy(strategy: str) -> None:

@@ -46,26 +46,37 @@ _counter = itertools.count()
 
 
 @asynccontextmanager
-async def open_saver(backend: str, location: Path) -> AsyncIterator[Any]:
-    """Open a fresh, empty saver of ``backend`` whose storage lives at/under ``location``.
+async def open_saver(backend: str, where: Any) -> AsyncIterator[Any]:
+    """Open a fresh, empty saver of ``backend``; must be entered in the loop that uses it.
 
-    Must be entered inside the event loop that will use the saver.
+    ``where`` is what :func:`backend_resource` gave for the backend: a directory for
+    SQLite (each call gets its own new file in it).
     """
     if backend == "sqlite":
-        cls = sqlite_saver_class()
-        async with cls.from_conn_string(str(location.with_suffix(".sqlite"))) as saver:
+        path = Path(where) / f"db-{next(_counter)}.sqlite"
+        async with sqlite_saver_class().from_conn_string(str(path)) as saver:
             yield saver
+    # Postgres: `where` is the server DSN; open
+    #   `AsyncPostgresSaver.from_conn_string(await pg_server.afresh_dsn(where))` here.
     else:  # pragma: no cover - guarded by BACKENDS
         raise ValueError(f"unknown backend {backend!r}")
 
 
-def make_factory(backend: str, directory: Path) -> SaverFactory:
+def make_factory(backend: str, where: Any) -> SaverFactory:
     """A zero-argument factory of fresh, independent savers (a new database each call)."""
 
     def factory() -> AbstractAsyncContextManager[Any]:
-        return open_saver(backend, directory / f"db-{next(_counter)}")
+        return open_saver(backend, where)
 
     return factory
+
+
+def backend_resource(backend: str, request: pytest.FixtureRequest) -> Any:
+    """What a backend needs to create databases: SQLite a directory (Postgres: a DSN,
+    e.g. ``request.getfixturevalue("pg_server_dsn")``)."""
+    if backend == "sqlite":
+        return request.getfixturevalue("tmp_path")
+    raise ValueError(f"unknown backend {backend!r}")  # pragma: no cover
 
 
 @pytest.fixture(params=BACKENDS)
@@ -74,13 +85,12 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def saver_factory(backend: str, tmp_path: Path) -> SaverFactory:
+def saver_factory(backend: str, request: pytest.FixtureRequest) -> SaverFactory:
     """Returns ``factory()``; ``async with factory() as saver`` gives a fresh saver."""
-    return make_factory(backend, tmp_path)
+    return make_factory(backend, backend_resource(backend, request))
 
 
 @pytest.fixture
 async def saver(saver_factory: SaverFactory) -> AsyncIterator[Any]:
     async with saver_factory() as s:
         yield s
-

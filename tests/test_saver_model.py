@@ -26,13 +26,13 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.base import WRITES_IDX_MAP, CheckpointTuple
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.constants import ERROR, INTERRUPT
 
-
-RESUME = "__resume__"
+# The special channels whose writes replace earlier ones (negative idx).
+ERROR, INTERRUPT, RESUME = "__error__", "__interrupt__", "__resume__"
+assert {ERROR, INTERRUPT, RESUME} <= set(WRITES_IDX_MAP)
 SaverFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
 
@@ -137,7 +137,14 @@ values = st.recursive(
     ),
     max_leaves=6,
 )
-filter_values = st.one_of(st.integers(0, 4), st.sampled_from(SOURCES + RUN_IDS + ["zoë", "x"]))
+filter_values = st.one_of(
+    st.integers(0, 4),
+    st.sampled_from([*SOURCES, *RUN_IDS, "zoë", "x", "xy", "a.b c"]),
+    st.none(),  # matches an absent key too, as InMemorySaver's `==` does
+    st.booleans(),
+    st.lists(st.text(max_size=3), max_size=2),
+    st.dictionaries(st.text(max_size=3), json_scalars, max_size=2),
+)
 
 pick = st.integers(0, 50)  # resolved modulo the current number of candidates
 
@@ -183,8 +190,11 @@ op_list = st.tuples(
     st.just("list"),
     st.one_of(st.none(), pick),  # thread (None: no config, across threads)
     st.one_of(st.none(), st.sampled_from(NAMESPACES)),
-    st.dictionaries(st.sampled_from(["source", "step", "run_id", "user", "score"]),
-                    filter_values, max_size=2),
+    st.dictionaries(
+        st.sampled_from(["source", "step", "run_id", "user", "score", "tags", "nested", "absent"]),
+        filter_values,
+        max_size=2,
+    ),
     st.one_of(st.none(), pick),  # before: index of a known checkpoint
     st.one_of(st.none(), st.integers(1, 4)),  # limit
     st.booleans(),  # config names an exact checkpoint_id
@@ -200,10 +210,20 @@ op_delete_runs = st.tuples(
 
 operations = st.lists(
     st.one_of(
-        op_put, op_put, op_put, op_put_writes, op_put_writes, op_get, op_list, op_list,
-        op_delete_thread, op_copy, op_prune, op_delete_runs,
+        op_put,
+        op_put,
+        op_put,
+        op_put_writes,
+        op_put_writes,
+        op_get,
+        op_list,
+        op_list,
+        op_delete_thread,
+        op_copy,
+        op_prune,
+        op_delete_runs,
     ),
-    min_size=1,
+    min_size=4,
     max_size=30,
 )
 
@@ -314,8 +334,13 @@ class Harness:
             before = None
             if bi is not None and known:
                 b = known[bi % len(known)]["config"]
-                before = {"configurable": {"thread_id": b[0], "checkpoint_ns": b[1],
-                                           "checkpoint_id": b[2]}}
+                before = {
+                    "configurable": {
+                        "thread_id": b[0],
+                        "checkpoint_ns": b[1],
+                        "checkpoint_id": b[2],
+                    }
+                }
             if ti is None:
                 # Across threads: order between equal ids of copied threads is unspecified.
                 ours = await collect(self.ours, None, filter=flt, before=before)
@@ -366,7 +391,7 @@ async def run_model(factory: SaverFactory, ops: list[tuple[Any, ...]]) -> list[A
 
 
 @settings(
-    max_examples=50,
+    max_examples=120,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -378,16 +403,45 @@ def test_saver_matches_in_memory_model(saver_factory: SaverFactory, ops: list[An
 
 def test_model_exercises_every_operation(saver_factory: SaverFactory) -> None:
     """A fixed sequence touching every operation, so the property is never vacuous."""
-    put = ("put", 0, "", "latest", 0, {"messages": [1], "count": 1},
-           {"source": "input", "run_id": "run-a", "user": "zoë"})
+    put = (
+        "put",
+        0,
+        "",
+        "latest",
+        0,
+        {"messages": [1], "count": 1},
+        {"source": "input", "run_id": "run-a", "user": "zoë"},
+    )
     ops = [
         put,
-        ("put", 0, "", "latest", 0, {"count": 2, "flag": "<empty>"},
-         {"source": "loop", "run_id": "run-b"}),
-        ("put", 0, "child:1", "root", 0, {"messages": ["c"]},
-         {"source": "loop", "run_id": "run-b", "user": "a.b c"}),
+        (
+            "put",
+            0,
+            "",
+            "latest",
+            0,
+            {"count": 2, "flag": "<empty>"},
+            {"source": "loop", "run_id": "run-b"},
+        ),
+        (
+            "put",
+            0,
+            "child:1",
+            "root",
+            0,
+            {"messages": ["c"]},
+            {"source": "loop", "run_id": "run-b", "user": "a.b c"},
+        ),
         ("put", 1, "", "latest", 0, {"count": 7}, {"source": "input", "run_id": "run-c"}),
-        ("put", 0, "", "fork", 0, {"count": 3}, {"source": "fork", "run_id": "run-c", "user": "zoë"}),
+        (
+            "put",
+            0,
+            "",
+            "fork",
+            0,
+            {"count": 3},
+            {"source": "fork", "run_id": "run-c", "user": "zoë"},
+        ),
         ("put_writes", 0, [("messages", "w1"), ("count", 5)], "task-1", ""),
         ("put_writes", 0, [(INTERRUPT, {"v": 1})], "task-2", "~__pregel_pull, a"),
         ("put_writes", 0, [(INTERRUPT, {"v": 2})], "task-2", "~__pregel_pull, a"),
@@ -419,3 +473,75 @@ def test_model_exercises_every_operation(saver_factory: SaverFactory) -> None:
     assert copy[1]["checkpoint"]["channel_values"] == {"messages": [1], "count": 9}
     assert copy[0]["metadata"]["user"] == "zoë"
     assert copy[0]["pending_writes"] == []
+
+
+async def run_bulk(factory: SaverFactory) -> dict[str, int]:
+    """Hundreds of checkpoints per thread: ``list`` must page through them exactly."""
+    async with factory() as ours:
+        ref = ReferenceSaver()
+        savers = (ours, ref)
+        for tid in ("bulk-a", "bulk-b"):
+            for ns in ("", "child:1"):
+                parent: str | None = None
+                for i in range(130):
+                    configurable: dict[str, Any] = {"thread_id": tid, "checkpoint_ns": ns}
+                    if parent:
+                        configurable["checkpoint_id"] = parent
+                    cp = {
+                        "v": 4,
+                        "id": str(uuid6(clock_seq=-1)),
+                        "ts": datetime.now(timezone.utc).isoformat(),
+                        "channel_values": {"n": i},
+                        "channel_versions": {"n": i + 1},
+                        "versions_seen": {},
+                        "updated_channels": ["n"],
+                    }
+                    md = {"source": "loop", "step": i, "parity": i % 2, "run_id": f"r{i % 3}"}
+                    for s in savers:
+                        await s.aput({"configurable": configurable}, cp, md, {"n": i + 1})
+                    parent = cp["id"]
+        await ours.acopy_thread("bulk-a", "bulk-c")
+        await ref.acopy_thread("bulk-a", "bulk-c")
+
+        everything = await collect(ref, None)
+        middle = sorted(everything, key=lambda r: r["config"][2])[len(everything) // 2]
+        before = {
+            "configurable": dict(
+                zip(("thread_id", "checkpoint_ns", "checkpoint_id"), middle["config"], strict=True)
+            )
+        }
+        compared = 0
+        # across threads (copied ids repeat): same rows
+        key = lambda r: r["config"]  # noqa: E731
+        assert sorted(await collect(ours, None), key=key) == sorted(everything, key=key)
+        assert len(everything) == 3 * 2 * 130
+        for tid in ("bulk-a", "bulk-b", "bulk-c"):
+            for ns in (None, "", "child:1"):
+                configurable = {"thread_id": tid}
+                if ns is not None:
+                    configurable["checkpoint_ns"] = ns
+                cfg = {"configurable": configurable}
+                for kw in (
+                    {},
+                    {"limit": 99},
+                    {"limit": 100},
+                    {"limit": 101},
+                    {"limit": 250},
+                    {"before": before},
+                    {"before": before, "limit": 120},
+                    {"filter": {"parity": 1}},
+                    {"filter": {"parity": 0, "run_id": "r1"}, "limit": 30},
+                ):
+                    limit = kw.get("limit")
+                    rest = {k: v for k, v in kw.items() if k != "limit"}
+                    expected = newest_first(await collect(ref, cfg, **rest))[:limit]
+                    got = await collect(ours, cfg, **kw)
+                    assert got == expected, (cfg, kw)
+                    compared += len(got)
+        return {"compared": compared}
+
+
+def test_list_pages_through_many_checkpoints(saver_factory: SaverFactory) -> None:
+    """Many pages, limits around the page size, before/filter, copied thread."""
+    result = asyncio.run(run_bulk(saver_factory))
+    assert result["compared"] > 5000

@@ -27,6 +27,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Literal, TypeVar, cast
 
 import aiosqlite
@@ -44,6 +45,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph_idem_saver.errors import (
     ConfigError,
     ConnectionClosedError,
+    CorruptRecordError,
     DatabaseLockedError,
     LedgerStateError,
     NotADatabaseError,
@@ -56,6 +58,8 @@ from langgraph_idem_saver.saver_base import (
     check_prune_strategy,
     checkpoint_id_of,
     checkpoint_ns_of,
+    checkpoints_to_keep,
+    decode_checkpoint,
     decode_json,
     decode_typed,
     encode_metadata,
@@ -203,6 +207,11 @@ class AsyncSqliteSaver(IdemSaverBase):
             if self.is_setup:
                 return
             if not _is_started(self.conn):
+                if not getattr(self.conn, "_running", True):
+                    raise ConnectionClosedError(
+                        "the aiosqlite connection was closed before the saver used it; "
+                        "open a new one"
+                    )
                 try:
                     await self.conn
                 except sqlite3.Error as exc:
@@ -277,7 +286,7 @@ class AsyncSqliteSaver(IdemSaverBase):
     ) -> CheckpointTuple:
         (thread_id, ns, checkpoint_id, parent_id, type_, data, metadata, versions) = row
         where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-        checkpoint = decode_typed(self.serde, type_, data, "checkpoint", **where)
+        checkpoint = decode_checkpoint(self.serde, type_, data, **where)
         values: dict[str, Any] = {}
         for channel, btype, blob in conn.execute(
             sql.SELECT_BLOBS_FOR_VERSIONS, (versions, thread_id, ns)
@@ -307,7 +316,7 @@ class AsyncSqliteSaver(IdemSaverBase):
         return CheckpointTuple(
             config=make_config(thread_id, ns, checkpoint_id),
             checkpoint=cast(Checkpoint, {**checkpoint, "channel_values": values}),
-            metadata=cast(CheckpointMetadata, decode_json(metadata, "metadata", **where)),
+            metadata=cast(CheckpointMetadata, _decode_metadata(metadata, **where)),
             parent_config=make_config(thread_id, ns, parent_id) if parent_id else None,
             pending_writes=writes,
         )
@@ -528,9 +537,18 @@ class AsyncSqliteSaver(IdemSaverBase):
                     conn.execute(sql.DELETE_WRITES_OF_THREAD, (thread_id,))
                     conn.execute(sql.DELETE_BLOBS_OF_THREAD, (thread_id,))
                     continue
-                for ns, checkpoint_id in conn.execute(sql.SELECT_PRUNABLE, (thread_id,)).fetchall():
-                    conn.execute(sql.DELETE_WRITES_OF_CHECKPOINT, (thread_id, ns, checkpoint_id))
-                    conn.execute(sql.DELETE_CHECKPOINT, (thread_id, ns, checkpoint_id))
+                keep: set[tuple[str, str]] = set()
+                for ns, head_id in conn.execute(sql.SELECT_HEADS, (thread_id,)).fetchall():
+                    read = partial(_parent_and_metadata, conn, thread_id, ns)
+                    keep.update((ns, cid) for cid in checkpoints_to_keep(head_id, read))
+                for ns, checkpoint_id in conn.execute(
+                    sql.SELECT_CHECKPOINT_KEYS, (thread_id,)
+                ).fetchall():
+                    if (ns, checkpoint_id) not in keep:
+                        conn.execute(
+                            sql.DELETE_WRITES_OF_CHECKPOINT, (thread_id, ns, checkpoint_id)
+                        )
+                        conn.execute(sql.DELETE_CHECKPOINT, (thread_id, ns, checkpoint_id))
                 _collect_blobs(conn, thread_id)
 
         await self._run(lambda conn: _write_tx(conn, prune))
@@ -696,6 +714,26 @@ def _is_started(conn: aiosqlite.Connection) -> bool:
     """Whether the aiosqlite worker thread is running with an open connection."""
     thread = getattr(conn, "_thread", None)
     return bool(thread is not None and thread.is_alive() and getattr(conn, "_connection", None))
+
+
+def _decode_metadata(text: str, **where: Any) -> dict[str, Any]:
+    metadata = decode_json(text, "metadata", **where)
+    if not isinstance(metadata, dict):
+        raise CorruptRecordError(
+            "metadata", location=where, cause=TypeError(f"decoded to {type(metadata).__name__}")
+        )
+    return metadata
+
+
+def _parent_and_metadata(
+    conn: sqlite3.Connection, thread_id: str, ns: str, checkpoint_id: str
+) -> tuple[str | None, dict[str, Any]] | None:
+    row = conn.execute(sql.SELECT_PARENT_AND_METADATA, (thread_id, ns, checkpoint_id)).fetchone()
+    if row is None:
+        return None
+    return row[0], _decode_metadata(
+        row[1], thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=checkpoint_id
+    )
 
 
 def _collect_blobs(conn: sqlite3.Connection, thread_id: str) -> None:

@@ -220,16 +220,22 @@ SELECT ?, key, ?, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
      status, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
      result_type, result, error, adopted_by
 FROM idem_tool_calls WHERE thread_id = ? AND scope = ?
+ORDER BY rowid
 """
 
-# keep_latest: every checkpoint of the thread except the newest one per namespace
-SELECT_PRUNABLE = """
-SELECT c.checkpoint_ns, c.checkpoint_id FROM idem_checkpoints AS c
-WHERE c.thread_id = ? AND c.checkpoint_id < (
-    SELECT MAX(l.checkpoint_id) FROM idem_checkpoints AS l
-    WHERE l.thread_id = c.thread_id AND l.checkpoint_ns = c.checkpoint_ns
-)
+# keep_latest: the newest checkpoint of each namespace (and what DeltaChannels need)
+SELECT_HEADS = """
+SELECT checkpoint_ns, MAX(checkpoint_id) FROM idem_checkpoints
+WHERE thread_id = ? GROUP BY checkpoint_ns
 """
+SELECT_PARENT_AND_METADATA = """
+SELECT parent_checkpoint_id, metadata FROM idem_checkpoints
+WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+SELECT_CHECKPOINT_KEYS = (
+    "SELECT checkpoint_ns, checkpoint_id FROM idem_checkpoints WHERE thread_id = ?"
+)
+
 DELETE_CHECKPOINTS_OF_THREAD = "DELETE FROM idem_checkpoints WHERE thread_id = ?"
 DELETE_WRITES_OF_THREAD = "DELETE FROM idem_writes WHERE thread_id = ?"
 DELETE_BLOBS_OF_THREAD = "DELETE FROM idem_blobs WHERE thread_id = ?"
@@ -276,22 +282,22 @@ WHERE scope = ? AND key = ? AND adopted_by IS NULL
 SELECT_ORPHAN_CANDIDATES = f"""
 SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
 WHERE scope = ? AND agent_path = ? AND tool_name = ? AND args_hash = ? AND adopted_by IS NULL
-ORDER BY issued_at, key
+ORDER BY rowid
 """
 
 SELECT_ENTRIES_OF_THREAD = (
-    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = ? ORDER BY issued_at, key"
+    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = ? ORDER BY rowid"
 )
 SELECT_ENTRIES_OF_AGENT = (
     f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = ? AND agent_path = ? "
-    "ORDER BY issued_at, key"
+    "ORDER BY rowid"
 )
-SELECT_ALL_ENTRIES = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls ORDER BY issued_at, key"
+SELECT_ALL_ENTRIES = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls ORDER BY rowid"
 
 SELECT_UNKNOWN = f"""
 SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
 WHERE status = 'issued' AND lease_expires_at <= ?
-ORDER BY issued_at, key
+ORDER BY rowid
 """
 
 RESOLVE_ENTRY = """

@@ -1,0 +1,138 @@
+"""Ledger keys: canonical argument hashing, scopes, agent paths and key policies.
+
+The key decides which tool calls are "the same call" and therefore run at most once.
+Everything here is pure and deterministic, because two processes (the one that crashed
+and the one resuming) must compute byte-identical keys from the same inputs.
+
+Three policies:
+
+* ``"tool_call"`` (default): one ledger entry per model-emitted tool call id, within the
+  scope and agent path. Replays after a crash/resume hit the same entry; the model
+  asking for the same thing twice (two ids) runs twice, as with a plain ``ToolNode``.
+  When the model's message itself was lost (durability ``"async"``/``"exit"``) and the
+  model re-emitted the call under a new id, the tool node *adopts* the orphaned entry
+  (see ``tool_node``).
+* ``"args"``: one entry per (scope, tool, canonical args): the same arguments twice in a
+  thread are one call, whatever the ids.
+* a callable ``key_fn(tool_call, ctx) -> str``: the caller names the identity, e.g. a
+  vendor idempotency key found in the arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+from langgraph_idem_saver.errors import ConfigError, SerializationError
+
+__all__ = [
+    "KeyContext",
+    "KeyFn",
+    "KeyPolicy",
+    "agent_path_of",
+    "args_hash",
+    "canonical_args",
+    "compute_key",
+    "scope_of",
+]
+
+
+@dataclass(frozen=True)
+class KeyContext:
+    """What a custom ``key_fn`` may look at besides the tool call itself."""
+
+    scope: str
+    thread_id: str
+    agent_path: str
+    tool_name: str
+    canonical_args: str
+    args_hash: str
+
+
+KeyFn = Callable[[Mapping[str, Any], KeyContext], str]
+"""``key_fn(tool_call, ctx) -> str``: a stable identity for the call (any string)."""
+
+KeyPolicy = Union[Literal["tool_call", "args"], KeyFn]  # noqa: UP007 (runtime alias, py3.10)
+
+
+def canonical_args(args: Any, *, tool_name: str = "?", tool_call_id: str = "?") -> str:
+    """The canonical JSON text of model-emitted tool arguments.
+
+    Sorted keys, no whitespace, UTF-8 kept as is, and NaN/Infinity refused, so that two
+    processes always agree on the text (and on its hash). Arguments that JSON cannot
+    represent faithfully raise :class:`SerializationError` *before* the tool runs: a key
+    we could not recompute after a crash would make the ledger useless for that call.
+    """
+    try:
+        return json.dumps(
+            args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SerializationError(
+            f"arguments of tool call {tool_call_id!r} to {tool_name!r} are not canonical "
+            f"JSON, so the call cannot be made idempotent ({type(exc).__name__}: {exc}); "
+            "nothing was run"
+        ) from exc
+
+
+def args_hash(canonical: str) -> str:
+    """SHA-256 hex digest of canonical arguments text."""
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _digest(*parts: str) -> str:
+    """SHA-256 of a JSON list of the parts: unambiguous however the parts look."""
+    text = json.dumps(list(parts), separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def scope_of(thread_id: str, namespace: str | None) -> str:
+    """The ledger scope: the thread by default, ``"ns:<name>"`` when opted in.
+
+    A wider scope shares (and so deduplicates) calls across threads; it must be asked
+    for by name because it changes behaviour for every thread using it.
+    """
+    if namespace is None:
+        return thread_id
+    if not namespace:
+        raise ConfigError("namespace must be a non-empty string (or None for per-thread scope)")
+    return f"ns:{namespace}"
+
+
+def agent_path_of(checkpoint_ns: str) -> str:
+    """``"parent:<task_id>|child:<task_id>"`` -> ``"parent|child"``.
+
+    Task ids change when LangGraph re-runs a task (e.g. a resumed subgraph); node names
+    do not, and they are what identifies "which agent made this call".
+    """
+    if not checkpoint_ns:
+        return ""
+    return "|".join(part.split(":", 1)[0] for part in checkpoint_ns.split("|"))
+
+
+def compute_key(
+    policy: KeyPolicy,
+    tool_call: Mapping[str, Any],
+    ctx: KeyContext,
+) -> str:
+    """The ledger key of one call under ``policy`` (a SHA-256 hex digest).
+
+    Each policy hashes under its own tag, so keys of different policies never collide.
+    A ``key_fn`` key is also bound to the tool name: two tools that happen to derive the
+    same vendor key are still two calls.
+    """
+    if policy == "tool_call":
+        return _digest("tool_call", ctx.scope, ctx.agent_path, str(tool_call["id"]))
+    if policy == "args":
+        return _digest("args", ctx.scope, ctx.tool_name, ctx.canonical_args)
+    if callable(policy):
+        user_key = policy(tool_call, ctx)
+        if not isinstance(user_key, str) or not user_key:
+            raise ConfigError(
+                f"key_fn for tool {ctx.tool_name!r} must return a non-empty str, got {user_key!r}"
+            )
+        return _digest("key_fn", ctx.scope, ctx.tool_name, user_key)
+    raise ConfigError(f"unknown key policy {policy!r}: use 'tool_call', 'args' or a callable")

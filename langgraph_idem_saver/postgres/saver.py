@@ -1,0 +1,990 @@
+"""``AsyncPostgresSaver``: LangGraph checkpoints and the tool-call ledger in PostgreSQL.
+
+A drop-in for ``langgraph.checkpoint.postgres.aio.AsyncPostgresSaver`` (same name, same
+constructor ``(conn, pipe=None, serde=None)``, same ``from_conn_string(dsn, *,
+pipeline=False, serde=None)``), built from a psycopg 3 ``AsyncConnection`` (autocommit or
+not, any row factory, any ``prepare_threshold`` including ``None`` for pgbouncer) or an
+``AsyncConnectionPool``. Differences that matter in production:
+
+* **Concurrency that scales.** With a pool, every call takes its own connection, so
+  independent calls run concurrently (LangGraph's saver serializes all calls behind one
+  lock even with a pool). With a single connection, calls are serialized by a lock,
+  since one connection runs one transaction at a time.
+* **One statement per call.** ``aput`` writes the new blobs and the checkpoint in one
+  statement (a data-modifying CTE over ``unnest``ed arrays); ``aget_tuple`` and each page
+  of ``alist`` read the checkpoint, its channel values and its pending writes in one
+  statement. One round trip each, and atomic on its own under autocommit (on a
+  non-autocommit connection each call runs in its own transaction, committed before it
+  returns).
+* **Flat reads.** Channel values are looked up by primary key through the checkpoint's
+  ``channel_versions``; nothing scans a thread's blobs, so reading the latest checkpoint
+  of a 5,000-checkpoint thread touches as many rows as reading a 10-checkpoint one's.
+* **O(N) storage.** Channel values live in ``idem_blobs``, written only for
+  ``new_versions``.
+* **Safe migrations.** ``setup()`` (also run on first use) applies migrations in one
+  transaction under an advisory lock: no ``CREATE INDEX CONCURRENTLY``, so it works on a
+  plain connection, inside or outside a transaction, and concurrent workers don't race.
+  A database written by a newer release raises :class:`SchemaVersionError`.
+* **Typed errors.** A lost or closed connection raises :class:`ConnectionClosedError`
+  (with a pool, the dead connections are discarded and the next call works); corrupt
+  rows raise :class:`CorruptRecordError`; a missing ``thread_id`` :class:`ConfigError`.
+
+Metadata is stored as JSONB and filtered with bound parameters only. Filter semantics
+follow LangGraph's ``InMemorySaver`` (Python equality: ``None`` matches an absent key,
+``1 == 1.0 == True``): the SQL narrows the rows with per-key JSONB comparisons that
+never exclude a match, and each candidate is then checked with Python equality on its
+exact metadata. Known difference: an integer and a float beyond 2**53 that Python finds
+equal (``2**60 == 2.0**60``) compare by their JSON decimal text in SQL and do not match.
+
+PostgreSQL text cannot hold NUL characters or unpaired surrogates: ids (thread, namespace,
+checkpoint, task, channel) containing them are refused (:class:`ConfigError` /
+:class:`SerializationError`). Metadata containing them is stored exactly (in
+``metadata_exact``) and still filterable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar, cast
+
+import psycopg
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline, Capabilities
+from psycopg.rows import TupleRow, dict_row, tuple_row
+from psycopg_pool import AsyncConnectionPool, PoolClosed
+
+from langgraph_idem_saver.errors import (
+    ConfigError,
+    ConnectionClosedError,
+    CorruptRecordError,
+    LedgerStateError,
+    SchemaVersionError,
+    SerializationError,
+)
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
+from langgraph_idem_saver.postgres import sql
+from langgraph_idem_saver.saver_base import (
+    IdemSaverBase,
+    canonical_json,
+    check_prune_strategy,
+    checkpoint_id_of,
+    checkpoint_ns_of,
+    decode_json,
+    decode_typed,
+    encode_metadata,
+    encode_versions,
+    make_config,
+    thread_id_of,
+)
+
+T = TypeVar("T")
+Cursor = AsyncCursor[TupleRow]
+Conn = AsyncConnection[Any] | AsyncConnectionPool[Any]
+
+LIST_PAGE_SIZE = 100
+CLAIM_RETRIES = 5
+
+# SQLSTATEs meaning the session is gone: connection exceptions (class 08) and the
+# server shutting the backend down (admin / crash / cannot connect now).
+_LOST_SQLSTATES = ("57P01", "57P02", "57P03")
+
+
+class AsyncPostgresSaver(IdemSaverBase):
+    """Async PostgreSQL checkpointer and tool-call ledger (see the module docstring).
+
+    Args:
+        conn: a psycopg 3 ``AsyncConnection`` or an ``AsyncConnectionPool`` (opened).
+        pipe: an ``AsyncPipeline`` of ``conn`` (single connection only), as LangGraph's
+            saver accepts; ``from_conn_string(..., pipeline=True)`` makes one.
+        serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default.
+    """
+
+    lock: asyncio.Lock
+
+    def __init__(
+        self,
+        conn: Conn,
+        pipe: AsyncPipeline | None = None,
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        super().__init__(serde=serde)
+        if isinstance(conn, AsyncConnectionPool):
+            if pipe is not None:
+                raise ValueError(
+                    "Pipeline should be used only with a single AsyncConnection, "
+                    "not AsyncConnectionPool."
+                )
+        elif not isinstance(conn, AsyncConnection):
+            raise TypeError(
+                f"conn must be a psycopg AsyncConnection or AsyncConnectionPool, "
+                f"got {type(conn).__name__}"
+            )
+        self.conn = conn
+        self.pipe = pipe
+        self.lock = asyncio.Lock()
+        self.supports_pipeline = Capabilities().has_pipeline()
+        self.is_setup = False
+        self._setup_lock: asyncio.Lock | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(
+        cls,
+        conn_string: str,
+        *,
+        pipeline: bool = False,
+        serde: SerializerProtocol | None = None,
+    ) -> AsyncIterator[AsyncPostgresSaver]:
+        """Connect to ``conn_string`` for the block (autocommit, prepared statements).
+
+        ``pipeline=True`` runs the connection in pipeline mode, as LangGraph's does.
+        """
+        try:
+            conn = await AsyncConnection.connect(
+                conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
+            )
+        except psycopg.OperationalError as exc:
+            raise ConnectionClosedError(f"cannot connect to PostgreSQL: {exc}") from exc
+        async with conn:
+            if pipeline:
+                async with conn.pipeline() as pipe:
+                    saver = cls(conn, pipe=pipe, serde=serde)
+                    await saver.setup()
+                    yield saver
+            else:
+                saver = cls(conn, serde=serde)
+                await saver.setup()
+                yield saver
+
+    # --- plumbing -------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Apply pending migrations (idempotent; also runs on first use).
+
+        One transaction under ``pg_advisory_xact_lock``, so workers starting together
+        migrate once. On a connection already inside a transaction, the migrations join
+        it (as a savepoint) and are committed with it. Raises :class:`SchemaVersionError`
+        for a database written by a newer release.
+        """
+        if self.is_setup:
+            return
+        self._remember_loop()
+        if self._setup_lock is None:
+            self._setup_lock = asyncio.Lock()
+        async with self._setup_lock:
+            if self.is_setup:
+                return
+            await self._execute(_migrate, tx=True)
+            self.is_setup = True
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection for one call: the pool's next one, or ours under the lock."""
+        conn = self.conn
+        if isinstance(conn, AsyncConnectionPool):
+            async with conn.connection() as pooled:
+                yield pooled
+            return
+        async with self.lock:
+            if conn.closed:
+                raise ConnectionClosedError(
+                    "the PostgreSQL connection is closed; open a new connection and create "
+                    "a new saver (e.g. `async with AsyncPostgresSaver.from_conn_string(dsn)"
+                    "`), or pass an AsyncConnectionPool, which replaces lost connections"
+                )
+            yield conn
+
+    async def _execute(
+        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+    ) -> T:
+        """Run ``fn`` on a cursor of a connection: atomically, with typed errors.
+
+        A single statement on an autocommit connection is atomic by itself; ``tx=True``
+        (or a non-autocommit connection) wraps ``fn`` in a transaction committed before
+        returning. ``pipeline=True`` sends all of ``fn``'s statements in one round trip
+        where libpq supports pipeline mode.
+        """
+        used: AsyncConnection[Any] | None = None
+        try:
+            async with self._connection() as conn:
+                used = conn
+                if pipeline and self.pipe is None and self.supports_pipeline:
+                    async with conn.pipeline():
+                        result = await _in_transaction(conn, fn, tx)
+                else:
+                    result = await _in_transaction(conn, fn, tx)
+                if self.pipe is not None:
+                    await self.pipe.sync()
+                return result
+        except (psycopg.Error, PoolClosed) as exc:
+            error = self._typed_error(exc, used)
+            if error is None:
+                raise
+            if isinstance(error, ConnectionClosedError):
+                await self._discard_dead_connections()
+            raise error from exc
+
+    async def _run(
+        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+    ) -> T:
+        await self.setup()
+        return await self._execute(fn, tx=tx, pipeline=pipeline)
+
+    def _typed_error(
+        self, exc: BaseException, conn: AsyncConnection[Any] | None
+    ) -> Exception | None:
+        """The package's exception for a psycopg/pool error, or None to re-raise it."""
+        pooled = isinstance(self.conn, AsyncConnectionPool)
+        if isinstance(exc, PoolClosed):
+            return ConnectionClosedError(
+                f"the AsyncConnectionPool is closed ({exc}); open it (`await pool.open()` "
+                "or `async with pool:`) before using the saver"
+            )
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        lost = (
+            sqlstate.startswith("08")
+            or sqlstate in _LOST_SQLSTATES
+            or (conn is not None and (conn.closed or conn.broken))
+            or (isinstance(exc, psycopg.OperationalError) and "connection is closed" in str(exc))
+        )
+        if lost:
+            if pooled:
+                hint = (
+                    "the pool discards the dead connection: retry the call (the outcome "
+                    "of a write in flight is unknown until you read it back)"
+                )
+            else:
+                hint = (
+                    "open a new connection and create a new saver (e.g. `async with "
+                    "AsyncPostgresSaver.from_conn_string(dsn)`), or pass an "
+                    "AsyncConnectionPool, which replaces lost connections"
+                )
+            return ConnectionClosedError(f"the PostgreSQL connection was lost ({exc}); {hint}")
+        if isinstance(exc, psycopg.DataError) and "NUL" in str(exc):
+            return SerializationError(
+                f"PostgreSQL text cannot hold NUL (\\x00) characters: {exc}; nothing was written"
+            )
+        return None
+
+    async def _discard_dead_connections(self) -> None:
+        """After a lost connection, make the pool drop its other dead idle connections
+        (a server restart or ``pg_terminate_backend`` kills them all), so the next call
+        gets a live one."""
+        if isinstance(self.conn, AsyncConnectionPool):
+            # the pool closing or the server being down leaves nothing to do here
+            with contextlib.suppress(Exception):
+                await self.conn.check()
+
+    # --- reads ---------------------------------------------------------------------
+
+    def _row_to_tuple(self, row: Sequence[Any]) -> CheckpointTuple:
+        (
+            thread_id,
+            ns,
+            checkpoint_id,
+            parent_id,
+            type_,
+            data,
+            metadata,
+            metadata_exact,
+            blobs,
+            writes,
+        ) = row
+        where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
+        checkpoint = decode_typed(self.serde, type_, data, "checkpoint", **where)
+        values: dict[str, Any] = {}
+        for channel_b, btype_b, blob in blobs or ():
+            channel = bytes(channel_b).decode()
+            values[channel] = decode_typed(
+                self.serde, bytes(btype_b).decode(), blob, "channel value", channel=channel, **where
+            )
+        pending = []
+        for task_b, channel_b, wtype_b, value in writes or ():
+            task_id = bytes(task_b).decode()
+            channel = bytes(channel_b).decode()
+            pending.append(
+                (
+                    task_id,
+                    channel,
+                    decode_typed(
+                        self.serde,
+                        bytes(wtype_b).decode(),
+                        value,
+                        "pending write",
+                        task_id=task_id,
+                        channel=channel,
+                        **where,
+                    ),
+                )
+            )
+        if metadata_exact is not None:
+            metadata = decode_json(metadata_exact, "metadata", **where)
+        if not isinstance(metadata, dict):
+            raise CorruptRecordError(
+                "metadata", location=where, cause=TypeError("metadata is not a JSON object")
+            )
+        return CheckpointTuple(
+            config=make_config(thread_id, ns, checkpoint_id),
+            checkpoint=cast(Checkpoint, {**checkpoint, "channel_values": values}),
+            metadata=cast(CheckpointMetadata, metadata),
+            parent_config=make_config(thread_id, ns, parent_id) if parent_id else None,
+            pending_writes=pending,
+        )
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint (latest of the thread/namespace, or by id), one round trip."""
+        thread_id = _text(thread_id_of(config), "thread_id")
+        ns = _text(checkpoint_ns_of(config), "checkpoint_ns")
+        checkpoint_id = checkpoint_id_of(config)
+        params: dict[str, Any] = {"thread_id": thread_id, "ns": ns, "limit": 1}
+        if checkpoint_id:
+            params["checkpoint_id"] = _text(checkpoint_id, "checkpoint_id")
+            query = sql.SELECT_TUPLE_BY_ID
+        else:
+            query = sql.SELECT_LATEST_TUPLE
+
+        async def read(cur: Cursor) -> TupleRow | None:
+            await cur.execute(query, params)
+            return await cur.fetchone()
+
+        row = await self._run(read)
+        return None if row is None else self._row_to_tuple(row)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Checkpoints newest first, a page per statement (no connection held between).
+
+        ``limit`` of 0 or less yields nothing.
+        """
+        if limit is not None and limit <= 0:
+            return
+        clauses: list[str] = []
+        params: dict[str, Any] = {}
+        if config is not None:
+            clauses.append("thread_id = %(thread_id)s")
+            params["thread_id"] = _text(thread_id_of(config), "thread_id")
+            if "checkpoint_ns" in config["configurable"]:
+                clauses.append("checkpoint_ns = %(ns)s")
+                params["ns"] = _text(checkpoint_ns_of(config), "checkpoint_ns")
+            if checkpoint_id := checkpoint_id_of(config):
+                clauses.append("checkpoint_id = %(checkpoint_id)s")
+                params["checkpoint_id"] = _text(checkpoint_id, "checkpoint_id")
+        if filter:
+            clauses += _metadata_filter(filter, params)
+        if before is not None and (before_id := checkpoint_id_of(before)):
+            clauses.append("checkpoint_id < %(before)s")
+            params["before"] = _text(before_id, "checkpoint_id")
+
+        remaining = limit
+        cursor: tuple[str, str, str] | None = None
+        while remaining is None or remaining > 0:
+            page = LIST_PAGE_SIZE if remaining is None else min(remaining, LIST_PAGE_SIZE)
+            where = list(clauses)
+            args = {**params, "limit": page}
+            if cursor is not None:
+                if "ns" in params:
+                    where.append(sql.LIST_AFTER_IN_NS)
+                elif "thread_id" in params:
+                    where.append(sql.LIST_AFTER_IN_THREAD)
+                else:
+                    where.append(sql.LIST_AFTER)
+                args.update(c_id=cursor[0], c_thread=cursor[1], c_ns=cursor[2])
+            query = sql.SELECT_TUPLES.format(
+                where=("WHERE " + " AND ".join(where)) if where else ""
+            )
+
+            async def read(cur: Cursor, q: str = query, a: dict[str, Any] = args) -> list[TupleRow]:
+                await cur.execute(q, a)
+                return await cur.fetchall()
+
+            rows = await self._run(read)
+            for row in rows:
+                tup = self._row_to_tuple(row)
+                if filter and not _matches(tup.metadata, filter):
+                    continue
+                yield tup
+                if remaining is not None:
+                    remaining -= 1
+                    if remaining <= 0:
+                        return
+            if len(rows) < page:
+                return
+            last = rows[-1]
+            cursor = (last[2], last[0], last[1])
+
+    # --- writes --------------------------------------------------------------------
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store the checkpoint and its new channel values: one statement, one round trip."""
+        thread_id = _text(thread_id_of(config), "thread_id")
+        ns = _text(checkpoint_ns_of(config), "checkpoint_ns")
+        parent_id = checkpoint_id_of(config)
+        stored = checkpoint.copy()
+        values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
+        channels: list[str] = []
+        versions: list[str] = []
+        types: list[str] = []
+        blobs: list[bytes | None] = []
+        for channel, version in new_versions.items():
+            if channel in values:
+                btype, blob = self.serde.dumps_typed(values[channel])
+            else:
+                btype, blob = "empty", None
+            channels.append(channel)
+            versions.append(str(version))
+            types.append(btype)
+            blobs.append(blob)
+        type_, data = self.serde.dumps_typed(stored)
+        full_metadata = get_checkpoint_metadata(config, metadata)
+        run_id = full_metadata.get("run_id")
+        metadata_json, metadata_exact = _metadata_columns(full_metadata)
+        params = {
+            "thread_id": thread_id,
+            "ns": ns,
+            "checkpoint_id": _text(checkpoint["id"], "checkpoint id"),
+            "parent_id": parent_id,
+            "run_id": None if run_id is None else str(run_id),
+            "type": type_,
+            "checkpoint": data,
+            "metadata": metadata_json,
+            "metadata_exact": metadata_exact,
+            "channel_versions": encode_versions(checkpoint["channel_versions"]),
+            "channels": channels,
+            "versions": versions,
+            "types": types,
+            "blobs": blobs,
+        }
+
+        async def write(cur: Cursor) -> None:
+            await cur.execute(sql.PUT_CHECKPOINT, params)
+
+        await self._run(write)
+        return make_config(thread_id, ns, checkpoint["id"])
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's writes: one statement (regular writes are never replaced)."""
+        thread_id = _text(thread_id_of(config), "thread_id")
+        ns = _text(checkpoint_ns_of(config), "checkpoint_ns")
+        checkpoint_id = checkpoint_id_of(config)
+        if checkpoint_id is None:
+            raise ConfigError("put_writes needs config['configurable']['checkpoint_id']")
+        # one row per idx; a repeated special write (idx < 0) replaces the earlier one
+        by_idx: dict[int, tuple[str, str, bytes]] = {}
+        for idx, (channel, value) in enumerate(writes):
+            by_idx[WRITES_IDX_MAP.get(channel, idx)] = (channel, *self.serde.dumps_typed(value))
+        if not by_idx:
+            return
+        params = {
+            "thread_id": thread_id,
+            "ns": ns,
+            "checkpoint_id": checkpoint_id,
+            "task_id": task_id,
+            "task_path": task_path,
+            "idxs": list(by_idx),
+            "channels": [r[0] for r in by_idx.values()],
+            "types": [r[1] for r in by_idx.values()],
+            "values": [r[2] for r in by_idx.values()],
+        }
+
+        async def write(cur: Cursor) -> None:
+            await cur.execute(sql.PUT_WRITES, params)
+
+        await self._run(write)
+
+    # --- thread maintenance ----------------------------------------------------------
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete a thread's checkpoints, writes, blobs and ledger entries (one statement)."""
+        tid = str(thread_id)
+
+        async def delete(cur: Cursor) -> None:
+            await cur.execute(sql.DELETE_THREAD, {"t": tid})
+
+        await self._run(delete)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (with their writes) and ledger entries of these runs."""
+        ids = [str(r) for r in run_ids]
+        if not ids:
+            return
+
+        async def delete(cur: Cursor) -> None:
+            await cur.execute(sql.DELETE_RUNS, {"runs": ids})
+            threads = [r[0] for r in await cur.fetchall()]
+            if threads:
+                await cur.execute(sql.COLLECT_BLOBS, {"threads": threads})
+
+        await self._run(delete, tx=True)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy a thread's whole history, and its thread-scoped ledger entries."""
+        params = {"src": str(source_thread_id), "dst": str(target_thread_id)}
+
+        async def copy(cur: Cursor) -> None:
+            await cur.execute(sql.COPY_THREAD, params)
+
+        await self._run(copy)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune checkpoints; ledger entries are always kept (pruning must not cause re-runs).
+
+        ``keep_latest`` keeps the newest checkpoint of each namespace with its writes;
+        ``delete`` removes every checkpoint of the threads.
+        """
+        check_prune_strategy(strategy)
+        params = {"threads": [str(t) for t in thread_ids]}
+        if not params["threads"]:
+            return
+
+        async def prune(cur: Cursor) -> None:
+            if strategy == "delete":
+                await cur.execute(sql.PRUNE_DELETE, params)
+            else:
+                await cur.execute(sql.PRUNE_KEEP_LATEST, params)
+                await cur.execute(sql.COLLECT_BLOBS, params)
+
+        await self._run(prune, tx=strategy != "delete", pipeline=True)
+
+    # --- the tool-call ledger ----------------------------------------------------------
+
+    async def aclaim(
+        self, intents: Sequence[CallIntent], *, owner: str, lease_seconds: float
+    ) -> list[ClaimOutcome]:
+        """Claim the batch in one transaction: ``INSERT ... ON CONFLICT DO NOTHING`` for
+        every intent, then read every row back (pipelined: one round trip)."""
+        if not intents:
+            return []
+        now = time.time()
+        base = {"owner": owner, "now": now, "lease": now + lease_seconds}
+
+        async def claim(cur: Cursor) -> list[ClaimOutcome]:
+            pending = list(intents)
+            outcomes: dict[int, ClaimOutcome] = {}
+            positions = list(range(len(intents)))
+            for _ in range(CLAIM_RETRIES):
+                params = {
+                    **base,
+                    "scopes": [i.scope for i in pending],
+                    "keys": [i.key for i in pending],
+                    "thread_ids": [i.thread_id for i in pending],
+                    "agent_paths": [i.agent_path for i in pending],
+                    "tool_names": [i.tool_name for i in pending],
+                    "args_hashes": [i.args_hash for i in pending],
+                    "args": [i.args for i in pending],
+                    "tool_call_ids": [i.tool_call_id for i in pending],
+                    "run_ids": [i.run_id for i in pending],
+                }
+                await cur.execute(sql.INSERT_ISSUED, params)
+                async with cur.connection.cursor(row_factory=tuple_row, binary=True) as read:
+                    await read.execute(sql.SELECT_ENTRIES_BY_KEYS, params)
+                    inserted = {(r[0], r[1]) for r in await cur.fetchall()}
+                    rows = {(r[0], r[1]): _entry(r) for r in await read.fetchall()}
+                missing: list[tuple[int, CallIntent]] = []
+                for pos, intent in zip(positions, pending, strict=True):
+                    k = (intent.scope, intent.key)
+                    entry = rows.get(k)
+                    if entry is None:  # deleted by a concurrent release/delete: claim again
+                        missing.append((pos, intent))
+                        continue
+                    claimed = k in inserted
+                    inserted.discard(k)  # a key repeated in the batch is claimed once
+                    outcomes[pos] = ClaimOutcome(claimed=claimed, entry=entry)
+                if not missing:
+                    break
+                positions = [p for p, _ in missing]
+                pending = [i for _, i in missing]
+            else:
+                raise LedgerStateError(
+                    f"could not claim {len(pending)} tool call(s): their rows kept being "
+                    "deleted concurrently"
+                )
+            return [outcomes[p] for p in range(len(intents))]
+
+        return await self._run(claim, tx=True, pipeline=True)
+
+    async def afinish(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> LedgerEntry:
+        if status is CallStatus.ISSUED:
+            raise ValueError("afinish records an outcome: status must be completed or failed")
+        params = (status.value, result_type, result, error, time.time(), scope, key, owner)
+
+        async def finish(cur: Cursor) -> tuple[bool, TupleRow | None]:
+            await cur.execute(sql.FINISH_ENTRY, params)
+            row = await cur.fetchone()
+            if row is not None:
+                return True, row
+            await cur.execute(sql.SELECT_ENTRY, (scope, key))
+            return False, await cur.fetchone()
+
+        done, row = await self._run(finish)
+        if not done:
+            state = "missing" if row is None else f"{row[8]} (owner {row[12]!r})"
+            raise LedgerStateError(
+                f"cannot record the outcome of tool call {key!r} in scope {scope!r}: "
+                f"entry is {state}, not issued to {owner!r}"
+            )
+        assert row is not None
+        return _entry(row)
+
+    async def areclaim(
+        self, scope: str, key: str, *, owner: str, lease_seconds: float, expected_attempts: int
+    ) -> LedgerEntry | None:
+        now = time.time()
+        params = (owner, now, now + lease_seconds, scope, key, expected_attempts)
+        return await self._update_returning(sql.RECLAIM_ENTRY, params)
+
+    async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
+        """Drop an ``issued`` claim we own without an outcome (the tool was interrupted
+        by ``interrupt()`` before doing anything final, so re-entry must run it again)."""
+
+        async def release(cur: Cursor) -> bool:
+            await cur.execute(sql.RELEASE_ENTRY, (scope, key, owner))
+            return await cur.fetchone() is not None
+
+        return await self._run(release)
+
+    async def aadopt(self, scope: str, key: str, *, tool_call_id: str) -> LedgerEntry | None:
+        return await self._update_returning(sql.ADOPT_ENTRY, (tool_call_id, scope, key))
+
+    async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
+        async def read(cur: Cursor) -> TupleRow | None:
+            await cur.execute(sql.SELECT_ENTRY, (scope, key))
+            return await cur.fetchone()
+
+        row = await self._run(read)
+        return None if row is None else _entry(row)
+
+    async def afind_orphans(
+        self, scope: str, agent_path: str, tool_name: str, args_hash: str
+    ) -> list[LedgerEntry]:
+        return await self._select_entries(
+            sql.SELECT_ORPHAN_CANDIDATES, (scope, agent_path, tool_name, args_hash)
+        )
+
+    async def alist_entries(
+        self, thread_id: str | None = None, *, agent_path: str | None = None
+    ) -> list[LedgerEntry]:
+        if thread_id is None:
+            return await self._select_entries(sql.SELECT_ALL_ENTRIES, ())
+        if agent_path is None:
+            return await self._select_entries(sql.SELECT_ENTRIES_OF_THREAD, (str(thread_id),))
+        return await self._select_entries(sql.SELECT_ENTRIES_OF_AGENT, (str(thread_id), agent_path))
+
+    async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
+        at = time.time() if now is None else now
+        return await self._select_entries(sql.SELECT_UNKNOWN, (at,))
+
+    async def aresolve(
+        self,
+        scope: str,
+        key: str,
+        *,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None,
+        expected_attempts: int,
+    ) -> LedgerEntry | None:
+        if status is CallStatus.ISSUED:
+            raise ValueError("aresolve settles an outcome: status must be completed or failed")
+        params = (
+            status.value,
+            result_type,
+            result,
+            error,
+            time.time(),
+            scope,
+            key,
+            expected_attempts,
+        )
+        return await self._update_returning(sql.RESOLVE_ENTRY, params)
+
+    async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
+        query = sql.NOTE_CONFLICT if conflict else sql.NOTE_REPLAY
+
+        async def note(cur: Cursor) -> None:
+            await cur.execute(query, (scope, key))
+
+        await self._run(note)
+
+    async def _update_returning(self, query: str, params: tuple[Any, ...]) -> LedgerEntry | None:
+        """A guarded ``UPDATE ... RETURNING``: the row after it, or None when the guard
+        did not match (one statement)."""
+
+        async def update(cur: Cursor) -> TupleRow | None:
+            await cur.execute(query, params)
+            return await cur.fetchone()
+
+        row = await self._run(update)
+        return None if row is None else _entry(row)
+
+    async def _select_entries(self, query: str, params: tuple[Any, ...]) -> list[LedgerEntry]:
+        async def read(cur: Cursor) -> list[TupleRow]:
+            await cur.execute(query, params)
+            return await cur.fetchall()
+
+        return [_entry(r) for r in await self._run(read)]
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+async def _in_transaction(
+    conn: AsyncConnection[Any], fn: Callable[[Cursor], Awaitable[T]], tx: bool
+) -> T:
+    if tx or not conn.autocommit:
+        async with (
+            conn.transaction(),
+            conn.cursor(row_factory=tuple_row, binary=True) as cur,
+        ):
+            return await fn(cur)
+    async with conn.cursor(row_factory=tuple_row, binary=True) as cur:
+        return await fn(cur)
+
+
+async def _migrate(cur: Cursor) -> None:
+    """Bring the schema up to date; the caller runs this in one transaction."""
+    await cur.execute(sql.TAKE_MIGRATION_LOCK, (sql.MIGRATION_LOCK_KEY,))
+    await cur.execute(sql.SELECT_MIGRATIONS_TABLE)
+    row = await cur.fetchone()
+    found = -1
+    if row is not None and row[0]:
+        await cur.execute(sql.SELECT_SCHEMA_VERSION)
+        version_row = await cur.fetchone()
+        if version_row is not None and version_row[0] is not None:
+            found = int(version_row[0])
+    if found > sql.SCHEMA_VERSION:
+        raise SchemaVersionError(found, sql.SCHEMA_VERSION, "this PostgreSQL database")
+    for version in range(found + 1, len(sql.MIGRATIONS)):
+        for statement in sql.MIGRATIONS[version]:
+            await cur.execute(statement, prepare=False)
+        await cur.execute(sql.INSERT_MIGRATION, (version,), prepare=False)
+
+
+def _text(value: str, what: str) -> str:
+    """An id as PostgreSQL text, or a ConfigError for what TEXT cannot hold."""
+    if value.isascii():
+        if "\x00" not in value:
+            return value
+    elif "\x00" not in value and _utf8_ok(value):
+        return value
+    raise ConfigError(
+        f"{what} {value!r} cannot be stored in PostgreSQL: text cannot hold NUL characters "
+        "or unpaired surrogates"
+    )
+
+
+def _utf8_ok(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _clean_str(value: str) -> bool:
+    """Whether JSONB holds this string exactly (no NUL, no unpaired surrogate)."""
+    if "\x00" in value:
+        return False
+    return value.isascii() or _utf8_ok(value)
+
+
+def _jsonb_exact(value: Any) -> bool:
+    """Whether JSONB round-trips this (already JSON-encodable) value exactly.
+
+    JSONB refuses NUL characters and unpaired surrogates, and prints numbers in plain
+    decimal: ``1e+16`` would come back as the int ``10000000000000000`` and ``-0.0``
+    as ``0.0``.
+    """
+    if value is None or isinstance(value, (bool, int)):
+        return True
+    if isinstance(value, str):
+        return _clean_str(value)
+    if isinstance(value, float):
+        return "e+" not in repr(value) and not (value == 0.0 and math.copysign(1.0, value) < 0)
+    if isinstance(value, dict):
+        return all(
+            (not isinstance(k, str) or _clean_str(k)) and _jsonb_exact(v) for k, v in value.items()
+        )
+    if isinstance(value, (list, tuple)):
+        return all(_jsonb_exact(v) for v in value)
+    return False
+
+
+def _sanitize(value: Any) -> Any:
+    """A JSONB-storable stand-in: NUL and unpaired surrogates become U+FFFD.
+
+    Applied alike to stored metadata and to filter values, so equal values still match
+    (the Python check on the exact metadata then removes false positives).
+    """
+    if isinstance(value, str):
+        if _clean_str(value):
+            return value
+        return "".join(
+            "\ufffd" if ch == "\x00" or 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in value
+        )
+    if isinstance(value, dict):
+        return {_sanitize(k): _sanitize(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_sanitize(v) for v in value]
+    return value
+
+
+def _metadata_columns(metadata: CheckpointMetadata) -> tuple[str, str | None]:
+    """``(metadata JSONB text, metadata_exact)``: the exact text only when JSONB can't
+    hold the metadata as is."""
+    text = encode_metadata(metadata)
+    if _jsonb_exact(metadata):
+        return text, None
+    safe = _sanitize(json.loads(text))
+    return json.dumps(safe, ensure_ascii=False, sort_keys=True, separators=(",", ":")), text
+
+
+def _has_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, dict):
+        return any(_has_bool(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_bool(v) for v in value)
+    return False
+
+
+def _metadata_filter(filter: dict[str, Any], params: dict[str, Any]) -> list[str]:
+    """SQL conditions that keep every row whose top-level metadata matches ``filter``
+    (with keys and values bound); ``_matches`` then checks each row exactly.
+
+    Equality follows Python's (``1 == 1.0 == True``), as LangGraph's in-memory saver
+    compares; a ``None`` filter value also matches an absent key, as there.
+    """
+    clauses: list[str] = []
+    for n, (key, value) in enumerate(filter.items()):
+        if not isinstance(key, str):
+            raise ConfigError(f"metadata filter keys must be str, got {type(key).__name__}")
+        k, v = f"fk{n}", f"fv{n}"
+        params[k] = _sanitize(key)
+        if value is None:
+            clauses.append(f"COALESCE(metadata -> %({k})s, 'null'::jsonb) = 'null'::jsonb")
+        elif isinstance(value, (bool, int, float)):
+            if isinstance(value, float) and not math.isfinite(value):
+                clauses.append("FALSE")  # NaN and infinities equal no JSON value
+                continue
+            alternatives = [json.dumps(value if isinstance(value, float) else int(value))]
+            if value == 1:
+                alternatives.append("true")
+            elif value == 0:
+                alternatives.append("false")
+            params[v] = alternatives
+            clauses.append(f"metadata -> %({k})s = ANY(%({v})s::jsonb[])")
+        elif isinstance(value, str):
+            params[v] = json.dumps(_sanitize(value), ensure_ascii=False)
+            clauses.append(f"metadata -> %({k})s = %({v})s::jsonb")
+        else:
+            try:
+                text = canonical_json(value)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"metadata filter value for {key!r} is not JSON: {exc}") from exc
+            if _has_bool(value) or not isinstance(value, (dict, list, tuple)):
+                # JSONB compares true and 1 as different; narrow by kind only
+                params[v] = "object" if isinstance(value, dict) else "array"
+                clauses.append(f"jsonb_typeof(metadata -> %({k})s) = %({v})s")
+            else:
+                params[v] = json.dumps(_sanitize(json.loads(text)), ensure_ascii=False)
+                clauses.append(f"metadata -> %({k})s = %({v})s::jsonb")
+    return clauses
+
+
+def _matches(metadata: Any, filter: dict[str, Any]) -> bool:
+    """LangGraph's InMemorySaver rule: every filter value ``==`` the metadata's value."""
+    return all(value == metadata.get(key) for key, value in filter.items())
+
+
+def _entry(row: Sequence[Any]) -> LedgerEntry:
+    (
+        scope,
+        key,
+        thread_id,
+        agent_path,
+        tool_name,
+        args_hash,
+        args,
+        tool_call_id,
+        status,
+        attempts,
+        replays,
+        conflicts,
+        owner,
+        issued_at,
+        lease_expires_at,
+        finished_at,
+        result_type,
+        result,
+        error,
+        run_id,
+        adopted_by,
+    ) = row
+    return LedgerEntry(
+        scope=scope,
+        key=key,
+        thread_id=thread_id,
+        agent_path=agent_path,
+        tool_name=tool_name,
+        args_hash=args_hash,
+        args=bytes(args),
+        tool_call_id=tool_call_id,
+        status=CallStatus(status),
+        attempts=attempts,
+        replays=replays,
+        conflicts=conflicts,
+        owner=owner,
+        issued_at=issued_at,
+        lease_expires_at=lease_expires_at,
+        finished_at=finished_at,
+        result_type=result_type,
+        result=None if result is None else bytes(result),
+        error=error,
+        run_id=run_id,
+        adopted_by=adopted_by,
+    )

@@ -1,0 +1,436 @@
+"""Every SQL statement of the PostgreSQL backend, and its migrations.
+
+``MIGRATIONS[i]`` brings a database from schema version ``i - 1`` to ``i``; the versions
+applied are recorded in ``idem_saver_migrations (v INTEGER PRIMARY KEY)``, so
+``len(MIGRATIONS) - 1`` is the schema version this release writes. Never edit a migration
+that has shipped: append a new one. Each migration is a list of single statements (no
+``CREATE INDEX CONCURRENTLY``: every migration runs inside one transaction, under an
+advisory lock, so ``setup()`` works on any connection, inside or outside a transaction,
+and concurrent workers calling it do not race).
+
+The layout mirrors the SQLite backend (``idem_`` prefix, blobs per (thread, ns, channel,
+version) written only for ``new_versions``). Every text key column uses ``COLLATE "C"``:
+checkpoint ids, task paths and ledger keys then sort by code point, exactly as SQLite and
+LangGraph's in-memory saver sort them, whatever the database's default locale, and the
+primary-key indexes serve those orders.
+
+All values are bound parameters; statements that take a variable number of rows take
+them as arrays and ``unnest`` them, so every call is a single statement (one round trip,
+atomic on its own under autocommit).
+"""
+
+from __future__ import annotations
+
+# The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
+# fixed forever: every release must take the same lock).
+MIGRATION_LOCK_KEY = 0x1DE3_5A7E_0C1D_0001
+
+MIGRATIONS: list[list[str]] = [
+    # 0: the bookkeeping table itself
+    [
+        "CREATE TABLE IF NOT EXISTS idem_saver_migrations (v INTEGER PRIMARY KEY)",
+    ],
+    # 1: checkpoints, blobs, writes
+    [
+        """
+        CREATE TABLE IF NOT EXISTS idem_checkpoints (
+            thread_id TEXT COLLATE "C" NOT NULL,
+            checkpoint_ns TEXT COLLATE "C" NOT NULL DEFAULT '',
+            checkpoint_id TEXT COLLATE "C" NOT NULL,
+            parent_checkpoint_id TEXT COLLATE "C",
+            run_id TEXT COLLATE "C",
+            type TEXT NOT NULL,
+            checkpoint BYTEA NOT NULL,
+            metadata JSONB NOT NULL,
+            -- the exact metadata JSON, only when JSONB cannot hold it as is (NUL
+            -- characters, unpaired surrogates, floats JSONB would print as integers);
+            -- ``metadata`` then holds a filterable approximation
+            metadata_exact TEXT,
+            channel_versions JSONB NOT NULL,
+            PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+        )
+        """,
+        """
+        CREATE INDEX IF NOT EXISTS idem_checkpoints_thread_order
+            ON idem_checkpoints (thread_id, checkpoint_id, checkpoint_ns)
+        """,
+        """
+        CREATE INDEX IF NOT EXISTS idem_checkpoints_run_id
+            ON idem_checkpoints (run_id) WHERE run_id IS NOT NULL
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS idem_blobs (
+            thread_id TEXT COLLATE "C" NOT NULL,
+            checkpoint_ns TEXT COLLATE "C" NOT NULL DEFAULT '',
+            channel TEXT COLLATE "C" NOT NULL,
+            version TEXT COLLATE "C" NOT NULL,
+            type TEXT NOT NULL,
+            blob BYTEA,
+            PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS idem_writes (
+            thread_id TEXT COLLATE "C" NOT NULL,
+            checkpoint_ns TEXT COLLATE "C" NOT NULL DEFAULT '',
+            checkpoint_id TEXT COLLATE "C" NOT NULL,
+            task_id TEXT COLLATE "C" NOT NULL,
+            task_path TEXT COLLATE "C" NOT NULL DEFAULT '',
+            idx INTEGER NOT NULL,
+            channel TEXT COLLATE "C" NOT NULL,
+            type TEXT NOT NULL,
+            value BYTEA,
+            PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+        )
+        """,
+    ],
+    # 2: the tool-call ledger
+    [
+        """
+        CREATE TABLE IF NOT EXISTS idem_tool_calls (
+            scope TEXT COLLATE "C" NOT NULL,
+            key TEXT COLLATE "C" NOT NULL,
+            thread_id TEXT COLLATE "C" NOT NULL,
+            agent_path TEXT COLLATE "C" NOT NULL DEFAULT '',
+            tool_name TEXT COLLATE "C" NOT NULL,
+            args_hash TEXT COLLATE "C" NOT NULL,
+            args BYTEA NOT NULL,
+            tool_call_id TEXT COLLATE "C" NOT NULL,
+            run_id TEXT COLLATE "C",
+            status TEXT NOT NULL CHECK (status IN ('issued', 'completed', 'failed')),
+            attempts INTEGER NOT NULL DEFAULT 1,
+            replays INTEGER NOT NULL DEFAULT 0,
+            conflicts INTEGER NOT NULL DEFAULT 0,
+            owner TEXT COLLATE "C" NOT NULL,
+            issued_at DOUBLE PRECISION NOT NULL,
+            lease_expires_at DOUBLE PRECISION NOT NULL,
+            finished_at DOUBLE PRECISION,
+            result_type TEXT,
+            result BYTEA,
+            error TEXT,
+            adopted_by TEXT COLLATE "C",
+            PRIMARY KEY (scope, key)
+        )
+        """,
+        """
+        CREATE INDEX IF NOT EXISTS idem_tool_calls_thread
+            ON idem_tool_calls (thread_id, issued_at)
+        """,
+        """
+        CREATE INDEX IF NOT EXISTS idem_tool_calls_signature
+            ON idem_tool_calls (scope, agent_path, tool_name, args_hash)
+        """,
+        """
+        CREATE INDEX IF NOT EXISTS idem_tool_calls_issued
+            ON idem_tool_calls (lease_expires_at) WHERE status = 'issued'
+        """,
+        """
+        CREATE INDEX IF NOT EXISTS idem_tool_calls_run_id
+            ON idem_tool_calls (run_id) WHERE run_id IS NOT NULL
+        """,
+    ],
+]
+
+SCHEMA_VERSION = len(MIGRATIONS) - 1
+
+TAKE_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+SELECT_MIGRATIONS_TABLE = "SELECT to_regclass('idem_saver_migrations') IS NOT NULL"
+SELECT_SCHEMA_VERSION = "SELECT MAX(v) FROM idem_saver_migrations"
+INSERT_MIGRATION = "INSERT INTO idem_saver_migrations (v) VALUES (%s) ON CONFLICT DO NOTHING"
+
+# --- checkpoints ------------------------------------------------------------------
+
+# aput: the new blobs and the checkpoint row in ONE statement (one round trip, atomic).
+# A data-modifying CTE always runs to completion, referenced or not.
+PUT_CHECKPOINT = """
+WITH new_blobs AS (
+    INSERT INTO idem_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT %(thread_id)s, %(ns)s, u.channel, u.version, u.type, u.blob
+    FROM unnest(%(channels)s::text[], %(versions)s::text[], %(types)s::text[],
+                %(blobs)b::bytea[]) AS u(channel, version, type, blob)
+    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET
+        type = excluded.type, blob = excluded.blob
+)
+INSERT INTO idem_checkpoints
+    (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+     type, checkpoint, metadata, metadata_exact, channel_versions)
+VALUES (%(thread_id)s, %(ns)s, %(checkpoint_id)s, %(parent_id)s, %(run_id)s,
+        %(type)s, %(checkpoint)s, %(metadata)s::jsonb, %(metadata_exact)s,
+        %(channel_versions)s::jsonb)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+    parent_checkpoint_id = excluded.parent_checkpoint_id, run_id = excluded.run_id,
+    type = excluded.type, checkpoint = excluded.checkpoint, metadata = excluded.metadata,
+    metadata_exact = excluded.metadata_exact, channel_versions = excluded.channel_versions
+"""
+
+# Regular writes (idx >= 0) are never overwritten: a task's writes are final once saved,
+# and a re-run task must not replace them. Special writes (errors, interrupts, resume;
+# idx < 0) are replaced, as LangGraph's savers do. The caller de-duplicates the rows of
+# one call (the last special write of an idx wins), since one INSERT may not update a
+# row twice.
+PUT_WRITES = """
+INSERT INTO idem_writes
+    (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
+SELECT %(thread_id)s, %(ns)s, %(checkpoint_id)s, %(task_id)s, %(task_path)s,
+       u.idx, u.channel, u.type, u.value
+FROM unnest(%(idxs)s::integer[], %(channels)s::text[], %(types)s::text[],
+            %(values)b::bytea[]) AS u(idx, channel, type, value)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+    task_path = excluded.task_path, channel = excluded.channel,
+    type = excluded.type, value = excluded.value
+WHERE excluded.idx < 0
+"""
+
+# Checkpoint tuples with their channel values and pending writes, in one statement.
+# The inner query picks the rows (by an index, stopping at LIMIT); only then are the
+# blobs looked up, one primary-key probe per entry of the checkpoint's channel_versions
+# ({channel: version}) — the LATERAL ... LIMIT 1 keeps the planner from turning that into
+# a hash join over all of a thread's blobs, which it would pick for a thread that is
+# most of the table — and the writes, by the writes table's primary-key prefix. Text
+# columns come back as bytea (convert_to) so that each aggregate is one 2-D bytea array.
+SELECT_TUPLES = """
+SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type,
+    c.checkpoint, c.metadata, c.metadata_exact,
+    (SELECT array_agg(ARRAY[convert_to(v.key, 'UTF8'), convert_to(b.type, 'UTF8'), b.blob])
+     FROM jsonb_each_text(c.channel_versions) AS v
+     CROSS JOIN LATERAL (
+        SELECT bl.type, bl.blob FROM idem_blobs AS bl
+        WHERE bl.thread_id = c.thread_id AND bl.checkpoint_ns = c.checkpoint_ns
+          AND bl.channel = v.key AND bl.version = v.value
+        LIMIT 1
+     ) AS b
+     WHERE b.type <> 'empty') AS channel_values,
+    (SELECT array_agg(ARRAY[convert_to(w.task_id, 'UTF8'), convert_to(w.channel, 'UTF8'),
+                            convert_to(w.type, 'UTF8'), w.value]
+                      ORDER BY w.task_path, w.task_id, w.idx)
+     FROM idem_writes AS w
+     WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
+       AND w.checkpoint_id = c.checkpoint_id) AS pending_writes
+FROM (
+    SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint,
+        metadata, metadata_exact, channel_versions
+    FROM idem_checkpoints
+    {where}
+    ORDER BY checkpoint_id DESC, thread_id DESC, checkpoint_ns DESC
+    LIMIT %(limit)s
+) AS c
+ORDER BY c.checkpoint_id DESC, c.thread_id DESC, c.checkpoint_ns DESC
+"""
+
+WHERE_BY_ID = (
+    "WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s "
+    "AND checkpoint_id = %(checkpoint_id)s"
+)
+WHERE_LATEST = "WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s"
+
+SELECT_TUPLE_BY_ID = SELECT_TUPLES.format(where=WHERE_BY_ID)
+SELECT_LATEST_TUPLE = SELECT_TUPLES.format(where=WHERE_LATEST)
+
+# keyset pagination: the next page starts strictly after the last row returned. The
+# columns a config fixes are left out, so the comparison matches an index's columns
+# (the primary key, or idem_checkpoints_thread_order) and seeks instead of filtering.
+LIST_AFTER_IN_NS = "checkpoint_id < %(c_id)s"
+LIST_AFTER_IN_THREAD = "(checkpoint_id, checkpoint_ns) < (%(c_id)s, %(c_ns)s)"
+LIST_AFTER = "(checkpoint_id, thread_id, checkpoint_ns) < (%(c_id)s, %(c_thread)s, %(c_ns)s)"
+
+# --- deletion, copy, prune ----------------------------------------------------------
+
+DELETE_THREAD = """
+WITH c AS (DELETE FROM idem_checkpoints WHERE thread_id = %(t)s),
+     b AS (DELETE FROM idem_blobs WHERE thread_id = %(t)s),
+     w AS (DELETE FROM idem_writes WHERE thread_id = %(t)s)
+DELETE FROM idem_tool_calls WHERE thread_id = %(t)s
+"""
+
+# The checkpoints of the runs, with their writes, and the runs' ledger entries; returns
+# the threads touched (whose unreferenced blobs are then collected).
+DELETE_RUNS = """
+WITH gone AS (
+    DELETE FROM idem_checkpoints WHERE run_id = ANY(%(runs)s)
+    RETURNING thread_id, checkpoint_ns, checkpoint_id
+), gone_writes AS (
+    DELETE FROM idem_writes AS w USING gone AS g
+    WHERE w.thread_id = g.thread_id AND w.checkpoint_ns = g.checkpoint_ns
+      AND w.checkpoint_id = g.checkpoint_id
+), gone_calls AS (
+    DELETE FROM idem_tool_calls WHERE run_id = ANY(%(runs)s)
+)
+SELECT DISTINCT thread_id FROM gone
+"""
+
+# Delete the blobs of these threads that no remaining checkpoint references. The live
+# set is computed once (a hashed subplan), not per blob.
+COLLECT_BLOBS = """
+DELETE FROM idem_blobs AS b
+WHERE b.thread_id = ANY(%(threads)s)
+  AND (b.thread_id, b.checkpoint_ns, b.channel, b.version) NOT IN (
+    SELECT c.thread_id, c.checkpoint_ns, v.key, v.value
+    FROM idem_checkpoints AS c CROSS JOIN LATERAL jsonb_each_text(c.channel_versions) AS v
+    WHERE c.thread_id = ANY(%(threads)s)
+  )
+"""
+
+COPY_THREAD = """
+WITH cp AS (
+    INSERT INTO idem_checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+         type, checkpoint, metadata, metadata_exact, channel_versions)
+    SELECT %(dst)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+         type, checkpoint, metadata, metadata_exact, channel_versions
+    FROM idem_checkpoints WHERE thread_id = %(src)s
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+        parent_checkpoint_id = excluded.parent_checkpoint_id, run_id = excluded.run_id,
+        type = excluded.type, checkpoint = excluded.checkpoint,
+        metadata = excluded.metadata, metadata_exact = excluded.metadata_exact,
+        channel_versions = excluded.channel_versions
+), bl AS (
+    INSERT INTO idem_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT %(dst)s, checkpoint_ns, channel, version, type, blob
+    FROM idem_blobs WHERE thread_id = %(src)s
+    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET
+        type = excluded.type, blob = excluded.blob
+), wr AS (
+    INSERT INTO idem_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
+    SELECT %(dst)s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
+    FROM idem_writes WHERE thread_id = %(src)s
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+        task_path = excluded.task_path, channel = excluded.channel,
+        type = excluded.type, value = excluded.value
+)
+-- A fork has already done its source's side effects: the ledger rows scoped to the
+-- source thread come along (rows in a named namespace are shared, not copied).
+INSERT INTO idem_tool_calls
+    (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
+     status, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
+     result_type, result, error, adopted_by)
+SELECT %(dst)s, key, %(dst)s, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
+     status, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
+     result_type, result, error, adopted_by
+FROM idem_tool_calls WHERE thread_id = %(src)s AND scope = %(src)s
+ON CONFLICT (scope, key) DO UPDATE SET
+    thread_id = excluded.thread_id, agent_path = excluded.agent_path,
+    tool_name = excluded.tool_name, args_hash = excluded.args_hash, args = excluded.args,
+    tool_call_id = excluded.tool_call_id, run_id = excluded.run_id,
+    status = excluded.status, attempts = excluded.attempts, replays = excluded.replays,
+    conflicts = excluded.conflicts, owner = excluded.owner, issued_at = excluded.issued_at,
+    lease_expires_at = excluded.lease_expires_at, finished_at = excluded.finished_at,
+    result_type = excluded.result_type, result = excluded.result, error = excluded.error,
+    adopted_by = excluded.adopted_by
+"""
+
+# prune "delete": every checkpoint, write and blob of the threads (ledger rows stay)
+PRUNE_DELETE = """
+WITH c AS (DELETE FROM idem_checkpoints WHERE thread_id = ANY(%(threads)s)),
+     w AS (DELETE FROM idem_writes WHERE thread_id = ANY(%(threads)s))
+DELETE FROM idem_blobs WHERE thread_id = ANY(%(threads)s)
+"""
+
+# prune "keep_latest": every checkpoint except the newest one of each (thread, namespace),
+# with the writes of the checkpoints deleted. Blobs are collected by a second statement
+# (COLLECT_BLOBS), which sees this one's deletions.
+PRUNE_KEEP_LATEST = """
+WITH gone AS (
+    DELETE FROM idem_checkpoints AS c
+    WHERE c.thread_id = ANY(%(threads)s) AND c.checkpoint_id < (
+        SELECT MAX(l.checkpoint_id) FROM idem_checkpoints AS l
+        WHERE l.thread_id = c.thread_id AND l.checkpoint_ns = c.checkpoint_ns
+    )
+    RETURNING c.thread_id, c.checkpoint_ns, c.checkpoint_id
+)
+DELETE FROM idem_writes AS w USING gone AS g
+WHERE w.thread_id = g.thread_id AND w.checkpoint_ns = g.checkpoint_ns
+  AND w.checkpoint_id = g.checkpoint_id
+"""
+
+# --- ledger -------------------------------------------------------------------------
+
+LEDGER_COLUMNS = (
+    "scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status, "
+    "attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at, "
+    "result_type, result, error, run_id, adopted_by"
+)
+
+# The claim: one INSERT for the whole batch; the keys it inserted come back.
+INSERT_ISSUED = """
+INSERT INTO idem_tool_calls
+    (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
+     status, attempts, owner, issued_at, lease_expires_at)
+SELECT u.scope, u.key, u.thread_id, u.agent_path, u.tool_name, u.args_hash, u.args,
+       u.tool_call_id, u.run_id, 'issued', 1, %(owner)s, %(now)s, %(lease)s
+FROM unnest(%(scopes)s::text[], %(keys)s::text[], %(thread_ids)s::text[],
+            %(agent_paths)s::text[], %(tool_names)s::text[], %(args_hashes)s::text[],
+            %(args)b::bytea[], %(tool_call_ids)s::text[], %(run_ids)s::text[])
+     WITH ORDINALITY AS u(scope, key, thread_id, agent_path, tool_name, args_hash, args,
+                          tool_call_id, run_id, ord)
+ORDER BY u.ord
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING scope, key
+"""
+
+# The read-back, a separate statement of the same transaction: under READ COMMITTED it
+# takes a new snapshot, so it sees a row a concurrent claimer committed after ours began.
+SELECT_ENTRIES_BY_KEYS = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE (scope, key) IN (SELECT * FROM unnest(%(scopes)s::text[], %(keys)s::text[]))
+"""
+
+SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = %s AND key = %s"
+
+FINISH_ENTRY = f"""
+UPDATE idem_tool_calls
+SET status = %s, result_type = %s, result = %s, error = %s, finished_at = %s
+WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
+RETURNING {LEDGER_COLUMNS}
+"""
+
+RECLAIM_ENTRY = f"""
+UPDATE idem_tool_calls
+SET attempts = attempts + 1, owner = %s, issued_at = %s, lease_expires_at = %s
+WHERE scope = %s AND key = %s AND status = 'issued' AND attempts = %s
+RETURNING {LEDGER_COLUMNS}
+"""
+
+RELEASE_ENTRY = """
+DELETE FROM idem_tool_calls
+WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
+RETURNING 1
+"""
+
+ADOPT_ENTRY = f"""
+UPDATE idem_tool_calls SET adopted_by = %s
+WHERE scope = %s AND key = %s AND adopted_by IS NULL
+RETURNING {LEDGER_COLUMNS}
+"""
+
+SELECT_ORPHAN_CANDIDATES = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE scope = %s AND agent_path = %s AND tool_name = %s AND args_hash = %s
+  AND adopted_by IS NULL
+ORDER BY issued_at, key
+"""
+
+SELECT_ENTRIES_OF_THREAD = (
+    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = %s ORDER BY issued_at, key"
+)
+SELECT_ENTRIES_OF_AGENT = (
+    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = %s AND agent_path = %s "
+    "ORDER BY issued_at, key"
+)
+SELECT_ALL_ENTRIES = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls ORDER BY issued_at, key"
+
+SELECT_UNKNOWN = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE status = 'issued' AND lease_expires_at <= %s
+ORDER BY issued_at, key
+"""
+
+RESOLVE_ENTRY = f"""
+UPDATE idem_tool_calls
+SET status = %s, result_type = %s, result = %s, error = %s, finished_at = %s
+WHERE scope = %s AND key = %s AND status = 'issued' AND attempts = %s
+RETURNING {LEDGER_COLUMNS}
+"""
+
+NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = %s AND key = %s"
+NOTE_CONFLICT = "UPDATE idem_tool_calls SET conflicts = conflicts + 1 WHERE scope = %s AND key = %s"

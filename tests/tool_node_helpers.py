@@ -1,0 +1,141 @@
+"""Shared helpers for the IdempotentToolNode tests: a scripted chat model, small graphs,
+and a way to plant ledger entries exactly as a crashed process would have left them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.prebuilt import ToolNode
+
+from langgraph_idem_saver.keys import (
+    KeyContext,
+    KeyPolicy,
+    agent_path_of,
+    args_hash,
+    canonical_args,
+    compute_key,
+    scope_of,
+)
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, ToolCallLedger
+
+
+class ToolCallingFakeModel(GenericFakeChatModel):
+    """A scripted chat model that accepts ``bind_tools`` (as create_react_agent needs)."""
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ToolCallingFakeModel:  # type: ignore[override]
+        return self
+
+
+def scripted_model(*messages: AIMessage) -> ToolCallingFakeModel:
+    return ToolCallingFakeModel(messages=iter(list(messages)))
+
+
+def ai_calls(*calls: tuple[str, dict[str, Any], str]) -> AIMessage:
+    """An AIMessage carrying tool calls given as (name, args, id)."""
+    return AIMessage(
+        "",
+        tool_calls=[{"name": n, "args": a, "id": i, "type": "tool_call"} for n, a, i in calls],
+    )
+
+
+def tool_graph(node: ToolNode, checkpointer: Any, *, name: str = "tools") -> CompiledStateGraph:
+    """START -> tool node -> END over MessagesState."""
+    builder = StateGraph(MessagesState)
+    builder.add_node(name, node)
+    builder.add_edge(START, name)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def cfg(thread_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def tool_messages(out: dict[str, Any]) -> list[ToolMessage]:
+    return [m for m in out["messages"] if isinstance(m, ToolMessage)]
+
+
+def intent_for(
+    thread_id: str,
+    call: dict[str, Any],
+    *,
+    policy: KeyPolicy = "tool_call",
+    checkpoint_ns: str = "tools:some-task-id",
+    namespace: str | None = None,
+) -> CallIntent:
+    """The intent IdempotentToolNode computes for ``call`` (to plant entries)."""
+    scope = scope_of(thread_id, namespace)
+    agent_path = agent_path_of(checkpoint_ns)
+    canon = canonical_args(call["args"])
+    digest = args_hash(canon)
+    ctx = KeyContext(scope, thread_id, agent_path, call["name"], canon, digest)
+    return CallIntent(
+        scope=scope,
+        key=compute_key(policy, call, ctx),
+        thread_id=thread_id,
+        agent_path=agent_path,
+        tool_name=call["name"],
+        args_hash=digest,
+        args=canon.encode(),
+        tool_call_id=call["id"],
+    )
+
+
+async def plant_unknown(ledger: ToolCallLedger, intent: CallIntent) -> LedgerEntry:
+    """An ``issued`` entry of a dead process whose lease has lapsed: an unknown outcome."""
+    [outcome] = await ledger.aclaim([intent], owner="deadhost:1:dead", lease_seconds=0.001)
+    assert outcome.claimed
+    time.sleep(0.01)
+    return outcome.entry
+
+
+async def plant_in_progress(ledger: ToolCallLedger, intent: CallIntent) -> LedgerEntry:
+    """An ``issued`` entry of a live process (long lease): a call in progress elsewhere."""
+    [outcome] = await ledger.aclaim([intent], owner="otherhost:2:live", lease_seconds=600)
+    assert outcome.claimed
+    return outcome.entry
+
+
+async def plant_completed(ledger: Any, intent: CallIntent, result: Any) -> LedgerEntry:
+    """A completed entry, as a process that ran the tool and then lost its checkpoint."""
+    [outcome] = await ledger.aclaim([intent], owner="deadhost:1:dead", lease_seconds=60)
+    assert outcome.claimed
+    result_type, data = ledger.serde.dumps_typed(result)
+    return await ledger.afinish(
+        intent.scope,
+        intent.key,
+        owner="deadhost:1:dead",
+        status=CallStatus.COMPLETED,
+        result_type=result_type,
+        result=data,
+    )
+
+
+class Counter:
+    """Counts side effects; a tool body calls ``bump``."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def bump(self, value: Any) -> None:
+        self.calls.append(value)
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+
+def by_id(messages: Sequence[ToolMessage]) -> dict[str, ToolMessage]:
+    return {m.tool_call_id: m for m in messages}
+
+
+Fields = Callable[[ToolMessage], tuple[Any, ...]]
+
+
+def fields(m: ToolMessage) -> tuple[Any, ...]:
+    """What a replayed ToolMessage must preserve."""
+    return (m.content, m.artifact, m.status, m.name, m.tool_call_id)
