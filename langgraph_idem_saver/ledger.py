@@ -251,7 +251,8 @@ class ToolCallLedger(ABC):
 
     @abstractmethod
     async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
-        """Unknown outcomes across all threads: ``issued`` with an expired lease."""
+        """Unknown outcomes across all threads (``LedgerEntry.is_unknown`` at ``now``):
+        ``issued`` with an expired lease or a dead owner process."""
 
     @abstractmethod
     async def aresolve(

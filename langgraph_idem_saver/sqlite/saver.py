@@ -664,9 +664,8 @@ class AsyncSqliteSaver(IdemSaverBase):
 
     async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
         at = time.time() if now is None else now
-        return await self._run(
-            lambda conn: [_entry(r) for r in conn.execute(sql.SELECT_UNKNOWN, (at,))]
-        )
+        issued = await self._run(lambda conn: [_entry(r) for r in conn.execute(sql.SELECT_ISSUED)])
+        return [e for e in issued if e.is_unknown(at)]
 
     async def aresolve(
         self,

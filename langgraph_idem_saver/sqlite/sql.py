@@ -294,10 +294,10 @@ SELECT_ENTRIES_OF_AGENT = (
 )
 SELECT_ALL_ENTRIES = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls ORDER BY rowid"
 
-SELECT_UNKNOWN = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE status = 'issued' AND lease_expires_at <= ?
-ORDER BY rowid
+# every issued row (few: the partial index holds only them); the caller keeps those whose
+# lease expired or whose owner process is gone
+SELECT_ISSUED = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE status = 'issued' ORDER BY rowid
 """
 
 RESOLVE_ENTRY = """
