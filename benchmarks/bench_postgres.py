@@ -57,7 +57,7 @@ from psycopg_pool import AsyncConnectionPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langgraph_idem_saver.postgres import AsyncPostgresSaver as OursSaver  # noqa: E402
+from langgraph_idem_saver.postgres import AsyncPostgresSaver as OursSaver
 
 perf_ns = time.perf_counter_ns
 
@@ -117,12 +117,13 @@ QUICK = Profile(
 # Deterministic payloads (same shapes as benchmarks/bench_sqlite.py)
 # --------------------------------------------------------------------------------------
 
-_WORDS = (
+_WORDS_TEXT = (
     "the a of to and in is it you that he was for on are with as his they be at one "
     "have this from or had by hot word but what some we can out other were all there "
     "when up use your how said an each she which do their time if will way about many "
     "checkpoint graph agent tool invoice refund customer order shipping database"
-).split()
+)
+_WORDS = _WORDS_TEXT.split()
 
 
 def text(rng: random.Random, nbytes: int) -> str:
@@ -514,8 +515,16 @@ async def bench_reads(base: str, prof: Profile) -> tuple[list[Row], dict[str, An
 
         rows = []
         specs = [
-            ("aget_tuple_10", f"aget_tuple latest ({prof.short_thread}-ckpt thread)", latest("t-short")),
-            ("aget_tuple_long", f"aget_tuple latest ({prof.long_thread}-ckpt thread)", latest("t-long")),
+            (
+                "aget_tuple_10",
+                f"aget_tuple latest ({prof.short_thread}-ckpt thread)",
+                latest("t-short"),
+            ),
+            (
+                "aget_tuple_long",
+                f"aget_tuple latest ({prof.long_thread}-ckpt thread)",
+                latest("t-long"),
+            ),
             ("alist_10", f"alist(limit=10) ({prof.long_thread}-ckpt thread)", listing),
         ]
         for key, title, prep in specs:
@@ -565,7 +574,7 @@ async def bench_concurrency(base: str, prof: Profile) -> list[Row]:
         await b.__aenter__()
     results: dict[tuple[str, int], list[float]] = {}
     try:
-        for lab, b in backends.items():  # warm-up: prepared statements on every connection
+        for b in backends.values():  # warm-up: prepared statements on every connection
             await run_workers(b.saver, n, n * 4, prof, "warm")
         for r in range(prof.conc_rounds):
             order = list(backends) if r % 2 == 0 else list(backends)[::-1]
@@ -584,8 +593,20 @@ async def bench_concurrency(base: str, prof: Profile) -> list[Row]:
         return {"value": statistics.median(vals), "samples": vals}
 
     rows = [
-        Row("conc_1", "pool: 1 worker (aput+aget_tuple steps/s)", "ops", med("official", 1), med("ours", 1)),
-        Row(f"conc_{n}", f"pool: {n} workers on {n} threads (steps/s)", "ops", med("official", n), med("ours", n)),
+        Row(
+            "conc_1",
+            "pool: 1 worker (aput+aget_tuple steps/s)",
+            "ops",
+            med("official", 1),
+            med("ours", 1),
+        ),
+        Row(
+            f"conc_{n}",
+            f"pool: {n} workers on {n} threads (steps/s)",
+            "ops",
+            med("official", n),
+            med("ours", n),
+        ),
     ]
     for lab in backends:
         scale = results and statistics.median(results[(lab, n)]) / statistics.median(
@@ -632,7 +653,11 @@ def evaluate_targets(rows: dict[str, Row], prof: Profile) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
     if r := rows.get("aput"):
         out.append(
-            {"target": "aput >= 1.3x official", "value": f"{r.speedup:.2f}x", "met": r.speedup >= 1.3}
+            {
+                "target": "aput >= 1.3x official",
+                "value": f"{r.speedup:.2f}x",
+                "met": r.speedup >= 1.3,
+            }
         )
     a, b = rows.get("aget_tuple_10"), rows.get("aget_tuple_long")
     if a and b:
@@ -719,8 +744,10 @@ async def main_async(args: argparse.Namespace) -> int:
         rows += await bench_concurrency(base, prof)
     elapsed = time.perf_counter() - t_start
 
-    print(f"\nserver: {server_info['version'].split(',')[0]}; fsync={server_info['fsync']}, "
-          f"synchronous_commit={server_info['synchronous_commit']}")
+    print(
+        f"\nserver: {server_info['version'].split(',')[0]}; fsync={server_info['fsync']}, "
+        f"synchronous_commit={server_info['synchronous_commit']}"
+    )
     print_table(rows)
     by_key = {r.key: r for r in rows}
     if "populate" in extra:

@@ -159,6 +159,7 @@ async def aresolve_unknown(
         result=data,
         error=err,
         expected_attempts=entry.attempts,
+        expected_owner=entry.owner,
     )
     if settled is None:
         raise LedgerStateError(f"entry {entry.key[:12]} changed while being settled")

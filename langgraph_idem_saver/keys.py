@@ -121,18 +121,21 @@ def compute_key(
     """The ledger key of one call under ``policy`` (a SHA-256 hex digest).
 
     Each policy hashes under its own tag, so keys of different policies never collide.
+    The scope is deliberately *not* hashed in: the ledger's primary key is
+    ``(scope, key)``, and ``acopy_thread`` re-scopes a thread's rows to its fork, where
+    the same calls must find them under the same keys.
     A ``key_fn`` key is also bound to the tool name: two tools that happen to derive the
     same vendor key are still two calls.
     """
     if policy == "tool_call":
-        return _digest("tool_call", ctx.scope, ctx.agent_path, str(tool_call["id"]))
+        return _digest("tool_call", ctx.agent_path, str(tool_call["id"]))
     if policy == "args":
-        return _digest("args", ctx.scope, ctx.tool_name, ctx.canonical_args)
+        return _digest("args", ctx.tool_name, ctx.canonical_args)
     if callable(policy):
         user_key = policy(tool_call, ctx)
         if not isinstance(user_key, str) or not user_key:
             raise ConfigError(
                 f"key_fn for tool {ctx.tool_name!r} must return a non-empty str, got {user_key!r}"
             )
-        return _digest("key_fn", ctx.scope, ctx.tool_name, user_key)
+        return _digest("key_fn", ctx.tool_name, user_key)
     raise ConfigError(f"unknown key policy {policy!r}: use 'tool_call', 'args' or a callable")

@@ -208,13 +208,22 @@ class ToolCallLedger(ABC):
 
     @abstractmethod
     async def areclaim(
-        self, scope: str, key: str, *, owner: str, lease_seconds: float, expected_attempts: int
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        expected_attempts: int,
+        expected_owner: str,
     ) -> LedgerEntry | None:
         """Take over an ``issued`` entry whose outcome is settled as "did not happen".
 
         Atomically bumps ``attempts``, sets the new owner and lease, and returns the
-        row; returns None when the row changed since it was read (``attempts`` differs
-        or it is no longer ``issued``) - another process got there first.
+        row; returns None when the row changed since it was read (``attempts`` or
+        ``owner`` differ, or it is no longer ``issued``) - another process got there
+        first. Both are checked: a key released and claimed afresh starts again at
+        attempt 1, but owners never repeat.
         """
 
     @abstractmethod
@@ -265,10 +274,12 @@ class ToolCallLedger(ABC):
         result: bytes | None,
         error: str | None,
         expected_attempts: int,
+        expected_owner: str,
     ) -> LedgerEntry | None:
         """Settle an unknown outcome by hand (operator or human-in-the-loop).
 
-        Returns None if the row is not ``issued`` any more or ``attempts`` changed.
+        Returns None if the row is not ``issued`` any more, or its ``attempts`` or
+        ``owner`` changed since it was read.
         """
 
     @abstractmethod

@@ -884,6 +884,7 @@ class IdempotentToolNode(ToolNode):
                     owner=self.owner,
                     lease_seconds=self._lease_seconds,
                     expected_attempts=entry.attempts,
+                    expected_owner=entry.owner,
                 ),
             )
             if fresh is not None:
@@ -912,6 +913,7 @@ class IdempotentToolNode(ToolNode):
                     result=data,
                     error=error,
                     expected_attempts=entry.attempts,
+                    expected_owner=entry.owner,
                 ),
             )
             if settled is not None:

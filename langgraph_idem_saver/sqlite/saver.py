@@ -615,10 +615,17 @@ class AsyncSqliteSaver(IdemSaverBase):
         return await self._run(lambda conn: _write_tx(conn, finish))
 
     async def areclaim(
-        self, scope: str, key: str, *, owner: str, lease_seconds: float, expected_attempts: int
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        expected_attempts: int,
+        expected_owner: str,
     ) -> LedgerEntry | None:
         now = time.time()
-        params = (owner, now, now + lease_seconds, scope, key, expected_attempts)
+        params = (owner, now, now + lease_seconds, scope, key, expected_attempts, expected_owner)
         return await self._update_then_read(sql.RECLAIM_ENTRY, params, scope, key)
 
     async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
@@ -677,6 +684,7 @@ class AsyncSqliteSaver(IdemSaverBase):
         result: bytes | None,
         error: str | None,
         expected_attempts: int,
+        expected_owner: str,
     ) -> LedgerEntry | None:
         if status is CallStatus.ISSUED:
             raise ValueError("aresolve settles an outcome: status must be completed or failed")
@@ -689,6 +697,7 @@ class AsyncSqliteSaver(IdemSaverBase):
             scope,
             key,
             expected_attempts,
+            expected_owner,
         )
         return await self._update_then_read(sql.RESOLVE_ENTRY, params, scope, key)
 

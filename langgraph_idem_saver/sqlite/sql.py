@@ -169,7 +169,9 @@ DELETE_THREAD = [
     "DELETE FROM idem_checkpoints WHERE thread_id = ?",
     "DELETE FROM idem_blobs WHERE thread_id = ?",
     "DELETE FROM idem_writes WHERE thread_id = ?",
-    "DELETE FROM idem_tool_calls WHERE thread_id = ?",
+    # only thread-scoped entries: a named namespace's entries are shared with other
+    # threads, which would re-run those calls if the rows went
+    "DELETE FROM idem_tool_calls WHERE thread_id = ?1 AND scope = ?1",
 ]
 
 SELECT_CHECKPOINTS_OF_RUN = (
@@ -181,7 +183,7 @@ DELETE_CHECKPOINT = (
 DELETE_WRITES_OF_CHECKPOINT = (
     "DELETE FROM idem_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
 )
-DELETE_TOOL_CALLS_OF_RUN = "DELETE FROM idem_tool_calls WHERE run_id = ?"
+DELETE_TOOL_CALLS_OF_RUN = "DELETE FROM idem_tool_calls WHERE run_id = ? AND scope = thread_id"
 
 SELECT_LIVE_VERSIONS = (
     "SELECT checkpoint_ns, channel_versions FROM idem_checkpoints WHERE thread_id = ?"
@@ -267,7 +269,7 @@ WHERE scope = ? AND key = ? AND status = 'issued' AND owner = ?
 RECLAIM_ENTRY = """
 UPDATE idem_tool_calls
 SET attempts = attempts + 1, owner = ?, issued_at = ?, lease_expires_at = ?
-WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ?
+WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ? AND owner = ?
 """
 
 RELEASE_ENTRY = """
@@ -303,7 +305,7 @@ SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE status = 'issued' ORDER BY ro
 RESOLVE_ENTRY = """
 UPDATE idem_tool_calls
 SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
-WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ?
+WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ? AND owner = ?
 """
 
 NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = ? AND key = ?"

@@ -1,0 +1,831 @@
+"""What only the PostgreSQL backend has to get right.
+
+Connections (pool concurrency, a backend killed mid-transaction, pgbouncer-style
+``prepare_threshold=None``, pipeline mode), ``setup()`` on every kind of connection and
+under concurrency, flat reads checked with EXPLAIN (rows and buffers touched, never
+timings), metadata filters against LangGraph's ``InMemorySaver``, client-side
+compression, and the ledger's semantics against the SQLite backend's, call by call.
+
+Every test gets a fresh schema on the session's server (``tests/pg_server.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+from langgraph.checkpoint.memory import InMemorySaver
+from pg_server import pg_dsn, pg_server_dsn  # noqa: F401  (fixtures)
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from langgraph_idem_saver import AsyncSqliteSaver
+from langgraph_idem_saver.errors import (
+    ConfigError,
+    ConnectionClosedError,
+    CorruptRecordError,
+    LedgerStateError,
+    SchemaVersionError,
+)
+from langgraph_idem_saver.ledger import CallIntent, CallStatus
+from langgraph_idem_saver.postgres import AsyncPostgresSaver, sql
+
+
+def config(thread_id: str = "t", ns: str = "", checkpoint_id: str | None = None) -> Any:
+    c: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ns}
+    if checkpoint_id is not None:
+        c["checkpoint_id"] = checkpoint_id
+    return {"configurable": c}
+
+
+async def put(
+    saver: Any,
+    thread_id: str = "t",
+    ns: str = "",
+    values: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    parent: str | None = None,
+) -> Any:
+    values = values if values is not None else {"a": "value-a", "b": [1, 2]}
+    versions = {ch: saver.get_next_version(None, None) for ch in values}
+    cp = generate_checkpoint(channel_values=values, channel_versions=versions)
+    return await saver.aput(
+        config(thread_id, ns, parent), cp, metadata or {"source": "input", "step": 1}, versions
+    )
+
+
+@pytest.fixture
+async def saver(pg_dsn: str) -> AsyncIterator[AsyncPostgresSaver]:  # noqa: F811
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as s:
+        yield s
+
+
+async def admin(dsn: str) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+
+
+# ------------------------------------------------------------------- concurrency
+
+
+async def hold_checkpoint_key(dsn: str, thread_id: str, checkpoint_id: str) -> Any:
+    """An open transaction that inserted (thread_id, '', checkpoint_id): an aput of that
+    key blocks on it until it ends."""
+    blocker = await psycopg.AsyncConnection.connect(dsn)
+    await blocker.execute(
+        "INSERT INTO idem_checkpoints (thread_id, checkpoint_ns, checkpoint_id, type, "
+        "checkpoint, metadata, channel_versions) VALUES (%s, '', %s, 'x', '', '{}', '{}')",
+        (thread_id, checkpoint_id),
+    )
+    return blocker
+
+
+async def wait_until_blocked(dsn: str, n: int = 1) -> None:
+    async with await admin(dsn) as conn:
+        for _ in range(200):
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+            row = await cur.fetchone()
+            if row and row[0] >= n:
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError("the saver's statement never blocked")
+
+
+async def test_pool_runs_independent_calls_concurrently(pg_dsn: str) -> None:  # noqa: F811
+    """A call blocked on one thread's row does not hold up a call on another thread."""
+    async with AsyncConnectionPool(pg_dsn, min_size=2, max_size=4, open=False) as pool:
+        saver = AsyncPostgresSaver(pool)
+        await put(saver, "other")
+        cp = generate_checkpoint()
+        blocker = await hold_checkpoint_key(pg_dsn, "busy", cp["id"])
+        try:
+            blocked = asyncio.create_task(saver.aput(config("busy"), cp, {}, {}))
+            await wait_until_blocked(pg_dsn)
+            # with one connection (or LangGraph's one lock) this would wait for `blocked`
+            tup = await asyncio.wait_for(saver.aget_tuple(config("other")), 5)
+            assert tup is not None and tup.checkpoint["channel_values"]["a"] == "value-a"
+            entries = await asyncio.wait_for(saver.alist_entries("other"), 5)
+            assert entries == []
+            assert not blocked.done()
+        finally:
+            await blocker.rollback()
+            await blocker.close()
+        await asyncio.wait_for(blocked, 5)
+        assert (await saver.aget_tuple(config("busy"))) is not None
+
+
+async def test_single_connection_serializes_calls(saver: AsyncPostgresSaver, pg_dsn: str) -> None:  # noqa: F811
+    """One connection runs one call at a time: concurrent calls queue, none fails."""
+    await put(saver, "other")
+    cp = generate_checkpoint()
+    blocker = await hold_checkpoint_key(pg_dsn, "busy", cp["id"])
+    try:
+        blocked = asyncio.create_task(saver.aput(config("busy"), cp, {}, {}))
+        await wait_until_blocked(pg_dsn)
+        queued = asyncio.create_task(saver.aget_tuple(config("other")))
+        await asyncio.sleep(0.2)
+        assert not queued.done()
+    finally:
+        await blocker.rollback()
+        await blocker.close()
+    await asyncio.wait_for(blocked, 5)
+    assert (await asyncio.wait_for(queued, 5)) is not None
+    # many concurrent calls on the one connection all complete
+    results = await asyncio.gather(*(put(saver, f"t{i}") for i in range(20)))
+    assert len({r["configurable"]["thread_id"] for r in results}) == 20
+
+
+async def test_many_workers_on_a_pool(pg_dsn: str) -> None:  # noqa: F811
+    async with AsyncConnectionPool(
+        pg_dsn,
+        min_size=4,
+        max_size=4,
+        kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0},
+        open=False,
+    ) as pool:
+        saver = AsyncPostgresSaver(pool)
+
+        async def worker(w: int) -> None:
+            parent = None
+            for step in range(10):
+                stored = await put(
+                    saver, f"w{w}", values={"n": step}, metadata={"step": step}, parent=parent
+                )
+                parent = stored["configurable"]["checkpoint_id"]
+                await saver.aput_writes(stored, [("n", step)], f"task-{step}")
+                tup = await saver.aget_tuple(config(f"w{w}"))
+                assert tup is not None and tup.checkpoint["channel_values"]["n"] == step
+
+        await asyncio.gather(*(worker(w) for w in range(8)))
+        for w in range(8):
+            assert len([t async for t in saver.alist(config(f"w{w}"))]) == 10
+
+
+# ------------------------------------------------------------ lost connections
+
+
+async def test_backend_killed_mid_transaction_single_connection(
+    saver: AsyncPostgresSaver,
+    pg_dsn: str,  # noqa: F811
+) -> None:
+    """pg_terminate_backend while an aput waits: ConnectionClosedError, nothing half-written,
+    and later calls say the connection is closed (with how to reconnect)."""
+    assert isinstance(saver.conn, psycopg.AsyncConnection)
+    pid = saver.conn.info.backend_pid
+    cp = generate_checkpoint(channel_values={"big": "x" * 10}, channel_versions={"big": "1"})
+    blocker = await hold_checkpoint_key(pg_dsn, "busy", cp["id"])
+    try:
+        task = asyncio.create_task(saver.aput(config("busy"), cp, {}, {"big": "1"}))
+        await wait_until_blocked(pg_dsn)
+        async with await admin(pg_dsn) as conn:
+            await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(ConnectionClosedError, match="lost"):
+            await asyncio.wait_for(task, 10)
+    finally:
+        await blocker.rollback()
+        await blocker.close()
+    with pytest.raises(ConnectionClosedError, match="from_conn_string"):
+        await saver.aget_tuple(config("busy"))
+    # the statement was atomic: neither the blob nor the checkpoint was written
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as fresh:
+        assert await fresh.aget_tuple(config("busy")) is None
+        async with await admin(pg_dsn) as conn:
+            cur = await conn.execute("SELECT count(*) FROM idem_blobs WHERE thread_id = 'busy'")
+            assert await cur.fetchone() == (0,)
+
+
+async def test_backends_killed_with_a_pool_next_call_works(pg_dsn: str) -> None:  # noqa: F811
+    async with AsyncConnectionPool(
+        pg_dsn,
+        min_size=3,
+        max_size=3,
+        kwargs={"autocommit": True, "application_name": "idem-pool-test"},
+        open=False,
+    ) as pool:
+        await pool.wait()
+        saver = AsyncPostgresSaver(pool)
+        await put(saver, "t")
+        cp = generate_checkpoint()
+        blocker = await hold_checkpoint_key(pg_dsn, "busy", cp["id"])
+        try:
+            task = asyncio.create_task(saver.aput(config("busy"), cp, {}, {}))
+            await wait_until_blocked(pg_dsn)
+            async with await admin(pg_dsn) as conn:  # every pool connection, idle ones too
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = 'idem-pool-test'"
+                )
+            with pytest.raises(ConnectionClosedError, match="retry"):
+                await asyncio.wait_for(task, 10)
+        finally:
+            await blocker.rollback()
+            await blocker.close()
+        tup = await asyncio.wait_for(saver.aget_tuple(config("t")), 10)
+        assert tup is not None
+        await put(saver, "after")
+        assert await saver.aget_tuple(config("after")) is not None
+
+
+async def test_closed_connection_and_closed_pool(pg_dsn: str) -> None:  # noqa: F811
+    conn = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+    saver = AsyncPostgresSaver(conn)
+    await saver.setup()
+    await conn.close()
+    with pytest.raises(ConnectionClosedError, match="closed"):
+        await saver.aget_tuple(config())
+    pool = AsyncConnectionPool(pg_dsn, min_size=1, open=False)
+    with pytest.raises(ConnectionClosedError, match="pool"):
+        await AsyncPostgresSaver(pool).aget_tuple(config())
+
+
+def test_constructor_rejects_pool_with_pipeline_and_bad_conn() -> None:
+    pool = AsyncConnectionPool("dbname=x", open=False)
+    with pytest.raises(ValueError, match="Pipeline"):
+        AsyncPostgresSaver(pool, pipe=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        AsyncPostgresSaver("postgresql://")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------ connection options
+
+
+async def exercise(saver: AsyncPostgresSaver) -> None:
+    """One of everything: checkpoints, writes, reads, listing, the ledger, deletion."""
+    stored = await put(saver, "t", metadata={"source": "loop", "step": 1})
+    await saver.aput_writes(stored, [("a", 1), ("b", 2)], "task")
+    tup = await saver.aget_tuple(config("t"))
+    assert tup is not None and len(tup.pending_writes) == 2
+    assert [t.metadata["step"] async for t in saver.alist(config("t"), filter={"step": 1})] == [1]
+    intent = CallIntent("t", "k", "t", "", "tool", "h", b"{}", "call-1")
+    [claim] = await saver.aclaim([intent], owner="me", lease_seconds=60)
+    assert claim.claimed
+    done = await saver.afinish(
+        "t", "k", owner="me", status=CallStatus.COMPLETED, result_type="json", result=b"1"
+    )
+    assert done.status is CallStatus.COMPLETED
+    await saver.acopy_thread("t", "t2")
+    await saver.aprune(["t2"])
+    await saver.adelete_thread("t")
+    assert await saver.aget_tuple(config("t")) is None
+    assert await saver.aget_entry("t2", "k") is not None
+
+
+async def test_prepare_threshold_none_prepares_nothing(pg_dsn: str) -> None:  # noqa: F811
+    """pgbouncer transaction mode: no server-side prepared statements at all."""
+    async with await psycopg.AsyncConnection.connect(
+        pg_dsn, autocommit=True, prepare_threshold=None
+    ) as conn:
+        saver = AsyncPostgresSaver(conn)
+        for _ in range(3):
+            await exercise(saver)
+        cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert await cur.fetchone() == (0,)
+
+
+async def test_pool_with_prepare_threshold_none(pg_dsn: str) -> None:  # noqa: F811
+    async with AsyncConnectionPool(
+        pg_dsn, min_size=2, kwargs={"autocommit": True, "prepare_threshold": None}, open=False
+    ) as pool:
+        await exercise(AsyncPostgresSaver(pool))
+
+
+async def test_pipeline_mode(pg_dsn: str) -> None:  # noqa: F811
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn, pipeline=True) as saver:
+        assert saver.pipe is not None
+        await exercise(saver)
+        # concurrent calls on the pipelined connection
+        await asyncio.gather(*(put(saver, f"p{i}") for i in range(10)))
+        tuples = await asyncio.gather(*(saver.aget_tuple(config(f"p{i}")) for i in range(10)))
+        assert all(t is not None for t in tuples)
+        # an error inside the pipeline surfaces and the saver keeps working
+        with pytest.raises(ConfigError):
+            await saver.aput_writes(config("p0"), [("a", 1)], "task")
+        assert await saver.aget_tuple(config("p0")) is not None
+
+
+async def test_non_autocommit_connection(pg_dsn: str) -> None:  # noqa: F811
+    """A plain connection: setup() and every call commit their own transaction and leave
+    the connection idle (not 'idle in transaction')."""
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        assert not conn.autocommit
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        await exercise(saver)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as other:  # it was committed
+        assert await other.aget_entry("t2", "k") is not None
+
+
+# ---------------------------------------------------------------------- setup
+
+
+async def tables(dsn: str) -> set[str]:
+    async with await admin(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+        )
+        return {r[0] for r in await cur.fetchall()}
+
+
+async def test_setup_inside_and_outside_a_transaction(pg_dsn: str) -> None:  # noqa: F811
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        async with conn.transaction():
+            await conn.execute("SELECT 1")
+            await AsyncPostgresSaver(conn).setup()  # joins the caller's transaction
+            assert "idem_checkpoints" not in await tables(pg_dsn)  # not committed yet
+        assert {"idem_checkpoints", "idem_blobs", "idem_writes", "idem_tool_calls"} <= await tables(
+            pg_dsn
+        )
+        await AsyncPostgresSaver(conn).setup()  # outside: idempotent
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT v FROM idem_saver_migrations ORDER BY v")
+        assert [r[0] for r in await cur.fetchall()] == list(range(sql.SCHEMA_VERSION + 1))
+
+
+async def test_setup_in_a_rolled_back_transaction_leaves_nothing(pg_dsn: str) -> None:  # noqa: F811
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        await conn.execute("SELECT 1")  # the caller's own open transaction
+        await AsyncPostgresSaver(conn).setup()
+        await conn.rollback()
+    assert not (await tables(pg_dsn)) & {"idem_checkpoints", "idem_saver_migrations"}
+
+
+async def test_concurrent_setup_does_not_race(pg_dsn: str) -> None:  # noqa: F811
+    conns = [await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) for _ in range(6)]
+    try:
+        await asyncio.gather(*(AsyncPostgresSaver(c).setup() for c in conns))
+    finally:
+        for c in conns:
+            await c.close()
+    async with await admin(pg_dsn) as conn:
+        cur = await conn.execute("SELECT count(*), max(v) FROM idem_saver_migrations")
+        assert await cur.fetchone() == (sql.SCHEMA_VERSION + 1, sql.SCHEMA_VERSION)
+
+
+async def test_setup_runs_on_first_use(pg_dsn: str) -> None:  # noqa: F811
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        saver = AsyncPostgresSaver(conn)
+        assert await saver.aget_tuple(config()) is None
+        assert saver.is_setup
+
+
+async def test_newer_schema_is_refused(pg_dsn: str) -> None:  # noqa: F811
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await put(saver)
+    async with await admin(pg_dsn) as conn:
+        await conn.execute("INSERT INTO idem_saver_migrations (v) VALUES (%s)", (99,))
+    with pytest.raises(SchemaVersionError, match="99"):
+        async with AsyncPostgresSaver.from_conn_string(pg_dsn):
+            pass
+
+
+# -------------------------------------------------------------- flat reads
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [plan]
+    for child in plan.get("Plans", []):
+        out += plan_nodes(child)
+    return out
+
+
+async def explain(dsn: str, query: str, params: dict[str, Any]) -> dict[str, Any]:
+    async with await admin(dsn) as conn:
+        cur = await conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + query, params
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+        return dict(doc[0]["Plan"])
+
+
+def touched(plan: dict[str, Any]) -> dict[str, Any]:
+    """Rows read from each table (summed over loops), buffers, and any seq scans."""
+    rows: dict[str, float] = {}
+    seq = []
+    for node in plan_nodes(plan):
+        rel = node.get("Relation Name")
+        if rel:
+            rows[rel] = rows.get(rel, 0) + node["Actual Rows"] * node["Actual Loops"]
+            if node["Node Type"] == "Seq Scan":
+                seq.append(rel)
+    return {"rows": rows, "seq": seq, "buffers": plan["Shared Hit Blocks"]}
+
+
+async def build_thread(saver: AsyncPostgresSaver, thread_id: str, n: int) -> None:
+    """n root checkpoints (3 channels, one changing each step), a subgraph checkpoint
+    every 10th, each with one pending write."""
+    cp = empty_checkpoint()
+    versions: dict[str, str] = {}
+    parent = None
+    for i in range(n):
+        changed = {"messages": [f"m{i}"] * 3, "count": i} if i % 2 else {"count": i}
+        if i == 0:
+            changed = {"messages": [], "count": 0, "static": "s"}
+        new = {ch: saver.get_next_version(versions.get(ch), None) for ch in changed}
+        versions.update(new)
+        cp = generate_checkpoint(
+            channel_values={**cp["channel_values"], **changed}, channel_versions=dict(versions)
+        )
+        stored = await saver.aput(config(thread_id, "", parent), cp, {"step": i}, new)
+        parent = stored["configurable"]["checkpoint_id"]
+        await saver.aput_writes(stored, [("count", i)], "task")
+        if i % 10 == 0:
+            sub = generate_checkpoint(channel_values={"x": i}, channel_versions={"x": "1"})
+            await saver.aput(config(thread_id, f"sub:{i}"), sub, {}, {"x": "1"})
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-stats", "analyzed"])
+async def test_reads_stay_flat_on_long_threads(pg_dsn: str, analyzed: bool) -> None:  # noqa: F811
+    """aget_tuple (latest and by id) and alist(limit=10) read as many rows and buffers on
+    a 2,000-checkpoint thread as on a 10-checkpoint one, and never scan a table."""
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await build_thread(saver, "short", 10)
+        await build_thread(saver, "long", 2000)
+        if analyzed:
+            async with await admin(pg_dsn) as conn:
+                await conn.execute("ANALYZE")
+        ids = {}
+        for thread in ("short", "long"):
+            tup = await saver.aget_tuple(config(thread))
+            assert tup is not None
+            ids[thread] = tup.config["configurable"]["checkpoint_id"]
+            assert set(tup.checkpoint["channel_values"]) == {"messages", "count", "static"}
+
+    results = {}
+    for thread in ("short", "long"):
+        latest = touched(
+            await explain(
+                pg_dsn, sql.SELECT_LATEST_TUPLE, {"thread_id": thread, "ns": "", "limit": 1}
+            )
+        )
+        by_id = touched(
+            await explain(
+                pg_dsn,
+                sql.SELECT_TUPLE_BY_ID,
+                {"thread_id": thread, "ns": "", "checkpoint_id": ids[thread], "limit": 1},
+            )
+        )
+        listing = touched(
+            await explain(
+                pg_dsn,
+                sql.SELECT_TUPLES.format(where="WHERE thread_id = %(thread_id)s"),
+                {"thread_id": thread, "limit": 10},
+            )
+        )
+        results[thread] = (latest, by_id, listing)
+
+    for short, long_ in zip(results["short"], results["long"], strict=True):
+        assert long_["seq"] == [] or (set(long_["seq"]) <= {"idem_writes"} and not analyzed), long_
+        assert long_["rows"].get("idem_blobs", 0) == short["rows"].get("idem_blobs", 0)
+        assert (
+            long_["rows"].get("idem_checkpoints", 0) <= short["rows"].get("idem_checkpoints", 0) + 1
+        )
+        # a deeper B-tree may cost a page or two per probe: allow 2x, never 200x
+        assert long_["buffers"] <= 2 * short["buffers"] + 10, (short, long_)
+    latest_long = results["long"][0]
+    assert latest_long["rows"]["idem_blobs"] == 3  # one probe per channel, no scan
+
+
+# ------------------------------------------------------------------ metadata
+
+
+METADATA = [
+    {"source": "loop", "step": 1, "user": "alice", "score": 1, "flag": True},
+    {
+        "source": "loop",
+        "step": 2,
+        "user": "x\x00y",
+        "score": 1.0,
+        "flag": 1,
+        "deep": {"s": "a\x00b"},
+    },
+    {"source": "input", "step": 3, "user": None, "score": 0, "flag": False},
+    {"source": "input", "step": 4, "nested": {"a": True, "b": [1, "z"]}, "big": 1e16},
+    {"source": "update", "step": 5, "nested": {"a": 1, "b": [1, "z"]}, "neg": -0.0},
+    {"source": "update", "step": 6, "lone": "\ud800", "zoë": "ü", "tags": ["a", "b"]},
+]
+
+FILTERS: list[dict[str, Any]] = [
+    {},
+    {"source": "loop"},
+    {"score": 1},
+    {"score": True},
+    {"score": 1.0},
+    {"flag": 1},
+    {"flag": False},
+    {"score": 0},
+    {"user": None},
+    {"user": "x\x00y"},
+    {"user": "xy"},
+    {"user": "x\ufffdy"},
+    {"deep": {"s": "a\x00b"}},
+    {"deep": {"s": "a\ufffdb"}},
+    {"missing": None},
+    {"nested": {"a": True, "b": [1, "z"]}},
+    {"nested": {"a": 1, "b": [1, "z"]}},
+    {"nested": {"b": [1, "z"]}},
+    {"big": 10**16},
+    {"big": 1e16},
+    {"neg": 0},
+    {"lone": "\ud800"},
+    {"zoë": "ü"},
+    {"tags": ["a", "b"]},
+    {"tags": ["b", "a"]},
+    {"source": "input", "step": 4},
+    {"step": float("nan")},
+]
+
+
+async def test_metadata_round_trips_and_filters_like_in_memory(saver: AsyncPostgresSaver) -> None:
+    memory = InMemorySaver()
+    for md in METADATA:
+        cp = generate_checkpoint()
+        await saver.aput(config("t"), cp, md, {})
+        await memory.aput(config("t"), cp, md, {})
+    # LangGraph drops NUL from top-level string values before any saver sees them
+    stored = [
+        {k: v.replace("\x00", "") if isinstance(v, str) else v for k, v in md.items()}
+        for md in METADATA[::-1]
+    ]
+    ours = [t.metadata async for t in saver.alist(config("t"))]
+    assert ours == stored  # exactly (InMemorySaver itself turns "\ud800" into "?")
+    # types survive too (1e16 stays a float, -0.0 keeps its sign)
+    by_step = {m["step"]: m for m in ours}
+    assert isinstance(by_step[4]["big"], float)
+    assert str(by_step[5]["neg"]) == "-0.0"
+    for f in FILTERS:
+        # InMemorySaver's rule: every filter value == the metadata's value (Python ==)
+        want = [md["step"] for md in stored if all(v == md.get(k) for k, v in f.items())]
+        if "lone" not in f:
+            memory_steps = [t.metadata["step"] async for t in memory.alist(config("t"), filter=f)]
+            assert memory_steps == want, f
+        got = [t.metadata["step"] async for t in saver.alist(config("t"), filter=f)]
+        assert got == want, f
+        got_all = [t.metadata["step"] async for t in saver.alist(None, filter=f, limit=2)]
+        assert got_all == want[:2], f
+
+
+async def test_metadata_filter_is_bound_not_interpolated(saver: AsyncPostgresSaver) -> None:
+    await put(saver, metadata={"k'); DROP TABLE idem_blobs; --": "v", "source": "x"})
+    f = {"k'); DROP TABLE idem_blobs; --": "v"}
+    assert len([t async for t in saver.alist(None, filter=f)]) == 1
+    with pytest.raises(ConfigError):
+        [t async for t in saver.alist(None, filter={"k": object()})]
+    assert await saver.aget_tuple(config()) is not None
+
+
+async def test_nul_in_ids_is_a_config_error(saver: AsyncPostgresSaver) -> None:
+    with pytest.raises(ConfigError, match="NUL"):
+        await saver.aget_tuple(config("a\x00b"))
+    with pytest.raises(ConfigError):
+        await put(saver, "a\x00b")
+
+
+# -------------------------------------------------- storage, compression, corruption
+
+
+async def test_large_values_are_compressed_and_read_back(pg_dsn: str) -> None:  # noqa: F811
+    big = {"text": "lorem ipsum dolor sit amet " * 400, "items": list(range(500))}
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        stored = await put(saver, values={"big": big, "small": 1})
+        await saver.aput_writes(stored, [("big", big)], "task")
+        tup = await saver.aget_tuple(config())
+        assert tup is not None
+        assert tup.checkpoint["channel_values"]["big"] == big
+        assert tup.pending_writes == [("task", "big", big)]
+        saver.compress_min_bytes = None
+        await put(saver, "plain", values={"big": big})
+        plain = await saver.aget_tuple(config("plain"))
+        assert plain is not None and plain.checkpoint["channel_values"]["big"] == big
+    async with await admin(pg_dsn) as conn:
+        cur = await conn.execute("SELECT thread_id, channel, type FROM idem_blobs ORDER BY 1, 2")
+        types = {(r[0], r[1]): r[2] for r in await cur.fetchall()}
+        assert types[("t", "big")].startswith("zlib:")
+        assert not types[("t", "small")].startswith("zlib:")
+        assert not types[("plain", "big")].startswith("zlib:")
+
+
+async def test_only_new_versions_are_written(saver: AsyncPostgresSaver, pg_dsn: str) -> None:  # noqa: F811
+    cp = generate_checkpoint(channel_values={"a": 1, "b": 2}, channel_versions={"a": "1", "b": "1"})
+    stored = await saver.aput(config(), cp, {}, {"a": "1", "b": "1"})
+    cp2 = generate_checkpoint(
+        channel_values={"a": 1, "b": 3}, channel_versions={"a": "1", "b": "2"}
+    )
+    await saver.aput(stored, cp2, {}, {"b": "2"})
+    async with await admin(pg_dsn) as conn:
+        cur = await conn.execute("SELECT channel, version FROM idem_blobs ORDER BY 1, 2")
+        assert await cur.fetchall() == [("a", "1"), ("b", "1"), ("b", "2")]
+    tup = await saver.aget_tuple(config())
+    assert tup is not None and tup.checkpoint["channel_values"] == {"a": 1, "b": 3}
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE idem_blobs SET blob = '\\xc1ffff'",
+        "UPDATE idem_blobs SET type = 'zlib:msgpack', blob = '\\x00010203'",
+        "UPDATE idem_checkpoints SET checkpoint = '\\xc1'",
+        "UPDATE idem_checkpoints SET metadata_exact = '{not json'",
+        "UPDATE idem_writes SET value = '\\xc1'",
+    ],
+    ids=["blob", "zlib", "checkpoint", "metadata", "write"],
+)
+async def test_corrupt_rows_raise_corrupt_record_error(
+    saver: AsyncPostgresSaver,
+    pg_dsn: str,  # noqa: F811
+    damage: str,
+) -> None:
+    stored = await put(saver)
+    await saver.aput_writes(stored, [("a", "w")], "task")
+    async with await admin(pg_dsn) as conn:
+        await conn.execute(damage)
+    with pytest.raises(CorruptRecordError, match="thread_id='t'"):
+        await saver.aget_tuple(config())
+    with pytest.raises(CorruptRecordError):
+        [t async for t in saver.alist(None)]
+
+
+# -------------------------------------------- the ledger, against the SQLite backend
+
+
+def intent(key: str, thread: str = "t", scope: str | None = None, run: str | None = None) -> Any:
+    return CallIntent(
+        scope=scope or thread,
+        key=key,
+        thread_id=thread,
+        agent_path="agent",
+        tool_name="charge",
+        args_hash="h" + key[-1],
+        args=b'{"amount": 1}',
+        tool_call_id=f"call-{key}",
+        run_id=run,
+    )
+
+
+def normalized(value: Any) -> Any:
+    """Ledger results without the wall-clock fields."""
+    if isinstance(value, list):
+        return [normalized(v) for v in value]
+    if hasattr(value, "entry"):  # ClaimOutcome
+        return (value.claimed, normalized(value.entry))
+    if hasattr(value, "issued_at"):
+        d = dict(vars(value))
+        for k in ("issued_at", "lease_expires_at", "finished_at"):
+            d[k] = d[k] is not None
+        return d
+    return value
+
+
+async def ledger_script(saver: Any) -> list[Any]:
+    """Every ledger call, including refused transitions, in one deterministic script."""
+    out: list[Any] = []
+
+    async def step(coro: Any) -> None:
+        try:
+            out.append(normalized(await coro))
+        except (LedgerStateError, ValueError) as exc:
+            out.append(type(exc).__name__)
+
+    await step(
+        saver.aclaim([intent("k1"), intent("k2"), intent("k1")], owner="a", lease_seconds=60)
+    )
+    await step(saver.aclaim([intent("k1"), intent("k3", run="r1")], owner="b", lease_seconds=-1))
+    await step(
+        saver.afinish(
+            "t", "k1", owner="b", status=CallStatus.COMPLETED, result_type="j", result=b"x"
+        )
+    )
+    await step(
+        saver.afinish(
+            "t", "k1", owner="a", status=CallStatus.COMPLETED, result_type="j", result=b"1"
+        )
+    )
+    await step(
+        saver.afinish("t", "k1", owner="a", status=CallStatus.FAILED, result_type=None, result=None)
+    )
+    await step(
+        saver.afinish("t", "k2", owner="a", status=CallStatus.ISSUED, result_type=None, result=None)
+    )
+    await step(saver.alist_unknown())
+    for attempts, expected_owner, owner in [
+        (2, "b", "c"),
+        (1, "x", "c"),
+        (1, "b", "c"),
+        (1, "b", "d"),
+    ]:
+        await step(
+            saver.areclaim(
+                "t",
+                "k3",
+                owner=owner,
+                lease_seconds=60,
+                expected_attempts=attempts,
+                expected_owner=expected_owner,
+            )
+        )
+    await step(saver.arelease("t", "k3", owner="x"))
+    await step(saver.arelease("t", "k3", owner="c"))
+    await step(saver.aget_entry("t", "k3"))
+    await step(saver.aclaim([intent("k4", scope="ns:shared")], owner="a", lease_seconds=-5))
+    await step(saver.alist_unknown())
+    await step(
+        saver.aresolve(
+            "ns:shared",
+            "k4",
+            status=CallStatus.FAILED,
+            result_type=None,
+            result=None,
+            error="boom",
+            expected_attempts=1,
+            expected_owner="a",
+        )
+    )
+    await step(
+        saver.aresolve(
+            "ns:shared",
+            "k4",
+            status=CallStatus.COMPLETED,
+            result_type=None,
+            result=None,
+            error=None,
+            expected_attempts=1,
+            expected_owner="a",
+        )
+    )
+    await step(saver.afind_orphans("t", "agent", "charge", "h2"))
+    await step(saver.aadopt("t", "k2", tool_call_id="new-call"))
+    await step(saver.aadopt("t", "k2", tool_call_id="other-call"))
+    await step(saver.afind_orphans("t", "agent", "charge", "h2"))
+    await step(saver.anote_replay("t", "k1"))
+    await step(saver.anote_replay("t", "k1", conflict=True))
+    await step(saver.anote_replay("t", "missing"))
+    await step(saver.aget_entry("t", "k1"))
+    await step(saver.aclaim([intent("k5", run="r9")], owner="a", lease_seconds=60))
+    await step(saver.alist_entries("t"))
+    await step(saver.alist_entries("t", agent_path="agent"))
+    await step(saver.alist_entries("t", agent_path="nobody"))
+    await step(saver.acopy_thread("t", "fork"))
+    await step(saver.alist_entries("fork"))
+    await step(saver.aprune(["t"], strategy="delete"))
+    await step(saver.alist_entries("t"))
+    await step(saver.adelete_for_runs(["r9"]))
+    await step(saver.alist_entries("t"))
+    await step(saver.adelete_thread("t"))
+    await step(saver.alist_entries())
+    return out
+
+
+async def test_ledger_matches_sqlite_call_by_call(
+    saver: AsyncPostgresSaver, tmp_path: Path
+) -> None:
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "ledger.sqlite")) as lite:
+        want = await ledger_script(lite)
+    got = await ledger_script(saver)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g == w, f"step {i}"
+
+
+async def test_concurrent_claims_have_one_winner(pg_dsn: str) -> None:  # noqa: F811
+    """Claims across 'machines' (separate connections): exactly one inserts the row."""
+    savers = []
+    conns = []
+    for _ in range(6):
+        conn = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+        conns.append(conn)
+        savers.append(AsyncPostgresSaver(conn))
+    try:
+        await savers[0].setup()
+        for round_ in range(5):
+            keys = [intent(f"key-{round_}-{j}") for j in range(3)]
+            outcomes = await asyncio.gather(
+                *(s.aclaim(keys, owner=f"w{i}", lease_seconds=60) for i, s in enumerate(savers))
+            )
+            for j in range(3):
+                winners = [o[j] for o in outcomes if o[j].claimed]
+                assert len(winners) == 1
+                owner = winners[0].entry.owner
+                assert all(o[j].entry.owner == owner for o in outcomes)
+    finally:
+        for c in conns:
+            await c.close()
+
+
+async def test_sync_methods_from_another_thread(saver: AsyncPostgresSaver) -> None:
+    await put(saver)
+    tup = await asyncio.to_thread(saver.get_tuple, config())
+    assert tup is not None
+    listed = await asyncio.to_thread(lambda: list(saver.list(config())))
+    assert len(listed) == 1
