@@ -79,7 +79,7 @@ from langgraph.prebuilt.tool_node import (
     msg_content_output,
 )
 from langgraph.runtime import Runtime
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Send, interrupt
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, TypedDict
 
@@ -282,6 +282,16 @@ _BATCH: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
     "langgraph_idem_saver_tool_batch", default=None
 )
 
+# Owner ids minted by IdempotentToolNodes of this process (owner -> pid that minted it).
+# A claim made under one of them belongs to a run of *this* process: never an orphan
+# from a crash, and possibly a call of a live sibling task (see ``_aadopt_orphans``).
+_MINTED_OWNERS: dict[str, int] = {}
+
+
+def _claimed_here(owner: str) -> bool:
+    """Whether ``owner`` was minted by this very process (not a forked parent)."""
+    return _MINTED_OWNERS.get(owner) == os.getpid()
+
 
 # --- the node ------------------------------------------------------------------------------
 
@@ -409,6 +419,7 @@ class IdempotentToolNode(ToolNode):
         if pid != self._owner_pid:
             self._owner_pid = pid
             self._owner_id = f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex}"
+            _MINTED_OWNERS[self._owner_id] = pid
         return self._owner_id
 
     @property
@@ -649,9 +660,20 @@ class IdempotentToolNode(ToolNode):
         With durability ``"async"``/``"exit"`` a crash can lose the AIMessage whose calls
         were already claimed (and maybe executed). The model then runs again and emits
         the same call under a new id. An entry with the same (scope, agent path, tool,
-        args) whose tool_call_id appears in no AIMessage of the state is that call:
-        adopt it (oldest first) instead of executing again. Entries already adopted by
-        this very id are found too, so a second loss cannot cause a re-run.
+        args) whose AIMessage was never durable is that call: adopt it (oldest first)
+        instead of executing again. Entries already adopted by this very id are found
+        too, so a second loss cannot cause a re-run.
+
+        "Never durable" is checked against everything that may still hold the call, so
+        that an agent never adopts the entry of a *sibling* - another task of the same
+        agent path, e.g. two ``Send``s to one agent node, each with its own state:
+
+        * the tool calls in this task's own state;
+        * claims made by this process: a lost message needs a dead process, while a
+          claim of this process may belong to a sibling running right now (its state
+          may exist only in memory, e.g. under durability ``"exit"``);
+        * the tool calls in any checkpoint or pending write of the thread, in every
+          namespace (read only when a candidate is left, i.e. rarely).
         """
         candidates = [p for p in leaders if p.policy == "tool_call"]
         if not candidates:
@@ -667,7 +689,13 @@ class IdempotentToolNode(ToolNode):
         )
         entries = [e for e in entries if e.scope == batch.scope]
         present = {e.key for e in entries}
+        orphans = [
+            e
+            for e in entries
+            if e.adopted_by is None and e.tool_call_id not in known and not _claimed_here(e.owner)
+        ]
         taken: set[str] = set()
+        durable: set[str] | None = None  # tool call ids found in the thread's checkpoints
         for plan in candidates:
             intent = plan.intent
             assert intent is not None
@@ -686,14 +714,16 @@ class IdempotentToolNode(ToolNode):
                 plan.entry, plan.ledger_key = mine[0], mine[0].key
                 taken.add(mine[0].key)
                 continue
-            for e in entries:
-                if (
-                    e.adopted_by is not None
-                    or e.key in taken
-                    or e.tool_call_id in known
-                    or not same_call(e)
-                ):
-                    continue
+            matching = [e for e in orphans if e.key not in taken and same_call(e)]
+            if not matching:
+                continue
+            if durable is None:
+                durable = await self._adurable_tool_call_ids(
+                    batch, config, intent.thread_id, {e.tool_call_id for e in orphans}
+                )
+            for e in matching:
+                if e.tool_call_id in durable:
+                    continue  # its message exists: a sibling's (or an earlier) call
                 adopted = await self._lg(
                     batch,
                     batch.ledger.aadopt(batch.scope, e.key, tool_call_id=intent.tool_call_id),
@@ -704,6 +734,36 @@ class IdempotentToolNode(ToolNode):
                 plan.entry, plan.ledger_key = adopted, adopted.key
                 self.counters.bump("adopted")
                 break
+
+    async def _adurable_tool_call_ids(
+        self, batch: _Batch, config: RunnableConfig, thread_id: str, wanted: set[str]
+    ) -> set[str]:
+        """Which of ``wanted`` appear in a saved checkpoint (or pending write) of the
+        thread, in any namespace. Newest first, stopping once all are found.
+
+        Without a checkpointer that can list the thread, nothing is known (empty set).
+        """
+        checkpointer = config.get("configurable", {}).get(CONFIG_KEY_CHECKPOINTER)
+        alist = getattr(checkpointer, "alist", None)
+        if alist is None or not wanted:
+            return set()
+
+        async def scan() -> set[str]:
+            found: set[str] = set()
+            async for tup in alist({"configurable": {"thread_id": thread_id}}):
+                _collect_tool_call_ids(tup.checkpoint.get("channel_values"), found)
+                for write in tup.pending_writes or ():
+                    _collect_tool_call_ids(write[2], found)
+                if wanted <= found:
+                    break
+            return found & wanted
+
+        if checkpointer is batch.ledger:
+            loop = batch.ledger_loop
+        else:
+            cp_loop = getattr(checkpointer, "loop", None)
+            loop = cp_loop if isinstance(cp_loop, asyncio.AbstractEventLoop) else None
+        return await _on_loop(loop, scan())
 
     async def _aclaim(self, batch: _Batch, plans: list[_Plan]) -> None:
         """ONE ``aclaim`` for all calls of the step that have no entry yet."""
@@ -830,6 +890,7 @@ class IdempotentToolNode(ToolNode):
             "tool_call_id": call["id"],
             "key": entry.key,
             "scope": batch.scope,
+            "agent_path": entry.agent_path,
             "attempts": entry.attempts,
             "issued_at": entry.issued_at,
         }
@@ -1000,16 +1061,7 @@ class IdempotentToolNode(ToolNode):
 
     async def _lg(self, batch: _Batch, coro: Coroutine[Any, Any, T]) -> T:
         """Await a ledger coroutine on the ledger's own event loop."""
-        loop = batch.ledger_loop
-        if loop is None or loop is asyncio.get_running_loop():
-            return await coro
-        if loop.is_closed() or not loop.is_running():
-            coro.close()
-            raise ConfigError(
-                "the ledger's event loop is not running: a sync graph.invoke with an async "
-                "ledger needs that loop running in another thread"
-            )
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+        return await _on_loop(batch.ledger_loop, coro)
 
     def _dumps(self, batch: _Batch, result: Any) -> tuple[str | None, bytes | None]:
         serde = batch.serde or JsonPlusSerializer()
@@ -1064,6 +1116,41 @@ def _settle_future(plan: _Plan, *, result: Any = None, exc: BaseException | None
         plan.outcome.set_exception(exc)
     else:
         plan.outcome.set_result(result)
+
+
+async def _on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` on ``loop`` (the loop its saver/ledger lives on), or here if None."""
+    if loop is None or loop is asyncio.get_running_loop():
+        return await coro
+    if loop.is_closed() or not loop.is_running():
+        coro.close()
+        raise ConfigError(
+            "the ledger's event loop is not running: a sync graph.invoke with an async "
+            "ledger needs that loop running in another thread"
+        )
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+def _collect_tool_call_ids(value: Any, found: set[str], depth: int = 0) -> None:
+    """Add the ids of the tool calls of every AIMessage found in a channel value or a
+    pending write (messages lists, ``Send`` packets carrying a state, nested dicts)."""
+    if depth > 8:
+        return
+    if isinstance(value, AIMessage):
+        found.update(str(tc["id"]) for tc in value.tool_calls if tc.get("id"))
+    elif isinstance(value, dict):
+        if value.get("type") == "ai" and isinstance(value.get("tool_calls"), list):
+            found.update(
+                str(tc["id"]) for tc in value["tool_calls"] if isinstance(tc, dict) and tc.get("id")
+            )
+            return
+        for item in value.values():
+            _collect_tool_call_ids(item, found, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _collect_tool_call_ids(item, found, depth + 1)
+    elif isinstance(value, Send):
+        _collect_tool_call_ids(value.arg, found, depth + 1)
 
 
 def _text(content: Any) -> str:

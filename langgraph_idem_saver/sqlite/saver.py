@@ -279,6 +279,25 @@ class AsyncSqliteSaver(IdemSaverBase):
         await self.setup()
         return await self._call(fn)
 
+    async def _write_ledger(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """A ledger transaction: committed with at least ``synchronous=FULL``.
+
+        The at-most-once promise rests on these rows surviving power loss, so they are
+        synced even when checkpoints are configured with ``synchronous="NORMAL"``. In
+        WAL mode a synced commit also makes every earlier commit durable.
+        """
+        if self.synchronous != "NORMAL":
+            return await self._run(lambda conn: _write_tx(conn, body))
+
+        def synced(conn: sqlite3.Connection) -> T:
+            conn.execute("PRAGMA synchronous = FULL")
+            try:
+                return _write_tx(conn, body)
+            finally:
+                conn.execute("PRAGMA synchronous = NORMAL")
+
+        return await self._run(synced)
+
     # --- reads ---------------------------------------------------------------------
 
     def _row_to_tuple(
@@ -585,7 +604,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 outcomes.append(ClaimOutcome(claimed=claimed, entry=entry))
             return outcomes
 
-        return await self._run(lambda conn: _write_tx(conn, claim))
+        return await self._write_ledger(claim)
 
     async def afinish(
         self,
@@ -612,7 +631,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 )
             return _entry(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
 
-        return await self._run(lambda conn: _write_tx(conn, finish))
+        return await self._write_ledger(finish)
 
     async def areclaim(
         self,
@@ -703,7 +722,7 @@ class AsyncSqliteSaver(IdemSaverBase):
 
     async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
         query = sql.NOTE_CONFLICT if conflict else sql.NOTE_REPLAY
-        await self._run(lambda conn: _write_tx(conn, lambda c: c.execute(query, (scope, key))))
+        await self._write_ledger(lambda c: c.execute(query, (scope, key)))
 
     async def _update_then_read(
         self, query: str, params: tuple[Any, ...], scope: str, key: str
@@ -715,7 +734,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 return None
             return _entry(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
 
-        return await self._run(lambda conn: _write_tx(conn, update))
+        return await self._write_ledger(update)
 
 
 def _is_started(conn: aiosqlite.Connection) -> bool:

@@ -144,11 +144,14 @@ ORDER BY checkpoint_id DESC LIMIT 1
 """
 
 # The blobs one checkpoint references, looked up by primary key: the channel_versions
-# column is a JSON object {channel: version}, joined through json_each.
+# column is a JSON object {channel: version}, joined through json_each. CROSS JOIN fixes
+# the join order (SQLite never reorders it): json_each outside, a primary-key probe of
+# idem_blobs inside. With a plain JOIN the planner may scan every blob of the thread,
+# which makes reads grow with history (measured: 23 ms at 5,000 checkpoints vs 0.2 ms).
 SELECT_BLOBS_FOR_VERSIONS = """
 SELECT b.channel, b.type, b.blob
 FROM json_each(?) AS j
-JOIN idem_blobs AS b
+CROSS JOIN idem_blobs AS b
   ON b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = j.key AND b.version = j.value
 """
 
