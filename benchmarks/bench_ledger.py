@@ -41,6 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -94,7 +95,7 @@ FULL = Profile(
     react_warmup=1,
     react_rounds=10,
     node_budget_s=10.0,
-    react_budget_s=25.0,
+    react_budget_s=22.0,
 )
 
 QUICK = Profile(
@@ -311,7 +312,11 @@ async def bench_node(tmp: str, prof: Profile, calls: int) -> Row:
             return run
 
         samples = await interleaved(
-            labels, prepare, prof.node_warmup, prof.node_rounds, prof.node_per_round,
+            labels,
+            prepare,
+            prof.node_warmup,
+            prof.node_rounds,
+            prof.node_per_round,
             prof.node_budget_s,
         )
     finally:
@@ -358,7 +363,9 @@ async def bench_react(
     try:
         agents = {
             lab: create_react_agent(
-                make_model(calls), make_node(STACKS[lab][1]), checkpointer=o.saver,
+                make_model(calls),
+                make_node(STACKS[lab][1]),
+                checkpointer=o.saver,
                 version=version,
             )
             for lab, o in opened.items()
@@ -586,6 +593,7 @@ async def main_async(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     rows: list[Row] = []
     counts: dict[str, Any] = {}
+    errors: list[str] = []
     fsync_before = fsync_floor_us(tmp)
 
     def step(name: str) -> None:
@@ -599,7 +607,11 @@ async def main_async(args: argparse.Namespace) -> int:
         if "react" in only:
             for calls, durability, version in react_rows:
                 step(f"ReAct {calls} call(s)/turn, {durability}, {version}")
-                rows.append(await bench_react(tmp, prof, calls, durability, version, stacks))
+                try:
+                    rows.append(await bench_react(tmp, prof, calls, durability, version, stacks))
+                except Exception as exc:  # a failure is a finding: report it, keep going
+                    traceback.print_exc()
+                    errors.append(f"ReAct {calls}/{durability}/{version}: {exc!r}")
         if "counts" in only:
             step("counting saver calls / hand-offs (untimed)")
             for calls, version in ((1, "v2"), (3, "v2"), (3, "v1")):
@@ -639,6 +651,8 @@ async def main_async(args: argparse.Namespace) -> int:
         f"bare fsync (4 KB) in the temp dir: {fsync_before:,.0f} µs before, "
         f"{fsync_after:,.0f} µs after (a floor under every commit)"
     )
+    for e in errors:
+        print(f"ERROR (row skipped): {e}")
     if targets:
         print("\ntargets:")
         for t in targets:
@@ -671,6 +685,7 @@ async def main_async(args: argparse.Namespace) -> int:
             ],
             "counts_per_turn": counts,
             "targets": targets,
+            "errors": errors,
         }
         with open(args.json, "w") as fh:
             json.dump(payload, fh, indent=2, default=str)
@@ -684,9 +699,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="PATH", help="write results as JSON")
     ap.add_argument("--only", help="comma-separated subset of node,react,counts")
     ap.add_argument("--turns", type=int, help="turns per ReAct thread (default 20, quick 6)")
-    ap.add_argument(
-        "--no-diag", action="store_true", help="drop the diagnostic ours+stock column"
-    )
+    ap.add_argument("--no-diag", action="store_true", help="drop the diagnostic ours+stock column")
     ap.add_argument("--no-counts", action="store_true", help="skip the untimed counting pass")
     ap.add_argument(
         "--synchronous",

@@ -954,7 +954,7 @@ class IdempotentToolNode(ToolNode):
         else:
             if action == "completed":
                 status, error = CallStatus.COMPLETED, None
-                result = _as_result(value, call)
+                result = _as_result(value, call, self._messages_key)
             else:
                 status, error = CallStatus.FAILED, str(value)
                 result = ToolMessage(
@@ -1096,7 +1096,7 @@ class IdempotentToolNode(ToolNode):
         if isinstance(value, ToolMessage):
             recorded_ids.add(value.tool_call_id)
         elif not isinstance(value, (Command, list)):
-            return _as_result(value, call)
+            return _as_result(value, call, self._messages_key)
         return _retarget(value, recorded_ids, call, self._messages_key)
 
 
@@ -1157,9 +1157,34 @@ def _text(content: Any) -> str:
     return content if isinstance(content, str) else str(content)
 
 
-def _as_result(value: Any, call: ToolCall) -> Any:
-    """A verify/resume answer as what the tool would have returned for ``call``."""
+def _as_result(value: Any, call: ToolCall, messages_key: str = "messages") -> Any:
+    """A verify/resume answer as what the tool would have returned for ``call``.
+
+    A ``Command`` (e.g. a state update carrying spend) is kept; when its update holds
+    exactly one ToolMessage, that message is re-addressed to ``call`` - a verify hook
+    sees only the arguments, not the tool call id.
+    """
     if isinstance(value, Command):
+        update = value.update
+        messages = update.get(messages_key) if isinstance(update, dict) else update
+        tool_messages = [
+            m
+            for m in (messages if isinstance(messages, list) else [])
+            if isinstance(m, ToolMessage)
+        ]
+        ids = {m.tool_call_id for m in tool_messages}
+        if len(ids) == 1 and ids != {str(call["id"])}:
+            value = _retarget(value, ids, call, messages_key)
+        elif any(m.name is None for m in tool_messages):
+            value = copy.deepcopy(value)
+        else:
+            return value
+        # as ToolNode's own Command validation does, name the answer after the tool
+        update = value.update
+        messages = update.get(messages_key) if isinstance(update, dict) else update
+        for m in messages if isinstance(messages, list) else []:
+            if isinstance(m, ToolMessage) and m.tool_call_id == call["id"] and m.name is None:
+                m.name = call["name"]
         return value
     if isinstance(value, ToolMessage):
         msg = value.model_copy(update={"tool_call_id": call["id"]})

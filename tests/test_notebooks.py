@@ -55,8 +55,8 @@ def test_notebooks_are_committed_without_outputs() -> None:
             if cell.cell_type == "code" and (cell.get("outputs") or cell.get("execution_count")):
                 dirty.append(f"{path.name} cell {i}")
     assert not dirty, (
-        "notebooks must be committed without outputs; strip them with `jupyter nbconvert "
-        "--clear-output --inplace notebooks/*.ipynb`. Cells with outputs: " + ", ".join(dirty)
+        "notebooks are committed without outputs (notebooks/README.md); strip them with "
+        "`python notebooks/strip_outputs.py`. Cells with outputs: " + ", ".join(dirty)
     )
 
 

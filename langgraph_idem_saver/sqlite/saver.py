@@ -52,6 +52,7 @@ from langgraph_idem_saver.errors import (
     SchemaVersionError,
 )
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
+from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.saver_base import (
     IdemSaverBase,
     canonical_json,
@@ -172,6 +173,7 @@ class AsyncSqliteSaver(IdemSaverBase):
         self.busy_timeout = busy_timeout
         self.is_setup = False
         self._setup_lock: asyncio.Lock | None = None
+        self._deltas = ListDeltaEncoder()
 
     @classmethod
     @asynccontextmanager
@@ -301,19 +303,29 @@ class AsyncSqliteSaver(IdemSaverBase):
     # --- reads ---------------------------------------------------------------------
 
     def _row_to_tuple(
-        self, conn: sqlite3.Connection, row: sqlite3.Row | tuple[Any, ...]
+        self, conn: sqlite3.Connection, row: sqlite3.Row | tuple[Any, ...], *, loading: bool = False
     ) -> CheckpointTuple:
+        """Build a CheckpointTuple from a row; ``loading`` when a graph resumes from it."""
         (thread_id, ns, checkpoint_id, parent_id, type_, data, metadata, versions) = row
         where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
         checkpoint = decode_checkpoint(self.serde, type_, data, **where)
         values: dict[str, Any] = {}
-        for channel, btype, blob in conn.execute(
+        for channel, btype, blob, base_version in conn.execute(
             sql.SELECT_BLOBS_FOR_VERSIONS, (versions, thread_id, ns)
-        ):
+        ).fetchall():
             if btype != "empty":
-                values[channel] = decode_typed(
-                    self.serde, btype, blob, "channel value", channel=channel, **where
+
+                def fetch_base(version: str, ch: str = channel) -> Any:
+                    return conn.execute(sql.SELECT_BLOB, (thread_id, ns, ch, version)).fetchone()
+
+                values[channel], depth = resolve_value(
+                    self.serde, btype, blob, base_version, fetch_base, channel=channel, **where
                 )
+                if loading:
+                    version = checkpoint["channel_versions"][channel]
+                    self._deltas.loaded(
+                        thread_id, ns, channel, str(version), values[channel], depth
+                    )
         writes = [
             (
                 task_id,
@@ -352,7 +364,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 ).fetchone()
             else:
                 row = conn.execute(sql.SELECT_LATEST_CHECKPOINT, (thread_id, ns)).fetchone()
-            return None if row is None else self._row_to_tuple(conn, row)
+            return None if row is None else self._row_to_tuple(conn, row, loading=True)
 
         return await self._run(lambda conn: _read_tx(conn, read))
 
@@ -429,20 +441,7 @@ class AsyncSqliteSaver(IdemSaverBase):
         parent_id = checkpoint_id_of(config)
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
-        blobs = [
-            (
-                thread_id,
-                ns,
-                channel,
-                str(version),
-                *(
-                    self.serde.dumps_typed(values[channel])
-                    if channel in values
-                    else ("empty", None)
-                ),
-            )
-            for channel, version in new_versions.items()
-        ]
+        blobs = self._deltas.encode(self.serde, thread_id, ns, values, new_versions)
         type_, data = self.serde.dumps_typed(stored)
         full_metadata = get_checkpoint_metadata(config, metadata)
         run_id = full_metadata.get("run_id")
@@ -458,12 +457,30 @@ class AsyncSqliteSaver(IdemSaverBase):
             encode_versions(checkpoint["channel_versions"]),
         )
 
-        def write(conn: sqlite3.Connection) -> None:
-            if blobs:
-                conn.executemany(sql.UPSERT_BLOB, blobs)
+        def write(conn: sqlite3.Connection) -> list[EncodedBlob]:
+            rows = [
+                self._deltas.whole(self.serde, b)
+                if b.base_version is not None
+                and conn.execute(
+                    sql.SELECT_BLOB, (thread_id, ns, b.channel, b.base_version)
+                ).fetchone()
+                is None
+                else b
+                for b in blobs
+            ]
+            if rows:
+                conn.executemany(
+                    sql.UPSERT_BLOB,
+                    [
+                        (thread_id, ns, b.channel, b.version, b.type, b.data, b.base_version)
+                        for b in rows
+                    ],
+                )
             conn.execute(sql.UPSERT_CHECKPOINT, row)
+            return rows
 
-        await self._run(lambda conn: _write_tx(conn, write))
+        written = await self._run(lambda conn: _write_tx(conn, write))
+        self._deltas.remember(thread_id, ns, written)
         return make_config(thread_id, ns, checkpoint["id"])
 
     async def aput_writes(
@@ -507,6 +524,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 conn.execute(statement, (tid,))
 
         await self._run(lambda conn: _write_tx(conn, delete))
+        self._deltas.forget([tid])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (with their writes) and ledger entries of these runs."""
@@ -528,6 +546,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 _collect_blobs(conn, thread_id)
 
         await self._run(lambda conn: _write_tx(conn, delete))
+        self._deltas.forget()
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy a thread's whole history, and its thread-scoped ledger entries."""
@@ -539,6 +558,7 @@ class AsyncSqliteSaver(IdemSaverBase):
             conn.execute(sql.COPY_TOOL_CALLS, (dst, dst, src, src))
 
         await self._run(lambda conn: _write_tx(conn, copy))
+        self._deltas.forget([dst])
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints; ledger entries are always kept (pruning must not cause re-runs).
@@ -571,6 +591,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 _collect_blobs(conn, thread_id)
 
         await self._run(lambda conn: _write_tx(conn, prune))
+        self._deltas.forget(ids)
 
     # --- the tool-call ledger ----------------------------------------------------------
 
@@ -764,18 +785,22 @@ def _parent_and_metadata(
 
 
 def _collect_blobs(conn: sqlite3.Connection, thread_id: str) -> None:
-    """Delete the thread's blobs that no remaining checkpoint references."""
+    """Delete the thread's blobs that no remaining checkpoint references, directly or as
+    the base of a referenced delta."""
     live: set[tuple[str, str, str]] = set()
     for ns, versions in conn.execute(sql.SELECT_LIVE_VERSIONS, (thread_id,)):
         for channel, version in decode_json(
             versions, "channel_versions", thread_id=thread_id
         ).items():
             live.add((ns, channel, version))
-    dead = [
-        (thread_id, ns, channel, version)
-        for ns, channel, version in conn.execute(sql.SELECT_BLOB_KEYS, (thread_id,)).fetchall()
-        if (ns, channel, version) not in live
-    ]
+    rows = conn.execute(sql.SELECT_BLOB_KEYS, (thread_id,)).fetchall()
+    base_of = {(ns, channel, version): base for ns, channel, version, base in rows}
+    for ns, channel, version in list(live):
+        base = base_of.get((ns, channel, version))
+        while base is not None and (ns, channel, base) not in live:
+            live.add((ns, channel, base))
+            base = base_of.get((ns, channel, base))
+    dead = [(thread_id, *key) for key in base_of if key not in live]
     if dead:
         conn.executemany(sql.DELETE_BLOB, dead)
 

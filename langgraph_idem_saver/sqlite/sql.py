@@ -90,6 +90,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS idem_tool_calls_issued
         ON idem_tool_calls (lease_expires_at) WHERE status = 'issued';
     """,
+    # 3: list channels stored as appended deltas of an earlier version (list_deltas.py)
+    """
+    ALTER TABLE idem_blobs ADD COLUMN base_version TEXT;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
@@ -110,8 +114,13 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 UPSERT_BLOB = """
-INSERT OR REPLACE INTO idem_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
-VALUES (?, ?, ?, ?, ?, ?)
+INSERT OR REPLACE INTO idem_blobs
+    (thread_id, checkpoint_ns, channel, version, type, blob, base_version)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+"""
+SELECT_BLOB = """
+SELECT type, blob, base_version FROM idem_blobs
+WHERE thread_id = ? AND checkpoint_ns = ? AND channel = ? AND version = ?
 """
 
 # Regular writes (idx >= 0) are never overwritten: a task's writes are final once saved,
@@ -149,7 +158,7 @@ ORDER BY checkpoint_id DESC LIMIT 1
 # idem_blobs inside. With a plain JOIN the planner may scan every blob of the thread,
 # which makes reads grow with history (measured: 23 ms at 5,000 checkpoints vs 0.2 ms).
 SELECT_BLOBS_FOR_VERSIONS = """
-SELECT b.channel, b.type, b.blob
+SELECT b.channel, b.type, b.blob, b.base_version
 FROM json_each(?) AS j
 CROSS JOIN idem_blobs AS b
   ON b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = j.key AND b.version = j.value
@@ -191,7 +200,9 @@ DELETE_TOOL_CALLS_OF_RUN = "DELETE FROM idem_tool_calls WHERE run_id = ? AND sco
 SELECT_LIVE_VERSIONS = (
     "SELECT checkpoint_ns, channel_versions FROM idem_checkpoints WHERE thread_id = ?"
 )
-SELECT_BLOB_KEYS = "SELECT checkpoint_ns, channel, version FROM idem_blobs WHERE thread_id = ?"
+SELECT_BLOB_KEYS = (
+    "SELECT checkpoint_ns, channel, version, base_version FROM idem_blobs WHERE thread_id = ?"
+)
 DELETE_BLOB = (
     "DELETE FROM idem_blobs WHERE thread_id = ? AND checkpoint_ns = ? AND channel = ? "
     "AND version = ?"
@@ -205,8 +216,8 @@ COPY_THREAD = [
          type, checkpoint, metadata, channel_versions
        FROM idem_checkpoints WHERE thread_id = ?""",
     """INSERT OR REPLACE INTO idem_blobs
-        (thread_id, checkpoint_ns, channel, version, type, blob)
-       SELECT ?, checkpoint_ns, channel, version, type, blob
+        (thread_id, checkpoint_ns, channel, version, type, blob, base_version)
+       SELECT ?, checkpoint_ns, channel, version, type, blob, base_version
        FROM idem_blobs WHERE thread_id = ?""",
     """INSERT OR REPLACE INTO idem_writes
         (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)

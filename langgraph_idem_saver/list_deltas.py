@@ -1,0 +1,198 @@
+"""Append-only storage of growing list channels (``messages``): store what was added.
+
+A conversation's ``messages`` channel gets a new version every turn, and each version is
+the previous list plus a message or two. Storing every version whole costs O(N²) over a
+thread; LangGraph's own savers do, and it dominates their files (97% of a 200-turn chat).
+
+We store a new version of a list channel as a **delta** - the appended items plus the
+version it extends (``base_version``) - when the saver itself wrote that base version
+recently and the new list starts with *the very same objects* (an identity check, O(n)
+pointer comparisons, no serialization). LangGraph's reducers (``add_messages``,
+``operator.add``) build the new list from the old one's objects, so in a running graph
+this is the common case. Anything else - a list rebuilt from deserialized objects, a
+replaced or removed message (a different object at that index), a list subclass - is
+stored whole. Every ``MAX_CHAIN`` deltas a whole snapshot is stored, so a read resolves at
+most ``MAX_CHAIN`` small rows; reads and deletes treat a delta's base as referenced.
+
+Values are treated as immutable, as LangGraph requires of state: a message mutated *in
+place* after it was checkpointed would be missed by the identity check. (In-place
+mutation of graph state is already unsupported by LangGraph: it changes older
+checkpoints' values in memory too.)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from langgraph_idem_saver.errors import CorruptRecordError
+from langgraph_idem_saver.saver_base import decode_typed
+
+MAX_CHAIN = 16
+CACHE_SIZE = 512
+
+ChannelKey = tuple[str, str, str]  # thread_id, checkpoint_ns, channel
+
+
+@dataclass(frozen=True)
+class EncodedBlob:
+    """One ``(channel, version)`` row to write: whole value, delta, or ``empty``."""
+
+    channel: str
+    version: str
+    type: str
+    data: bytes | None
+    base_version: str | None = None
+    # what to remember for the next delta once this row is committed
+    items: list[Any] | None = None
+    depth: int = 0
+
+
+@dataclass(frozen=True)
+class _Written:
+    version: str
+    items: list[Any]
+    depth: int
+
+
+class ListDeltaEncoder:
+    """Encodes channel values for ``aput``, remembering recent list versions per channel.
+
+    Shared by shallow copies of a saver (``with_allowlist``). Bounded (LRU) so a server
+    with many threads does not hold every conversation in memory.
+    """
+
+    def __init__(self, max_entries: int = CACHE_SIZE) -> None:
+        self._recent: OrderedDict[ChannelKey, _Written] = OrderedDict()
+        self._max = max_entries
+        self._lock = threading.Lock()
+
+    def encode(
+        self,
+        serde: SerializerProtocol,
+        thread_id: str,
+        ns: str,
+        values: dict[str, Any],
+        new_versions: dict[str, Any],
+    ) -> list[EncodedBlob]:
+        blobs = []
+        for channel, version in new_versions.items():
+            if channel not in values:
+                blobs.append(EncodedBlob(channel, str(version), "empty", None))
+                continue
+            value = values[channel]
+            if type(value) is not list:
+                blobs.append(EncodedBlob(channel, str(version), *serde.dumps_typed(value)))
+                continue
+            with self._lock:
+                prev = self._recent.get((thread_id, ns, channel))
+            if (
+                prev is not None
+                and prev.version != str(version)
+                and prev.depth < MAX_CHAIN
+                and len(value) > len(prev.items)
+                and all(a is b for a, b in zip(prev.items, value, strict=False))
+            ):
+                type_, data = serde.dumps_typed(value[len(prev.items) :])
+                blobs.append(
+                    EncodedBlob(
+                        channel,
+                        str(version),
+                        type_,
+                        data,
+                        prev.version,
+                        list(value),
+                        prev.depth + 1,
+                    )
+                )
+            else:
+                blobs.append(
+                    EncodedBlob(
+                        channel, str(version), *serde.dumps_typed(value), None, list(value), 0
+                    )
+                )
+        return blobs
+
+    def whole(self, serde: SerializerProtocol, blob: EncodedBlob) -> EncodedBlob:
+        """The same row stored whole (its delta's base turned out to be gone)."""
+        assert blob.items is not None
+        return EncodedBlob(
+            blob.channel, blob.version, *serde.dumps_typed(blob.items), None, blob.items, 0
+        )
+
+    def remember(self, thread_id: str, ns: str, blobs: list[EncodedBlob]) -> None:
+        """After the commit: these versions may now serve as bases."""
+        with self._lock:
+            for blob in blobs:
+                key = (thread_id, ns, blob.channel)
+                if blob.items is None:
+                    self._recent.pop(key, None)
+                    continue
+                self._recent[key] = _Written(blob.version, blob.items, blob.depth)
+                self._recent.move_to_end(key)
+            while len(self._recent) > self._max:
+                self._recent.popitem(last=False)
+
+    def loaded(
+        self, thread_id: str, ns: str, channel: str, version: str, value: Any, depth: int
+    ) -> None:
+        """A list version was read to resume from: LangGraph's channel will hold these
+        very objects, so the next version it writes can be stored as a delta of this one."""
+        if type(value) is list:
+            self.remember(
+                thread_id, ns, [EncodedBlob(channel, version, "", None, None, list(value), depth)]
+            )
+
+    def forget(self, thread_ids: Any = None) -> None:
+        """Drop remembered versions (all, or of these threads) after deletions."""
+        with self._lock:
+            if thread_ids is None:
+                self._recent.clear()
+                return
+            wanted = {str(t) for t in thread_ids}
+            for key in [k for k in self._recent if k[0] in wanted]:
+                del self._recent[key]
+
+
+def resolve_value(
+    serde: SerializerProtocol,
+    type_: str,
+    data: bytes | None,
+    base_version: str | None,
+    fetch_base: Callable[[str], tuple[str, bytes | None, str | None] | None],
+    **where: Any,
+) -> tuple[Any, int]:
+    """Decode a stored channel value, following delta rows back to a whole one.
+
+    ``fetch_base(version)`` returns ``(type, data, base_version)`` of that version's row,
+    or None when it is missing - a corrupt chain, reported as such. Returns the value and
+    the number of deltas followed (the chain depth of this version).
+    """
+    parts = []
+    seen = 0
+    while base_version is not None:
+        parts.append(decode_typed(serde, type_, data, "channel value (delta)", **where))
+        row = fetch_base(base_version)
+        seen += 1
+        if row is None or seen > MAX_CHAIN * 4:
+            raise CorruptRecordError(
+                "channel value",
+                location={**where, "missing_base_version": base_version},
+                cause=LookupError("the version this delta extends is not stored"),
+            )
+        type_, data, base_version = row
+    value = decode_typed(serde, type_, data, "channel value", **where)
+    if parts:
+        if not isinstance(value, list) or not all(isinstance(p, list) for p in parts):
+            raise CorruptRecordError(
+                "channel value", location=where, cause=TypeError("a delta chain of non-lists")
+            )
+        value = list(value)
+        for part in reversed(parts):
+            value.extend(part)
+    return value, len(parts)
