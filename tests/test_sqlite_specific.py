@@ -10,7 +10,7 @@ import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 
 from langgraph_idem_saver import AsyncSqliteSaver
-from langgraph_idem_saver.ledger import CallIntent, make_owner
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, make_owner
 from langgraph_idem_saver.sqlite import sql
 
 
@@ -56,7 +56,7 @@ def statements_of(saver: AsyncSqliteSaver) -> tuple[list[str], Any]:
 
 
 @pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
-async def test_ledger_commits_are_always_synced_checkpoints_follow_the_setting(
+async def test_claims_are_always_synced_other_commits_follow_the_setting(
     tmp_path: Path, synchronous: Any
 ) -> None:
     async with AsyncSqliteSaver.from_conn_string(
@@ -71,7 +71,8 @@ async def test_ledger_commits_are_always_synced_checkpoints_follow_the_setting(
         assert await saver.conn._execute(level) == {"FULL": 2, "NORMAL": 1}[synchronous]
         intent = CallIntent("t", "k", "t", "", "charge", "h", b"{}", "call_1")
         seen.clear()
-        await saver.aclaim([intent], owner=make_owner(), lease_seconds=60)
+        owner = make_owner()
+        await saver.aclaim([intent], owner=owner, lease_seconds=60)
         claim_statements = list(seen)
         seen.clear()
         checkpoint = empty_checkpoint()
@@ -79,6 +80,11 @@ async def test_ledger_commits_are_always_synced_checkpoints_follow_the_setting(
             {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, checkpoint, {}, {}
         )
         put_statements = list(seen)
+        seen.clear()
+        await saver.afinish(
+            "t", "k", owner=owner, status=CallStatus.COMPLETED, result_type=None, result=None
+        )
+        finish_statements = list(seen)
         assert await saver.conn._execute(level) == {"FULL": 2, "NORMAL": 1}[synchronous]
 
     synced = "PRAGMA synchronous = FULL"
@@ -88,3 +94,4 @@ async def test_ledger_commits_are_always_synced_checkpoints_follow_the_setting(
     else:
         assert synced not in claim_statements, "already FULL: no extra statements"
     assert not any(s.startswith("PRAGMA") for s in put_statements), "checkpoints: as configured"
+    assert not any(s.startswith("PRAGMA") for s in finish_statements), "outcomes: as configured"

@@ -281,14 +281,18 @@ class AsyncSqliteSaver(IdemSaverBase):
         await self.setup()
         return await self._call(fn)
 
-    async def _write_ledger(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        """A ledger transaction: committed with at least ``synchronous=FULL``.
+    async def _write_ledger(
+        self, body: Callable[[sqlite3.Connection], T], *, before_tool_runs: bool = False
+    ) -> T:
+        """A ledger transaction.
 
-        The at-most-once promise rests on these rows surviving power loss, so they are
-        synced even when checkpoints are configured with ``synchronous="NORMAL"``. In
-        WAL mode a synced commit also makes every earlier commit durable.
+        One that lets a tool run (a claim, a reclaim) is committed with at least
+        ``synchronous=FULL`` whatever the setting: at-most-once rests on that row
+        surviving power loss. In WAL mode a synced commit also makes every earlier commit
+        durable. Other ledger writes follow the setting: losing one to a power cut leaves
+        the call ``issued``, an unknown outcome (verified, never silently re-run).
         """
-        if self.synchronous != "NORMAL":
+        if self.synchronous != "NORMAL" or not before_tool_runs:
             return await self._run(lambda conn: _write_tx(conn, body))
 
         def synced(conn: sqlite3.Connection) -> T:
@@ -625,7 +629,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 outcomes.append(ClaimOutcome(claimed=claimed, entry=entry))
             return outcomes
 
-        return await self._write_ledger(claim)
+        return await self._write_ledger(claim, before_tool_runs=True)
 
     async def afinish(
         self,
@@ -666,7 +670,9 @@ class AsyncSqliteSaver(IdemSaverBase):
     ) -> LedgerEntry | None:
         now = time.time()
         params = (owner, now, now + lease_seconds, scope, key, expected_attempts, expected_owner)
-        return await self._update_then_read(sql.RECLAIM_ENTRY, params, scope, key)
+        return await self._update_then_read(
+            sql.RECLAIM_ENTRY, params, scope, key, before_tool_runs=True
+        )
 
     async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
         """Drop an ``issued`` claim we own without an outcome (the tool was interrupted
@@ -746,7 +752,13 @@ class AsyncSqliteSaver(IdemSaverBase):
         await self._write_ledger(lambda c: c.execute(query, (scope, key)))
 
     async def _update_then_read(
-        self, query: str, params: tuple[Any, ...], scope: str, key: str
+        self,
+        query: str,
+        params: tuple[Any, ...],
+        scope: str,
+        key: str,
+        *,
+        before_tool_runs: bool = False,
     ) -> LedgerEntry | None:
         """Run a guarded UPDATE; the row after it, or None when the guard did not match."""
 
@@ -755,7 +767,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 return None
             return _entry(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
 
-        return await self._write_ledger(update)
+        return await self._write_ledger(update, before_tool_runs=before_tool_runs)
 
 
 def _is_started(conn: aiosqlite.Connection) -> bool:
