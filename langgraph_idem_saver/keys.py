@@ -107,6 +107,23 @@ def agent_path_of(checkpoint_ns: str) -> str:
 
     Task ids change when LangGraph re-runs a task (e.g. a resumed subgraph); node names
     do not, and they are what identifies "which agent made this call".
+
+    The agent path is the chain of node names from the root graph down to *and
+    including* the tool node, joined by ``"|"`` (LangGraph forbids ``"|"`` and ``":"`` in
+    node names, so the format is unambiguous):
+
+    * a tool node of the root graph: ``"tools"``;
+    * ``create_react_agent`` compiled into the root graph as node ``"researcher"``
+      (v1, and v2 whose tool calls are ``Send`` tasks of the same node): ``"researcher|tools"``;
+    * an agent invoked from inside a node function ``"writer"``: ``"writer|tools"``;
+    * nested: ``"supervisor|researcher|tools"``; a name repeated at two depths stays
+      two agents: ``"researcher|researcher|tools"`` is not ``"researcher|tools"``;
+    * a subgraph compiled with ``checkpointer=True`` has no task id in its namespace
+      part; the name is kept the same way.
+
+    Parallel tasks of one node (two ``Send``s to the same agent node) share a path: under
+    ``key_policy="tool_call"`` their calls differ by tool call id, and orphan adoption
+    never takes a sibling's entry (see ``IdempotentToolNode``).
     """
     if not checkpoint_ns:
         return ""

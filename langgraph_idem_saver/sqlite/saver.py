@@ -174,6 +174,7 @@ class AsyncSqliteSaver(IdemSaverBase):
         self.is_setup = False
         self._setup_lock: asyncio.Lock | None = None
         self._deltas = ListDeltaEncoder()
+        self._group = _GroupCommit(self)
 
     @classmethod
     @asynccontextmanager
@@ -256,53 +257,35 @@ class AsyncSqliteSaver(IdemSaverBase):
             )
         try:
             return cast(T, await conn._execute(lambda: fn(conn._conn)))  # type: ignore[no-untyped-call]
-        except ValueError as exc:
-            if "closed" in str(exc) or "no active connection" in str(exc):
-                raise ConnectionClosedError(f"the aiosqlite connection is closed: {exc}") from exc
-            raise
-        except sqlite3.ProgrammingError as exc:
-            if "closed" in str(exc):
-                raise ConnectionClosedError(f"the SQLite connection is closed: {exc}") from exc
-            raise
-        except sqlite3.OperationalError as exc:
-            msg = str(exc)
-            if "locked" in msg or "busy" in msg:
-                raise DatabaseLockedError(
-                    f"the SQLite database stayed locked by another writer for more than "
-                    f"busy_timeout={self.busy_timeout}s ({msg}); nothing was written, retry"
-                ) from exc
-            raise
-        except sqlite3.DatabaseError as exc:
-            if "not a database" in str(exc) or "malformed" in str(exc):
-                raise NotADatabaseError(f"the SQLite file is not a usable database: {exc}") from exc
-            raise
+        except (ValueError, sqlite3.Error) as exc:
+            typed = _typed_error(exc, self.busy_timeout)
+            if typed is exc:
+                raise
+            raise typed from exc
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         await self.setup()
         return await self._call(fn)
 
-    async def _write_ledger(
+    async def _write(
         self, body: Callable[[sqlite3.Connection], T], *, before_tool_runs: bool = False
     ) -> T:
-        """A ledger transaction.
+        """Run ``body`` in a write transaction, committed before this returns.
 
-        One that lets a tool run (a claim, a reclaim) is committed with at least
-        ``synchronous=FULL`` whatever the setting: at-most-once rests on that row
-        surviving power loss. In WAL mode a synced commit also makes every earlier commit
-        durable. Other ledger writes follow the setting: losing one to a power cut leaves
-        the call ``issued``, an unknown outcome (verified, never silently re-run).
+        Writes that arrive while another is being committed are **group-committed**: one
+        worker hand-off, one transaction and one fsync for all of them, each body in its
+        own SAVEPOINT so a failing one is rolled back alone. The parallel tool tasks of a
+        step (``create_react_agent`` v2 sends one task per call) then share their claims'
+        commit, and checkpoint writes share theirs.
+
+        A transaction holding a claim (``before_tool_runs``: the ``issued`` row that lets
+        a tool run, first or again) is committed with at least ``synchronous=FULL``
+        whatever the setting: at-most-once rests on that row surviving power loss. Other
+        writes follow the setting; losing a ``completed`` row to a power cut leaves the
+        call ``issued``: an unknown outcome, verified, never silently re-run.
         """
-        if self.synchronous != "NORMAL" or not before_tool_runs:
-            return await self._run(lambda conn: _write_tx(conn, body))
-
-        def synced(conn: sqlite3.Connection) -> T:
-            conn.execute("PRAGMA synchronous = FULL")
-            try:
-                return _write_tx(conn, body)
-            finally:
-                conn.execute("PRAGMA synchronous = NORMAL")
-
-        return await self._run(synced)
+        await self.setup()
+        return await self._group.submit(body, synced=before_tool_runs)
 
     # --- reads ---------------------------------------------------------------------
 
@@ -483,7 +466,7 @@ class AsyncSqliteSaver(IdemSaverBase):
             conn.execute(sql.UPSERT_CHECKPOINT, row)
             return rows
 
-        written = await self._run(lambda conn: _write_tx(conn, write))
+        written = await self._write(write)
         self._deltas.remember(thread_id, ns, written)
         return make_config(thread_id, ns, checkpoint["id"])
 
@@ -513,9 +496,7 @@ class AsyncSqliteSaver(IdemSaverBase):
             for idx, (channel, value) in enumerate(writes)
         ]
         if rows:
-            await self._run(
-                lambda conn: _write_tx(conn, lambda c: c.executemany(sql.UPSERT_WRITE, rows))
-            )
+            await self._write(lambda c: c.executemany(sql.UPSERT_WRITE, rows))
 
     # --- thread maintenance ----------------------------------------------------------
 
@@ -527,7 +508,7 @@ class AsyncSqliteSaver(IdemSaverBase):
             for statement in sql.DELETE_THREAD:
                 conn.execute(statement, (tid,))
 
-        await self._run(lambda conn: _write_tx(conn, delete))
+        await self._write(delete)
         self._deltas.forget([tid])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -549,7 +530,7 @@ class AsyncSqliteSaver(IdemSaverBase):
             for thread_id in threads:
                 _collect_blobs(conn, thread_id)
 
-        await self._run(lambda conn: _write_tx(conn, delete))
+        await self._write(delete)
         self._deltas.forget()
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -561,7 +542,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 conn.execute(statement, (dst, src))
             conn.execute(sql.COPY_TOOL_CALLS, (dst, dst, src, src))
 
-        await self._run(lambda conn: _write_tx(conn, copy))
+        await self._write(copy)
         self._deltas.forget([dst])
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -594,7 +575,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                         conn.execute(sql.DELETE_CHECKPOINT, (thread_id, ns, checkpoint_id))
                 _collect_blobs(conn, thread_id)
 
-        await self._run(lambda conn: _write_tx(conn, prune))
+        await self._write(prune)
         self._deltas.forget(ids)
 
     # --- the tool-call ledger ----------------------------------------------------------
@@ -629,7 +610,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 outcomes.append(ClaimOutcome(claimed=claimed, entry=entry))
             return outcomes
 
-        return await self._write_ledger(claim, before_tool_runs=True)
+        return await self._write(claim, before_tool_runs=True)
 
     async def afinish(
         self,
@@ -656,7 +637,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 )
             return _entry(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
 
-        return await self._write_ledger(finish)
+        return await self._write(finish)
 
     async def areclaim(
         self,
@@ -678,11 +659,7 @@ class AsyncSqliteSaver(IdemSaverBase):
         """Drop an ``issued`` claim we own without an outcome (the tool was interrupted
         by ``interrupt()`` before doing anything final, so re-entry must run it again)."""
         return bool(
-            await self._run(
-                lambda conn: _write_tx(
-                    conn, lambda c: c.execute(sql.RELEASE_ENTRY, (scope, key, owner)).rowcount
-                )
-            )
+            await self._write(lambda c: c.execute(sql.RELEASE_ENTRY, (scope, key, owner)).rowcount)
         )
 
     async def aadopt(self, scope: str, key: str, *, tool_call_id: str) -> LedgerEntry | None:
@@ -749,7 +726,7 @@ class AsyncSqliteSaver(IdemSaverBase):
 
     async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
         query = sql.NOTE_CONFLICT if conflict else sql.NOTE_REPLAY
-        await self._write_ledger(lambda c: c.execute(query, (scope, key)))
+        await self._write(lambda c: c.execute(query, (scope, key)))
 
     async def _update_then_read(
         self,
@@ -767,7 +744,107 @@ class AsyncSqliteSaver(IdemSaverBase):
                 return None
             return _entry(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
 
-        return await self._write_ledger(update, before_tool_runs=before_tool_runs)
+        return await self._write(update, before_tool_runs=before_tool_runs)
+
+
+_Pending = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]", bool]
+
+
+class _GroupCommit:
+    """Group commit for one saver's connection (see ``AsyncSqliteSaver._write``).
+
+    At most one batch is in flight; writes submitted meanwhile wait and go together in
+    the next one. A write submitted alone is flushed on the next loop iteration.
+    """
+
+    def __init__(self, saver: AsyncSqliteSaver) -> None:
+        self._saver = saver
+        self._pending: list[_Pending] = []
+        self._busy = False
+
+    async def submit(self, body: Callable[[sqlite3.Connection], T], *, synced: bool) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending.append((body, future, synced))
+        if not self._busy:
+            self._busy = True
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.get_running_loop().create_task(self._commit(batch))
+        task.add_done_callback(self._done)
+
+    def _done(self, _: asyncio.Task[None]) -> None:
+        if self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        else:
+            self._busy = False
+
+    async def _commit(self, batch: list[_Pending]) -> None:
+        force_full = self._saver.synchronous == "NORMAL" and any(s for _, _, s in batch)
+
+        def run(conn: sqlite3.Connection) -> list[tuple[bool, Any]]:
+            if force_full:
+                conn.execute("PRAGMA synchronous = FULL")
+            try:
+                return _write_tx(conn, lambda c: [_in_savepoint(c, b) for b, _, _ in batch])
+            finally:
+                if force_full:
+                    conn.execute("PRAGMA synchronous = NORMAL")
+
+        try:
+            outcomes = await self._saver._call(run)
+        except BaseException as exc:  # the transaction as a whole failed: all of them did
+            for _, future, _ in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (ok, value), (_, future, _) in zip(outcomes, batch, strict=True):
+            if not future.done():
+                if ok:
+                    future.set_result(value)
+                elif isinstance(value, (ValueError, sqlite3.Error)):
+                    future.set_exception(_typed_error(value, self._saver.busy_timeout))
+                else:
+                    future.set_exception(value)
+
+
+def _in_savepoint(
+    conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]
+) -> tuple[bool, Any]:
+    """Run one body of a group commit; its failure rolls back only its own statements."""
+    conn.execute("SAVEPOINT idem_write")
+    try:
+        result = body(conn)
+    except Exception as exc:
+        conn.execute("ROLLBACK TO idem_write")
+        conn.execute("RELEASE idem_write")
+        return False, exc
+    conn.execute("RELEASE idem_write")
+    return True, result
+
+
+def _typed_error(exc: ValueError | sqlite3.Error, busy_timeout: float) -> Exception:
+    """The package's exception for an aiosqlite/sqlite3 failure (the original otherwise)."""
+    msg = str(exc)
+    if isinstance(exc, ValueError):
+        if "closed" in msg or "no active connection" in msg:
+            return ConnectionClosedError(f"the aiosqlite connection is closed: {msg}")
+        return exc
+    if isinstance(exc, sqlite3.ProgrammingError) and "closed" in msg:
+        return ConnectionClosedError(f"the SQLite connection is closed: {msg}")
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg):
+        return DatabaseLockedError(
+            f"the SQLite database stayed locked by another writer for more than "
+            f"busy_timeout={busy_timeout}s ({msg}); nothing was written, retry"
+        )
+    if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in msg or "malformed" in msg):
+        return NotADatabaseError(f"the SQLite file is not a usable database: {msg}")
+    return exc
 
 
 def _is_started(conn: aiosqlite.Connection) -> bool:
