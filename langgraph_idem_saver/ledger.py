@@ -43,7 +43,8 @@ class CallIntent:
 
     ``scope`` is the thread id by default, or ``"ns:<name>"`` for an explicitly named
     namespace shared across threads. ``agent_path`` is the checkpoint namespace with task
-    ids stripped (``"supervisor|researcher"``), so a child agent's call keeps its identity
+    ids stripped (``"supervisor|researcher|tools"``: every graph node from the root down to
+    the tool node), so a child agent's call keeps its identity
     when LangGraph re-runs the task under a new task id.
 
     ``key`` must not embed ``scope``: the primary key is ``(scope, key)`` and

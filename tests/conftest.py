@@ -25,8 +25,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without an editable install
     sys.path.insert(0, str(REPO_ROOT))
 
-# The single list of backends. Postgres will add "postgres" here.
-BACKENDS: list[str] = ["sqlite"]
+from pg_server import afresh_dsn, pg_dsn, pg_server_dsn  # noqa: E402, F401  (fixtures)
+
+# The single list of backends: every saver and ledger test runs on each.
+BACKENDS: list[str] = ["sqlite", "postgres"]
 
 SAVER_IMPL = os.environ.get("IDEM_TEST_SAVER", "ours")
 
@@ -56,8 +58,16 @@ async def open_saver(backend: str, where: Any) -> AsyncIterator[Any]:
         path = Path(where) / f"db-{next(_counter)}.sqlite"
         async with sqlite_saver_class().from_conn_string(str(path)) as saver:
             yield saver
-    # Postgres: `where` is the server DSN; open
-    #   `AsyncPostgresSaver.from_conn_string(await pg_server.afresh_dsn(where))` here.
+    elif backend == "postgres":
+        # `where` is the server's DSN; each saver gets a fresh, empty schema on it
+        if SAVER_IMPL == "official":
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        else:
+            from langgraph_idem_saver.postgres import AsyncPostgresSaver
+        async with AsyncPostgresSaver.from_conn_string(await afresh_dsn(where)) as saver:
+            if SAVER_IMPL == "official":
+                await saver.setup()
+            yield saver
     else:  # pragma: no cover - guarded by BACKENDS
         raise ValueError(f"unknown backend {backend!r}")
 
@@ -76,6 +86,8 @@ def backend_resource(backend: str, request: pytest.FixtureRequest) -> Any:
     e.g. ``request.getfixturevalue("pg_server_dsn")``)."""
     if backend == "sqlite":
         return request.getfixturevalue("tmp_path")
+    if backend == "postgres":
+        return request.getfixturevalue("pg_server_dsn")
     raise ValueError(f"unknown backend {backend!r}")  # pragma: no cover
 
 

@@ -90,7 +90,7 @@ def die() -> None:
     os._exit(CRASH_EXIT_CODE)
 
 
-def build(scenario: dict[str, Any], saver: AsyncSqliteSaver) -> Any:
+def build(scenario: dict[str, Any], saver: Any) -> Any:
     effects = Path(scenario["effects"])
     crash_at = scenario.get("crash_at") if scenario["phase"] == "run" else None
     crash_invoice = scenario.get("crash_invoice", "inv-0")
@@ -151,21 +151,37 @@ class _StockNode(ToolNode):
         return out
 
 
-class CrashingSaver(AsyncSqliteSaver):
-    """The real saver, dying at the ledger points a scenario names."""
+class _Crashing:
+    """Mixed into the real saver: dies at the ledger points a scenario names."""
 
     crash_at: str | None = None
 
     async def aclaim(self, intents: Any, **kwargs: Any) -> Any:
         if self.crash_at == "before_issued":
             die()
-        return await super().aclaim(intents, **kwargs)
+        return await super().aclaim(intents, **kwargs)  # type: ignore[misc]
 
     async def afinish(self, *args: Any, **kwargs: Any) -> Any:
-        entry = await super().afinish(*args, **kwargs)
+        entry = await super().afinish(*args, **kwargs)  # type: ignore[misc]
         if self.crash_at == "after_completed":
             die()
         return entry
+
+
+class CrashingSqliteSaver(_Crashing, AsyncSqliteSaver):
+    pass
+
+
+def open_saver(scenario: dict[str, Any]) -> Any:
+    """The scenario's database: a SQLite file, or a PostgreSQL schema (``dsn``)."""
+    if scenario.get("dsn"):
+        from langgraph_idem_saver.postgres import AsyncPostgresSaver
+
+        class CrashingPostgresSaver(_Crashing, AsyncPostgresSaver):
+            pass
+
+        return CrashingPostgresSaver.from_conn_string(scenario["dsn"])
+    return CrashingSqliteSaver.from_conn_string(scenario["db"])
 
 
 def summarize(messages: list[BaseMessage]) -> list[Any]:
@@ -193,7 +209,7 @@ async def main(scenario: dict[str, Any]) -> dict[str, Any]:
     config = {"configurable": {"thread_id": scenario.get("thread_id", "t1")}}
     durability = scenario.get("durability", "sync")
     inputs = {"messages": [HumanMessage(content="pay my invoices")]}
-    async with CrashingSaver.from_conn_string(scenario["db"]) as saver:
+    async with open_saver(scenario) as saver:
         if scenario["phase"] == "run":
             saver.crash_at = scenario.get("crash_at")
         graph = build(scenario, saver)

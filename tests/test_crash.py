@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pg_server import fresh_dsn
 
 HARNESS = Path(__file__).with_name("crash_harness.py")
 CRASH_EXIT_CODE = 77
@@ -96,6 +97,32 @@ def test_crash_at_each_point_charges_exactly_once(
     assert all(status == "completed" for _, status, _, _ in resumed["ledger"])
     ref = baseline(version, n_calls, durability, str(tmp_path_factory.getbasetemp()))
     assert resumed["messages"] == ref["messages"], "final state equals an uncrashed run"
+
+
+@pytest.mark.parametrize(("crash_at", "version"), list(itertools.product(POINTS, ["v1", "v2"])))
+def test_on_postgres_each_point_charges_exactly_once(
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    pg_server_dsn: str,
+    crash_at: str,
+    version: str,
+) -> None:
+    """The same crashes, with the checkpoints and the ledger on a real PostgreSQL server
+    (a fresh schema per scenario), three parallel calls, durability "sync"."""
+    effects, resumed = crash_then_resume(
+        tmp_path,
+        crash_at=crash_at,
+        n_calls=3,
+        version=version,
+        durability="sync",
+        crash_invoice="inv-2",
+        dsn=fresh_dsn(pg_server_dsn),
+    )
+    assert dict(effects) == {"inv-0": 1, "inv-1": 1, "inv-2": 1}
+    assert resumed["interrupts"] == []
+    assert all(status == "completed" for _, status, _, _ in resumed["ledger"])
+    ref = baseline(version, 3, "sync", str(tmp_path_factory.getbasetemp()))
+    assert resumed["messages"] == ref["messages"]
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
