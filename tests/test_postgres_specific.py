@@ -22,7 +22,6 @@ import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
-from pg_server import pg_dsn, pg_server_dsn  # noqa: F401  (fixtures)
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -829,3 +828,23 @@ async def test_sync_methods_from_another_thread(saver: AsyncPostgresSaver) -> No
     assert tup is not None
     listed = await asyncio.to_thread(lambda: list(saver.list(config())))
     assert len(listed) == 1
+
+
+async def test_a_cancelled_caller_does_not_break_a_shared_connection(pg_dsn: str) -> None:
+    """LangGraph cancels sibling tasks when one fails; a query cancelled mid-flight makes
+    psycopg close its connection. The saver lets the statement finish instead, so the
+    single connection stays usable for the next call."""
+    from langgraph_idem_saver.postgres import AsyncPostgresSaver
+
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+
+        async def slow(cur: Any) -> None:
+            await cur.execute("SELECT pg_sleep(0.3)")
+
+        task = asyncio.ensure_future(saver._execute(slow))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await saver.aget_tuple({"configurable": {"thread_id": "after-cancel"}}) is None
+        assert not saver.conn.closed

@@ -227,6 +227,20 @@ class AsyncPostgresSaver(IdemSaverBase):
     async def _execute(
         self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
     ) -> T:
+        """Run ``fn`` to completion even if the caller is cancelled.
+
+        LangGraph cancels sibling tasks when one fails or interrupts; a query cancelled
+        mid-flight makes psycopg close its connection, which on a single shared
+        connection would break the saver for everyone. So the work runs in its own task
+        and the caller only stops *waiting* for it.
+        """
+        task = asyncio.ensure_future(self._execute_now(fn, tx=tx, pipeline=pipeline))
+        task.add_done_callback(_consume_outcome)
+        return await asyncio.shield(task)
+
+    async def _execute_now(
+        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+    ) -> T:
         """Run ``fn`` on a cursor of a connection: atomically, with typed errors.
 
         A single statement on an autocommit connection is atomic by itself; ``tx=True``
@@ -1056,3 +1070,9 @@ def _entry(row: Sequence[Any]) -> LedgerEntry:
         run_id=run_id,
         adopted_by=adopted_by,
     )
+
+
+def _consume_outcome(task: asyncio.Future[Any]) -> None:
+    """Mark a shielded task's exception as seen (its caller may have stopped waiting)."""
+    if not task.cancelled():
+        task.exception()
