@@ -61,7 +61,7 @@ async def put(
 
 
 @pytest.fixture
-async def saver(pg_dsn: str) -> AsyncIterator[AsyncPostgresSaver]:  # noqa: F811
+async def saver(pg_dsn: str) -> AsyncIterator[AsyncPostgresSaver]:
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as s:
         yield s
 
@@ -99,7 +99,7 @@ async def wait_until_blocked(dsn: str, n: int = 1) -> None:
     raise AssertionError("the saver's statement never blocked")
 
 
-async def test_pool_runs_independent_calls_concurrently(pg_dsn: str) -> None:  # noqa: F811
+async def test_pool_runs_independent_calls_concurrently(pg_dsn: str) -> None:
     """A call blocked on one thread's row does not hold up a call on another thread."""
     async with AsyncConnectionPool(pg_dsn, min_size=2, max_size=4, open=False) as pool:
         saver = AsyncPostgresSaver(pool)
@@ -122,7 +122,7 @@ async def test_pool_runs_independent_calls_concurrently(pg_dsn: str) -> None:  #
         assert (await saver.aget_tuple(config("busy"))) is not None
 
 
-async def test_single_connection_serializes_calls(saver: AsyncPostgresSaver, pg_dsn: str) -> None:  # noqa: F811
+async def test_single_connection_serializes_calls(saver: AsyncPostgresSaver, pg_dsn: str) -> None:
     """One connection runs one call at a time: concurrent calls queue, none fails."""
     await put(saver, "other")
     cp = generate_checkpoint()
@@ -143,7 +143,7 @@ async def test_single_connection_serializes_calls(saver: AsyncPostgresSaver, pg_
     assert len({r["configurable"]["thread_id"] for r in results}) == 20
 
 
-async def test_many_workers_on_a_pool(pg_dsn: str) -> None:  # noqa: F811
+async def test_many_workers_on_a_pool(pg_dsn: str) -> None:
     async with AsyncConnectionPool(
         pg_dsn,
         min_size=4,
@@ -174,7 +174,7 @@ async def test_many_workers_on_a_pool(pg_dsn: str) -> None:  # noqa: F811
 
 async def test_backend_killed_mid_transaction_single_connection(
     saver: AsyncPostgresSaver,
-    pg_dsn: str,  # noqa: F811
+    pg_dsn: str,
 ) -> None:
     """pg_terminate_backend while an aput waits: ConnectionClosedError, nothing half-written,
     and later calls say the connection is closed (with how to reconnect)."""
@@ -202,7 +202,7 @@ async def test_backend_killed_mid_transaction_single_connection(
             assert await cur.fetchone() == (0,)
 
 
-async def test_backends_killed_with_a_pool_next_call_works(pg_dsn: str) -> None:  # noqa: F811
+async def test_backends_killed_with_a_pool_next_call_works(pg_dsn: str) -> None:
     async with AsyncConnectionPool(
         pg_dsn,
         min_size=3,
@@ -234,7 +234,7 @@ async def test_backends_killed_with_a_pool_next_call_works(pg_dsn: str) -> None:
         assert await saver.aget_tuple(config("after")) is not None
 
 
-async def test_closed_connection_and_closed_pool(pg_dsn: str) -> None:  # noqa: F811
+async def test_closed_connection_and_closed_pool(pg_dsn: str) -> None:
     conn = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
     saver = AsyncPostgresSaver(conn)
     await saver.setup()
@@ -278,7 +278,7 @@ async def exercise(saver: AsyncPostgresSaver) -> None:
     assert await saver.aget_entry("t2", "k") is not None
 
 
-async def test_prepare_threshold_none_prepares_nothing(pg_dsn: str) -> None:  # noqa: F811
+async def test_prepare_threshold_none_prepares_nothing(pg_dsn: str) -> None:
     """pgbouncer transaction mode: no server-side prepared statements at all."""
     async with await psycopg.AsyncConnection.connect(
         pg_dsn, autocommit=True, prepare_threshold=None
@@ -290,14 +290,14 @@ async def test_prepare_threshold_none_prepares_nothing(pg_dsn: str) -> None:  # 
         assert await cur.fetchone() == (0,)
 
 
-async def test_pool_with_prepare_threshold_none(pg_dsn: str) -> None:  # noqa: F811
+async def test_pool_with_prepare_threshold_none(pg_dsn: str) -> None:
     async with AsyncConnectionPool(
         pg_dsn, min_size=2, kwargs={"autocommit": True, "prepare_threshold": None}, open=False
     ) as pool:
         await exercise(AsyncPostgresSaver(pool))
 
 
-async def test_pipeline_mode(pg_dsn: str) -> None:  # noqa: F811
+async def test_pipeline_mode(pg_dsn: str) -> None:
     async with AsyncPostgresSaver.from_conn_string(pg_dsn, pipeline=True) as saver:
         assert saver.pipe is not None
         await exercise(saver)
@@ -311,7 +311,7 @@ async def test_pipeline_mode(pg_dsn: str) -> None:  # noqa: F811
         assert await saver.aget_tuple(config("p0")) is not None
 
 
-async def test_non_autocommit_connection(pg_dsn: str) -> None:  # noqa: F811
+async def test_non_autocommit_connection(pg_dsn: str) -> None:
     """A plain connection: setup() and every call commit their own transaction and leave
     the connection idle (not 'idle in transaction')."""
     async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
@@ -336,7 +336,7 @@ async def tables(dsn: str) -> set[str]:
         return {r[0] for r in await cur.fetchall()}
 
 
-async def test_setup_inside_and_outside_a_transaction(pg_dsn: str) -> None:  # noqa: F811
+async def test_setup_inside_and_outside_a_transaction(pg_dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
         async with conn.transaction():
             await conn.execute("SELECT 1")
@@ -351,7 +351,7 @@ async def test_setup_inside_and_outside_a_transaction(pg_dsn: str) -> None:  # n
         assert [r[0] for r in await cur.fetchall()] == list(range(sql.SCHEMA_VERSION + 1))
 
 
-async def test_setup_in_a_rolled_back_transaction_leaves_nothing(pg_dsn: str) -> None:  # noqa: F811
+async def test_setup_in_a_rolled_back_transaction_leaves_nothing(pg_dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
         await conn.execute("SELECT 1")  # the caller's own open transaction
         await AsyncPostgresSaver(conn).setup()
@@ -359,7 +359,7 @@ async def test_setup_in_a_rolled_back_transaction_leaves_nothing(pg_dsn: str) ->
     assert not (await tables(pg_dsn)) & {"idem_checkpoints", "idem_saver_migrations"}
 
 
-async def test_concurrent_setup_does_not_race(pg_dsn: str) -> None:  # noqa: F811
+async def test_concurrent_setup_does_not_race(pg_dsn: str) -> None:
     conns = [await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) for _ in range(6)]
     try:
         await asyncio.gather(*(AsyncPostgresSaver(c).setup() for c in conns))
@@ -371,14 +371,14 @@ async def test_concurrent_setup_does_not_race(pg_dsn: str) -> None:  # noqa: F81
         assert await cur.fetchone() == (sql.SCHEMA_VERSION + 1, sql.SCHEMA_VERSION)
 
 
-async def test_setup_runs_on_first_use(pg_dsn: str) -> None:  # noqa: F811
+async def test_setup_runs_on_first_use(pg_dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         saver = AsyncPostgresSaver(conn)
         assert await saver.aget_tuple(config()) is None
         assert saver.is_setup
 
 
-async def test_newer_schema_is_refused(pg_dsn: str) -> None:  # noqa: F811
+async def test_newer_schema_is_refused(pg_dsn: str) -> None:
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
         await put(saver)
     async with await admin(pg_dsn) as conn:
@@ -446,7 +446,7 @@ async def build_thread(saver: AsyncPostgresSaver, thread_id: str, n: int) -> Non
 
 
 @pytest.mark.parametrize("analyzed", [False, True], ids=["no-stats", "analyzed"])
-async def test_reads_stay_flat_on_long_threads(pg_dsn: str, analyzed: bool) -> None:  # noqa: F811
+async def test_reads_stay_flat_on_long_threads(pg_dsn: str, analyzed: bool) -> None:
     """aget_tuple (latest and by id) and alist(limit=10) read as many rows and buffers on
     a 2,000-checkpoint thread as on a 10-checkpoint one, and never scan a table."""
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
@@ -595,7 +595,7 @@ async def test_nul_in_ids_is_a_config_error(saver: AsyncPostgresSaver) -> None:
 # -------------------------------------------------- storage, compression, corruption
 
 
-async def test_large_values_are_compressed_and_read_back(pg_dsn: str) -> None:  # noqa: F811
+async def test_large_values_are_compressed_and_read_back(pg_dsn: str) -> None:
     big = {"text": "lorem ipsum dolor sit amet " * 400, "items": list(range(500))}
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
         stored = await put(saver, values={"big": big, "small": 1})
@@ -616,7 +616,7 @@ async def test_large_values_are_compressed_and_read_back(pg_dsn: str) -> None:  
         assert not types[("plain", "big")].startswith("zlib:")
 
 
-async def test_only_new_versions_are_written(saver: AsyncPostgresSaver, pg_dsn: str) -> None:  # noqa: F811
+async def test_only_new_versions_are_written(saver: AsyncPostgresSaver, pg_dsn: str) -> None:
     cp = generate_checkpoint(channel_values={"a": 1, "b": 2}, channel_versions={"a": "1", "b": "1"})
     stored = await saver.aput(config(), cp, {}, {"a": "1", "b": "1"})
     cp2 = generate_checkpoint(
@@ -643,7 +643,7 @@ async def test_only_new_versions_are_written(saver: AsyncPostgresSaver, pg_dsn: 
 )
 async def test_corrupt_rows_raise_corrupt_record_error(
     saver: AsyncPostgresSaver,
-    pg_dsn: str,  # noqa: F811
+    pg_dsn: str,
     damage: str,
 ) -> None:
     stored = await put(saver)
@@ -797,7 +797,7 @@ async def test_ledger_matches_sqlite_call_by_call(
         assert g == w, f"step {i}"
 
 
-async def test_concurrent_claims_have_one_winner(pg_dsn: str) -> None:  # noqa: F811
+async def test_concurrent_claims_have_one_winner(pg_dsn: str) -> None:
     """Claims across 'machines' (separate connections): exactly one inserts the row."""
     savers = []
     conns = []
