@@ -20,7 +20,9 @@ not, any row factory, any ``prepare_threshold`` including ``None`` for pgbouncer
   ``channel_versions``; nothing scans a thread's blobs, so reading the latest checkpoint
   of a 5,000-checkpoint thread touches as many rows as reading a 10-checkpoint one's.
 * **O(N) storage.** Channel values live in ``idem_blobs``, written only for
-  ``new_versions``.
+  ``new_versions``; a growing list channel (``messages``) is stored as the items
+  appended to the version before it (see :mod:`langgraph_idem_saver.list_deltas`), so a
+  long conversation stores each message about once instead of once per turn.
 * **Safe migrations.** ``setup()`` (also run on first use) applies migrations in one
   transaction under an advisory lock: no ``CREATE INDEX CONCURRENTLY``, so it works on a
   plain connection, inside or outside a transaction, and concurrent workers don't race.
@@ -78,6 +80,7 @@ from langgraph_idem_saver.errors import (
     SerializationError,
 )
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
+from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.postgres import sql
 from langgraph_idem_saver.saver_base import (
     IdemSaverBase,
@@ -155,6 +158,7 @@ class AsyncPostgresSaver(IdemSaverBase):
         self.supports_pipeline = Capabilities().has_pipeline()
         self.is_setup = False
         self._setup_lock: asyncio.Lock | None = None
+        self._deltas = ListDeltaEncoder()
 
     @classmethod
     @asynccontextmanager
@@ -323,7 +327,10 @@ class AsyncPostgresSaver(IdemSaverBase):
 
     def _dump(self, value: Any) -> tuple[str, bytes]:
         """``serde.dumps_typed``, zlib-compressed when that pays (see COMPRESS_MIN_BYTES)."""
-        type_, data = self.serde.dumps_typed(value)
+        return self._pack(*self.serde.dumps_typed(value))
+
+    def _pack(self, type_: str, data: bytes) -> tuple[str, bytes]:
+        """Serialized ``(type, data)`` as stored: zlib-compressed when that pays."""
         limit = self.compress_min_bytes
         if limit is not None and len(data) >= limit:
             packed = zlib.compress(data, 1)
@@ -351,7 +358,9 @@ class AsyncPostgresSaver(IdemSaverBase):
 
     # --- reads ---------------------------------------------------------------------
 
-    def _row_to_tuple(self, row: Sequence[Any]) -> CheckpointTuple:
+    def _row_to_tuple(self, row: Sequence[Any], *, loading: bool = False) -> CheckpointTuple:
+        """Build a CheckpointTuple from a row; ``loading`` when a graph resumes from it
+        (its list values may then serve as the bases of the next deltas)."""
         (
             thread_id,
             ns,
@@ -369,11 +378,27 @@ class AsyncPostgresSaver(IdemSaverBase):
             self.serde, *self._unpack(type_, data, "checkpoint", **where), **where
         )
         values: dict[str, Any] = {}
-        for channel_b, btype_b, blob in blobs or ():
-            channel = bytes(channel_b).decode()
-            values[channel] = self._load(
-                bytes(btype_b).decode(), blob, "channel value", channel=channel, **where
+        # one row per stored version: each channel's own first, then (for a delta) the
+        # versions it extends, by depth
+        chains: dict[str, list[tuple[str, bytes | None, str | None, str | None]]] = {}
+        for channel_b, btype_b, blob, version_b, base_b in blobs or ():
+            chains.setdefault(bytes(channel_b).decode(), []).append(
+                (
+                    bytes(btype_b).decode(),
+                    blob,
+                    None if version_b is None else bytes(version_b).decode(),
+                    None if base_b is None else bytes(base_b).decode(),
+                )
             )
+        for channel, chain in chains.items():
+            btype, blob, version, base_version = chain[0]
+            if base_version is None:
+                values[channel] = self._load(btype, blob, "channel value", channel=channel, **where)
+                depth = 0
+            else:
+                values[channel], depth = self._resolve(chain, channel=channel, **where)
+            if loading and version is not None:
+                self._deltas.loaded(thread_id, ns, channel, version, values[channel], depth)
         pending = []
         for task_b, channel_b, wtype_b, value in writes or ():
             task_id = bytes(task_b).decode()
@@ -406,6 +431,24 @@ class AsyncPostgresSaver(IdemSaverBase):
             pending_writes=pending,
         )
 
+    def _resolve(
+        self, chain: list[tuple[str, bytes | None, str | None, str | None]], **where: Any
+    ) -> tuple[Any, int]:
+        """A delta's value: its chain (as SELECT_TUPLES returns it) resolved to a list,
+        and its depth. A base the chain lacks is reported as corrupt."""
+        by_version = {version: (t, b, base) for t, b, version, base in chain[1:]}
+
+        def fetch_base(version: str) -> tuple[str, bytes | None, str | None] | None:
+            row = by_version.get(version)
+            if row is None:
+                return None
+            type_, blob, base = row
+            return (*self._unpack(type_, blob, "channel value", **where), base)
+
+        type_, blob, _, base_version = chain[0]
+        type_, data = self._unpack(type_, blob, "channel value (delta)", **where)
+        return resolve_value(self.serde, type_, data, base_version, fetch_base, **where)
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint (latest of the thread/namespace, or by id), one round trip."""
         thread_id = _text(thread_id_of(config), "thread_id")
@@ -423,7 +466,7 @@ class AsyncPostgresSaver(IdemSaverBase):
             return await cur.fetchone()
 
         row = await self._run(read)
-        return None if row is None else self._row_to_tuple(row)
+        return None if row is None else self._row_to_tuple(row, loading=True)
 
     async def alist(
         self,
@@ -508,23 +551,16 @@ class AsyncPostgresSaver(IdemSaverBase):
         parent_id = checkpoint_id_of(config)
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
-        params: list[Any] = []
-        n_blobs = 0
-        for channel, version in new_versions.items():
-            if channel not in values:
-                continue  # an emptied channel: no row, read back as absent, as "empty" is
-            params += (
-                thread_id,
-                ns,
-                _text(channel, "channel"),
-                str(version),
-                *self._dump(values[channel]),
-            )
-            n_blobs += 1
+        for channel in new_versions:
+            if channel in values:
+                _text(channel, "channel")
+        # an emptied channel (not in values) gets no row: it reads back absent, as
+        # "empty" does; the encoder still sees it, to forget the channel's last version
+        blobs = self._deltas.encode(self.serde, thread_id, ns, values, new_versions)
         full_metadata = get_checkpoint_metadata(config, metadata)
         run_id = full_metadata.get("run_id")
         metadata_json, metadata_exact = _metadata_columns(full_metadata)
-        params += (
+        checkpoint_params = (
             thread_id,
             ns,
             _text(checkpoint["id"], "checkpoint id"),
@@ -535,12 +571,38 @@ class AsyncPostgresSaver(IdemSaverBase):
             metadata_exact,
             encode_versions(checkpoint["channel_versions"]),
         )
-        query = sql.put_checkpoint_sql(n_blobs)
 
-        async def write(cur: Cursor) -> None:
-            await cur.execute(query, params)
+        async def write(cur: Cursor) -> list[EncodedBlob]:
+            rows = blobs
+            # at most twice: a second attempt stores the deltas whose base is gone whole
+            while True:
+                stored_rows = [b for b in rows if b.type != "empty"]
+                deltas = any(b.base_version is not None for b in stored_rows)
+                params: list[Any] = []
+                for b in stored_rows:
+                    assert b.data is not None
+                    params += (
+                        thread_id,
+                        ns,
+                        b.channel,
+                        b.version,
+                        *self._pack(b.type, b.data),
+                        b.base_version,
+                    )
+                params += checkpoint_params
+                await cur.execute(sql.put_checkpoint_sql(len(stored_rows), deltas), params)
+                if not deltas:
+                    return rows
+                missing = {r[0] for r in await cur.fetchall()}
+                if not missing:
+                    return rows
+                rows = [
+                    self._deltas.whole(self.serde, b) if b.channel in missing else b
+                    for b in rows
+                ]
 
-        await self._run(write)
+        written = await self._run(write)
+        self._deltas.remember(thread_id, ns, written)
         return make_config(thread_id, ns, checkpoint["id"])
 
     async def aput_writes(
@@ -582,6 +644,7 @@ class AsyncPostgresSaver(IdemSaverBase):
             await cur.execute(sql.DELETE_THREAD, {"t": tid})
 
         await self._run(delete)
+        self._deltas.forget([tid])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (with their writes) and ledger entries of these runs."""
@@ -596,6 +659,7 @@ class AsyncPostgresSaver(IdemSaverBase):
                 await cur.execute(sql.COLLECT_BLOBS, {"threads": threads})
 
         await self._run(delete, tx=True)
+        self._deltas.forget()
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy a thread's whole history, and its thread-scoped ledger entries."""
@@ -605,6 +669,7 @@ class AsyncPostgresSaver(IdemSaverBase):
             await cur.execute(sql.COPY_THREAD, params)
 
         await self._run(copy)
+        self._deltas.forget([params["dst"]])
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints; ledger entries are always kept (pruning must not cause re-runs).
@@ -647,6 +712,7 @@ class AsyncPostgresSaver(IdemSaverBase):
             await self._run(delete)
         else:
             await self._run(keep_latest, tx=True)
+        self._deltas.forget(threads)
 
     # --- the tool-call ledger ----------------------------------------------------------
 

@@ -22,6 +22,8 @@ prepared statements) or as arrays they ``unnest``, so every call is a single sta
 
 from __future__ import annotations
 
+from langgraph_idem_saver.list_deltas import MAX_CHAIN
+
 # The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
 # fixed forever: every release must take the same lock).
 MIGRATION_LOCK_KEY = 0x1DE3_5A7E_0C1D_0001
@@ -132,6 +134,11 @@ MIGRATIONS: list[list[str]] = [
             ON idem_tool_calls (run_id) WHERE run_id IS NOT NULL
         """,
     ],
+    # 3: list channels stored as appended deltas of an earlier version (list_deltas.py):
+    # a row with a base_version holds only the items appended to that version's list
+    [
+        'ALTER TABLE idem_blobs ADD COLUMN IF NOT EXISTS base_version TEXT COLLATE "C"',
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
@@ -159,12 +166,48 @@ ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
 """
 _UPSERT_BLOBS = """
 WITH new_blobs AS (
-    INSERT INTO idem_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    INSERT INTO idem_blobs
+        (thread_id, checkpoint_ns, channel, version, type, blob, base_version)
     VALUES {rows}
     ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET
-        type = excluded.type, blob = excluded.blob
+        type = excluded.type, blob = excluded.blob, base_version = excluded.base_version
 )"""
-_BLOB_ROW = "(%s, %s, %s, %s, %s, %b)"
+_BLOB_ROW = "(%s, %s, %s, %s, %s, %b, %s)"
+
+# aput when some blob rows are deltas (list_deltas.py): a delta may only be written if
+# the version it extends is still stored (another process may have deleted the thread,
+# or pruned it). The same single statement checks that first; if any base is missing it
+# writes NOTHING and returns the channels concerned, and the saver sends the statement
+# again with those values stored whole. In the common case: one round trip, as above.
+_PUT_WITH_DELTAS = """
+WITH new_rows (thread_id, checkpoint_ns, channel, version, type, blob, base_version) AS (
+    VALUES {rows}
+), missing AS (
+    SELECT r.channel FROM new_rows AS r
+    WHERE r.base_version IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM idem_blobs AS b
+        WHERE b.thread_id = r.thread_id AND b.checkpoint_ns = r.checkpoint_ns
+          AND b.channel = r.channel AND b.version = r.base_version)
+), new_blobs AS (
+    INSERT INTO idem_blobs
+        (thread_id, checkpoint_ns, channel, version, type, blob, base_version)
+    SELECT * FROM new_rows WHERE NOT EXISTS (SELECT 1 FROM missing)
+    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET
+        type = excluded.type, blob = excluded.blob, base_version = excluded.base_version
+), new_checkpoint AS (
+    INSERT INTO idem_checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id,
+         type, checkpoint, metadata, metadata_exact, channel_versions)
+    SELECT %s, %s, %s, %s, %s, %s, %b, %s::jsonb, %s, %s::jsonb
+    WHERE NOT EXISTS (SELECT 1 FROM missing)
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+        parent_checkpoint_id = excluded.parent_checkpoint_id, run_id = excluded.run_id,
+        type = excluded.type, checkpoint = excluded.checkpoint,
+        metadata = excluded.metadata, metadata_exact = excluded.metadata_exact,
+        channel_versions = excluded.channel_versions
+)
+SELECT channel FROM missing
+"""
 
 # Regular writes (idx >= 0) are never overwritten: a task's writes are final once saved,
 # and a re-run task must not replace them. Special writes (errors, interrupts, resume;
@@ -182,19 +225,28 @@ WHERE excluded.idx < 0
 """
 _WRITE_ROW = "(%s, %s, %s, %s, %s, %s::integer, %s, %s, %b)"
 
-_put_checkpoint_cache: dict[int, str] = {}
+_put_checkpoint_cache: dict[tuple[int, bool], str] = {}
 _put_writes_cache: dict[int, str] = {}
 
 
-def put_checkpoint_sql(n_blobs: int) -> str:
-    """aput's statement for ``n_blobs`` blob rows (6 parameters each: thread_id, ns,
-    channel, version, type, blob), then the checkpoint row's 10 parameters."""
-    query = _put_checkpoint_cache.get(n_blobs)
+def put_checkpoint_sql(n_blobs: int, deltas: bool = False) -> str:
+    """aput's statement for ``n_blobs`` blob rows (7 parameters each: thread_id, ns,
+    channel, version, type, blob, base_version), then the checkpoint row's 10 parameters.
+
+    With ``deltas`` (some rows have a base_version), the statement first checks that
+    every base is stored and returns the channels whose base is not (writing nothing).
+    """
+    key = (n_blobs, deltas)
+    query = _put_checkpoint_cache.get(key)
     if query is None:
-        query = _UPSERT_CHECKPOINT
-        if n_blobs:
-            query = _UPSERT_BLOBS.format(rows=", ".join([_BLOB_ROW] * n_blobs)) + query
-        _put_checkpoint_cache[n_blobs] = query
+        rows = ", ".join([_BLOB_ROW] * n_blobs)
+        if deltas and n_blobs:
+            query = _PUT_WITH_DELTAS.format(rows=rows)
+        else:
+            query = _UPSERT_CHECKPOINT
+            if n_blobs:
+                query = _UPSERT_BLOBS.format(rows=rows) + query
+        _put_checkpoint_cache[key] = query
     return query
 
 
@@ -212,18 +264,34 @@ def put_writes_sql(n_writes: int) -> str:
 # blobs looked up, one primary-key probe per entry of the checkpoint's channel_versions
 # ({channel: version}) — the LATERAL ... LIMIT 1 keeps the planner from turning that into
 # a hash join over all of a thread's blobs, which it would pick for a thread that is
-# most of the table — and the writes, by the writes table's primary-key prefix. Text
-# columns come back as bytea (convert_to) so that each aggregate is one 2-D bytea array.
+# most of the table — and the writes, by the writes table's primary-key prefix. A blob
+# stored as a delta (list_deltas.py) brings its chain along: the versions it extends,
+# followed by primary key (recursively) back to one stored whole, ordered by depth; a
+# whole value costs one probe that finds nothing. Text columns come back as bytea
+# (convert_to) so that each aggregate is one 2-D bytea array. The recursion stops
+# after ``_CHAIN_LIMIT`` bases: a longer chain is corrupt (reported by resolve_value).
 SELECT_TUPLES = """
 SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type,
     c.checkpoint, c.metadata, c.metadata_exact,
-    (SELECT array_agg(ARRAY[convert_to(v.key, 'UTF8'), convert_to(b.type, 'UTF8'), b.blob])
+    (SELECT array_agg(ARRAY[convert_to(v.key, 'UTF8'), convert_to(b.type, 'UTF8'), b.blob,
+                            convert_to(b.version, 'UTF8'), convert_to(b.base_version, 'UTF8')]
+                      ORDER BY v.key, b.depth)
      FROM jsonb_each_text(c.channel_versions) AS v
      CROSS JOIN LATERAL (
-        SELECT bl.type, bl.blob FROM idem_blobs AS bl
-        WHERE bl.thread_id = c.thread_id AND bl.checkpoint_ns = c.checkpoint_ns
-          AND bl.channel = v.key AND bl.version = v.value
-        LIMIT 1
+        WITH RECURSIVE chain (version, type, blob, base_version, depth) AS (
+            (SELECT bl.version, bl.type, bl.blob, bl.base_version, 0
+             FROM idem_blobs AS bl
+             WHERE bl.thread_id = c.thread_id AND bl.checkpoint_ns = c.checkpoint_ns
+               AND bl.channel = v.key AND bl.version = v.value
+             LIMIT 1)
+            UNION ALL
+            SELECT bl.version, bl.type, bl.blob, bl.base_version, ch.depth + 1
+            FROM chain AS ch JOIN idem_blobs AS bl
+              ON bl.thread_id = c.thread_id AND bl.checkpoint_ns = c.checkpoint_ns
+             AND bl.channel = v.key AND bl.version = ch.base_version
+            WHERE ch.depth < _CHAIN_LIMIT
+        )
+        SELECT * FROM chain
      ) AS b
      WHERE b.type <> 'empty') AS channel_values,
     (SELECT array_agg(ARRAY[convert_to(w.task_id, 'UTF8'), convert_to(w.channel, 'UTF8'),
@@ -241,7 +309,7 @@ FROM (
     LIMIT %(limit)s
 ) AS c
 ORDER BY c.checkpoint_id DESC, c.thread_id DESC, c.checkpoint_ns DESC
-"""
+""".replace("_CHAIN_LIMIT", str(4 * MAX_CHAIN + 1))
 
 WHERE_BY_ID = (
     "WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s "
@@ -286,16 +354,24 @@ WITH gone AS (
 SELECT DISTINCT thread_id FROM gone
 """
 
-# Delete the blobs of these threads that no remaining checkpoint references. The live
-# set is computed once (a hashed subplan), not per blob.
+# Delete the blobs of these threads that no remaining checkpoint references, directly
+# or as the base (recursively) of a referenced delta. The live set is computed once (a
+# hashed subplan), not per blob; UNION ends the recursion even on a corrupt cycle.
 COLLECT_BLOBS = """
-DELETE FROM idem_blobs AS b
-WHERE b.thread_id = ANY(%(threads)s)
-  AND (b.thread_id, b.checkpoint_ns, b.channel, b.version) NOT IN (
+WITH RECURSIVE live (thread_id, checkpoint_ns, channel, version) AS (
     SELECT c.thread_id, c.checkpoint_ns, v.key, v.value
     FROM idem_checkpoints AS c CROSS JOIN LATERAL jsonb_each_text(c.channel_versions) AS v
     WHERE c.thread_id = ANY(%(threads)s)
-  )
+  UNION
+    SELECT b.thread_id, b.checkpoint_ns, b.channel, b.base_version
+    FROM live AS l JOIN idem_blobs AS b
+      ON b.thread_id = l.thread_id AND b.checkpoint_ns = l.checkpoint_ns
+     AND b.channel = l.channel AND b.version = l.version
+    WHERE b.base_version IS NOT NULL
+)
+DELETE FROM idem_blobs AS b
+WHERE b.thread_id = ANY(%(threads)s)
+  AND (b.thread_id, b.checkpoint_ns, b.channel, b.version) NOT IN (SELECT * FROM live)
 """
 
 COPY_THREAD = """
@@ -312,11 +388,12 @@ WITH cp AS (
         metadata = excluded.metadata, metadata_exact = excluded.metadata_exact,
         channel_versions = excluded.channel_versions
 ), bl AS (
-    INSERT INTO idem_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
-    SELECT %(dst)s, checkpoint_ns, channel, version, type, blob
+    INSERT INTO idem_blobs
+        (thread_id, checkpoint_ns, channel, version, type, blob, base_version)
+    SELECT %(dst)s, checkpoint_ns, channel, version, type, blob, base_version
     FROM idem_blobs WHERE thread_id = %(src)s
     ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET
-        type = excluded.type, blob = excluded.blob
+        type = excluded.type, blob = excluded.blob, base_version = excluded.base_version
 ), wr AS (
     INSERT INTO idem_writes
         (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
