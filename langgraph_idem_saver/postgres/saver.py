@@ -597,8 +597,7 @@ class AsyncPostgresSaver(IdemSaverBase):
                 if not missing:
                     return rows
                 rows = [
-                    self._deltas.whole(self.serde, b) if b.channel in missing else b
-                    for b in rows
+                    self._deltas.whole(self.serde, b) if b.channel in missing else b for b in rows
                 ]
 
         written = await self._run(write)

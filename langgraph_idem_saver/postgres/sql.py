@@ -359,7 +359,7 @@ SELECT DISTINCT thread_id FROM gone
 # hashed subplan), not per blob; UNION ends the recursion even on a corrupt cycle.
 COLLECT_BLOBS = """
 WITH RECURSIVE live (thread_id, checkpoint_ns, channel, version) AS (
-    SELECT c.thread_id, c.checkpoint_ns, v.key, v.value
+    SELECT c.thread_id, c.checkpoint_ns, v.key COLLATE "C", v.value COLLATE "C"
     FROM idem_checkpoints AS c CROSS JOIN LATERAL jsonb_each_text(c.channel_versions) AS v
     WHERE c.thread_id = ANY(%(threads)s)
   UNION

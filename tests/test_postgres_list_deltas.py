@@ -1,0 +1,250 @@
+"""Postgres: growing list channels are stored as appended deltas (see test_list_deltas.py
+for the SQLite side): O(N) bytes, identical reads, delta-aware GC, copy and prune."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
+from langgraph.graph.message import add_messages
+from typing_extensions import TypedDict
+
+from langgraph_idem_saver import CorruptRecordError
+from langgraph_idem_saver.list_deltas import MAX_CHAIN
+from langgraph_idem_saver.postgres import AsyncPostgresSaver
+from langgraph_idem_saver.postgres.saver import ZLIB_PREFIX
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[Any], add_messages]
+
+
+def chat_graph(checkpointer: Any) -> Any:
+    def reply(state: Chat) -> dict[str, Any]:
+        last = state["messages"][-1].content
+        return {"messages": [AIMessage(content=f"echo {last} " + "x" * 500)]}
+
+    builder = StateGraph(Chat)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    return builder.compile(checkpointer=checkpointer)
+
+
+async def chat(graph: Any, thread: str, turns: int, start: int = 0) -> None:
+    config = {"configurable": {"thread_id": thread}}
+    for i in range(start, start + turns):
+        await graph.ainvoke({"messages": [HumanMessage(content=f"turn {i}", id=f"h{i}")]}, config)
+
+
+async def query(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(sql, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def blob_stats(dsn: str) -> tuple[int, int, int]:
+    """(rows, delta rows, bytes) of the messages channel's stored versions."""
+    [(rows, deltas, size)] = await query(
+        dsn,
+        "SELECT COUNT(*), COUNT(base_version), SUM(octet_length(blob)) FROM idem_blobs "
+        "WHERE channel = 'messages'",
+    )
+    return rows, deltas, size
+
+
+async def history(graph: Any, thread: str) -> list[Any]:
+    config = {"configurable": {"thread_id": thread}}
+    return [
+        # AI message ids are random uuids: compare what the model and user said
+        [(m.type, m.content) for m in s.values.get("messages", [])]
+        async for s in graph.aget_state_history(config)
+    ]
+
+
+async def test_a_long_chat_stores_each_message_about_once_and_reads_back_identically(
+    pg_dsn: str,
+) -> None:
+    reference = chat_graph(InMemorySaver())
+    await chat(reference, "t", 60)
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        graph = chat_graph(saver)
+        await chat(graph, "t", 60)
+        assert await history(graph, "t") == await history(reference, "t")
+    rows, deltas, size = await blob_stats(pg_dsn)
+    assert deltas > rows * 0.8, "most versions are stored as deltas"
+    whole_each_time = sum(
+        len(AsyncPostgresSaver.serde.dumps_typed(msgs)[1])
+        for msgs in [[AIMessage(content="x" * 520)] * n for n in range(2, 121, 2)]
+    )
+    assert size < whole_each_time / 5, "stored bytes grow with what each turn adds"
+
+
+async def test_delta_payloads_are_compressed_like_whole_values(pg_dsn: str) -> None:
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        graph = chat_graph(saver)
+        await chat(graph, "t", 2)
+        big = "y" * 5000
+        config = {"configurable": {"thread_id": "t"}}
+        await graph.ainvoke({"messages": [HumanMessage(big, id="big")]}, config)
+        [(type_, base)] = await query(
+            pg_dsn,
+            "SELECT type, base_version FROM idem_blobs WHERE channel = 'messages' "
+            "ORDER BY version DESC LIMIT 1",
+        )
+        assert base is not None and type_.startswith(ZLIB_PREFIX)
+        values = (await graph.aget_state(config)).values["messages"]
+    assert [m.content for m in values if m.type == "human"] == ["turn 0", "turn 1", big]
+
+
+async def test_reopened_saver_starts_a_fresh_chain_and_reads_stay_equal(pg_dsn: str) -> None:
+    reference = chat_graph(InMemorySaver())
+    await chat(reference, "t", 2 * MAX_CHAIN + 3)
+    for start, turns in ((0, MAX_CHAIN + 2), (MAX_CHAIN + 2, MAX_CHAIN + 1)):
+        async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+            await chat(chat_graph(saver), "t", turns, start)
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        assert await history(chat_graph(saver), "t") == await history(reference, "t")
+    # the resumed saver continued the chain from what it read (deltas after the reopen),
+    # and every chain is bounded
+    rows, deltas, _ = await blob_stats(pg_dsn)
+    assert deltas > rows * 0.8
+    depths = await query(
+        pg_dsn,
+        """
+        WITH RECURSIVE d (version, base_version, depth) AS (
+            SELECT version, base_version, 0 FROM idem_blobs WHERE channel = 'messages'
+          UNION ALL
+            SELECT d.version, b.base_version, d.depth + 1
+            FROM d JOIN idem_blobs AS b ON b.channel = 'messages' AND b.version = d.base_version
+        )
+        SELECT MAX(depth) FROM d
+        """,
+    )
+    assert depths[0][0] <= MAX_CHAIN
+
+
+async def test_a_replaced_or_removed_message_is_stored_whole(pg_dsn: str) -> None:
+    config = {"configurable": {"thread_id": "t"}}
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        graph = chat_graph(saver)
+        await chat(graph, "t", 3)
+        (before,) = (await query(pg_dsn, "SELECT COUNT(base_version) FROM idem_blobs"))[0]
+        await graph.aupdate_state(config, {"messages": [RemoveMessage(id="h1")]})
+        await graph.aupdate_state(config, {"messages": [HumanMessage("edited", id="h0")]})
+        (after,) = (await query(pg_dsn, "SELECT COUNT(base_version) FROM idem_blobs"))[0]
+        values = (await graph.aget_state(config)).values["messages"]
+    assert after == before, "a removal and a replacement are not appends: stored whole"
+    assert [m.id for m in values if m.type == "human"] == ["h0", "h2"]
+    assert values[0].content == "edited"
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        again = (await chat_graph(saver).aget_state(config)).values["messages"]
+    assert [(m.id, m.content) for m in again] == [(m.id, m.content) for m in values]
+
+
+async def test_a_delta_whose_base_was_deleted_elsewhere_is_written_whole(pg_dsn: str) -> None:
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        graph = chat_graph(saver)
+        await chat(graph, "t", 2)
+        # another process deletes the thread's blobs behind this saver's back
+        await query(pg_dsn, "DELETE FROM idem_blobs WHERE channel = 'messages'")
+        await chat(graph, "t", 1, start=2)
+        state = await graph.aget_state({"configurable": {"thread_id": "t"}})
+    first_after = await query(
+        pg_dsn,
+        "SELECT base_version FROM idem_blobs WHERE channel = 'messages' ORDER BY version LIMIT 1",
+    )
+    assert first_after == [(None,)], "the base it would extend is gone: stored whole"
+    # LangGraph rebuilt the lost versions from the pending writes it keeps
+    human = [m.content for m in state.values["messages"] if m.type == "human"]
+    assert human == ["turn 0", "turn 1", "turn 2"]
+
+
+async def test_a_missing_base_is_reported_as_corrupt_not_read_as_a_short_list(
+    pg_dsn: str,
+) -> None:
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await chat(chat_graph(saver), "t", 4)
+    [(base,)] = await query(
+        pg_dsn,
+        "SELECT base_version FROM idem_blobs WHERE base_version IS NOT NULL "
+        "ORDER BY version DESC LIMIT 1",
+    )
+    await query(
+        pg_dsn, "DELETE FROM idem_blobs WHERE channel = 'messages' AND version = %s", (base,)
+    )
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        with pytest.raises(CorruptRecordError, match="missing_base_version"):
+            await saver.aget_tuple({"configurable": {"thread_id": "t"}})
+        with pytest.raises(CorruptRecordError, match="missing_base_version"):
+            [t async for t in saver.alist({"configurable": {"thread_id": "t"}})]
+
+
+@pytest.mark.parametrize("operation", ["prune", "copy", "delete_for_runs"])
+async def test_maintenance_keeps_the_bases_that_live_deltas_need(
+    pg_dsn: str, operation: str
+) -> None:
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        graph = chat_graph(saver)
+        await chat(graph, "t", MAX_CHAIN // 2)
+        config = {"configurable": {"thread_id": "t"}, "metadata": {"run_id": "last-run"}}
+        await graph.ainvoke({"messages": [HumanMessage("last", id="hl")]}, config)
+        before = (await graph.aget_state(config)).values["messages"]
+        target = "t"
+        if operation == "prune":
+            await saver.aprune(["t"], strategy="keep_latest")
+            # only the latest checkpoint is left, yet its chain's bases survived
+            [(checkpoints,)] = await query(pg_dsn, "SELECT COUNT(*) FROM idem_checkpoints")
+            assert checkpoints == 1
+        elif operation == "copy":
+            await saver.acopy_thread("t", "fork")
+            await saver.adelete_thread("t")
+            target = "fork"
+        else:
+            await saver.adelete_for_runs(["last-run"])
+        after = (await graph.aget_state({"configurable": {"thread_id": target}})).values
+        # and the thread goes on from there, still as deltas of the kept versions
+        await chat(graph, target, 2, start=100)
+        last = (await graph.aget_state({"configurable": {"thread_id": target}})).values
+    expected = before if operation != "delete_for_runs" else before[:-2]
+    assert [(m.id, m.content) for m in after["messages"]] == [(m.id, m.content) for m in expected]
+    assert [(m.id, m.content) for m in last["messages"][: len(expected)]] == [
+        (m.id, m.content) for m in expected
+    ]
+    assert [m.content for m in last["messages"] if m.type == "human"][-2:] == [
+        "turn 100",
+        "turn 101",
+    ]
+
+
+async def test_unreferenced_delta_chains_are_collected(pg_dsn: str) -> None:
+    """GC keeps exactly what live checkpoints reach: after prune of a long chat, the
+    blobs left are the latest versions' chains, no more."""
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        graph = chat_graph(saver)
+        await chat(graph, "t", MAX_CHAIN * 2)
+        await saver.aprune(["t"], strategy="keep_latest")
+        [(rows, deltas, _)] = [await blob_stats(pg_dsn)]
+        assert 1 <= rows <= MAX_CHAIN + 1 and deltas == rows - 1
+        await saver.aprune(["t"], strategy="delete")
+        assert await blob_stats(pg_dsn) == (0, 0, None)
+
+
+async def test_migration_adds_base_version_to_an_existing_database(pg_dsn: str) -> None:
+    """A database at schema 2 (before deltas) is migrated in place; old rows read fine."""
+    from langgraph_idem_saver.postgres import sql
+
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        for version in range(3):
+            for statement in sql.MIGRATIONS[version]:
+                await conn.execute(statement)
+            await conn.execute(sql.INSERT_MIGRATION, (version,))
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await chat(chat_graph(saver), "t", 3)
+        [(v,)] = await query(pg_dsn, "SELECT MAX(v) FROM idem_saver_migrations")
+        assert v == sql.SCHEMA_VERSION >= 3
+        values = (await chat_graph(saver).aget_state({"configurable": {"thread_id": "t"}})).values
+    assert len(values["messages"]) == 6
