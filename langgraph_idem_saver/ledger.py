@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class CallStatus(str, Enum):
@@ -87,6 +88,38 @@ class LedgerEntry:
     error: str | None = None
     run_id: str | None = None
     adopted_by: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> LedgerEntry:
+        """An entry from a row in the column order every backend selects
+        (``LEDGER_COLUMNS`` of its ``sql`` module: the fields above, in order, with
+        ``run_id`` and ``adopted_by`` last)."""
+        (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status,
+         attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
+         result_type, result, error, run_id, adopted_by) = row  # fmt: skip
+        return cls(
+            scope=scope,
+            key=key,
+            thread_id=thread_id,
+            agent_path=agent_path,
+            tool_name=tool_name,
+            args_hash=args_hash,
+            args=bytes(args),
+            tool_call_id=tool_call_id,
+            status=CallStatus(status),
+            attempts=attempts,
+            replays=replays,
+            conflicts=conflicts,
+            owner=owner,
+            issued_at=issued_at,
+            lease_expires_at=lease_expires_at,
+            finished_at=finished_at,
+            result_type=result_type,
+            result=None if result is None else bytes(result),
+            error=error,
+            run_id=run_id,
+            adopted_by=adopted_by,
+        )
 
     def is_unknown(self, now: float | None = None) -> bool:
         """True when the call was issued, never finished, and its claim has lapsed.

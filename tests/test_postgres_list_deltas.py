@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
@@ -161,6 +162,59 @@ async def test_a_delta_whose_base_was_deleted_elsewhere_is_written_whole(pg_dsn:
     # LangGraph rebuilt the lost versions from the pending writes it keeps
     human = [m.content for m in state.values["messages"] if m.type == "human"]
     assert human == ["turn 0", "turn 1", "turn 2"]
+
+
+async def test_the_write_itself_falls_back_to_whole_when_the_base_is_gone(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The encoder proposes a delta (same objects, appended), but the base row was
+    deleted since: the one statement writes nothing, and the retry stores it whole."""
+    items = [HumanMessage("a", id="a"), AIMessage("b", id="b")]
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        fallbacks: list[str] = []
+        whole = saver._deltas.whole
+
+        def spy(serde: Any, blob: Any) -> Any:
+            fallbacks.append(blob.channel)
+            return whole(serde, blob)
+
+        monkeypatch.setattr(saver._deltas, "whole", spy)
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        v1 = saver.get_next_version(None, None)
+        cp1 = empty_checkpoint()
+        cp1["channel_values"] = {"messages": items, "n": 1}
+        cp1["channel_versions"] = {"messages": v1, "n": v1}
+        stored = await saver.aput(config, cp1, {}, {"messages": v1, "n": v1})
+        await query(pg_dsn, "DELETE FROM idem_blobs WHERE channel = 'messages'")
+
+        v2 = saver.get_next_version(v1, None)
+        grown = [*items, HumanMessage("c", id="c")]
+        cp2 = empty_checkpoint()
+        cp2["channel_values"] = {"messages": grown, "n": 1}
+        cp2["channel_versions"] = {"messages": v2, "n": v1}
+        latest = await saver.aput(stored, cp2, {}, {"messages": v2})
+        assert fallbacks == ["messages"]
+        rows = await query(pg_dsn, "SELECT channel, version, base_version FROM idem_blobs")
+        assert sorted(rows) == [("messages", str(v2), None), ("n", str(v1), None)]
+        tup = await saver.aget_tuple(latest)
+        assert tup is not None
+        assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == ["a", "b", "c"]
+        assert tup.checkpoint["channel_values"]["n"] == 1
+
+        # and the next append is a delta of the version just written whole again
+        v3 = saver.get_next_version(v2, None)
+        cp3 = empty_checkpoint()
+        cp3["channel_values"] = {"messages": [*grown, AIMessage("d", id="d")], "n": 1}
+        cp3["channel_versions"] = {"messages": v3, "n": v1}
+        await saver.aput(latest, cp3, {}, {"messages": v3})
+        assert fallbacks == ["messages"]
+        [(base,)] = await query(
+            pg_dsn, "SELECT base_version FROM idem_blobs WHERE version = %s", (str(v3),)
+        )
+        assert base == str(v2)
+        tup = await saver.aget_tuple(config)
+        assert tup is not None
+        assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == list("abcd")
 
 
 async def test_a_missing_base_is_reported_as_corrupt_not_read_as_a_short_list(
