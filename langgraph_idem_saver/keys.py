@@ -67,15 +67,46 @@ def canonical_args(args: Any, *, tool_name: str = "?", tool_call_id: str = "?") 
     we could not recompute after a crash would make the ledger useless for that call.
     """
     try:
-        return json.dumps(
+        text = json.dumps(
             args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
+        return _as_serialized(text)
     except (TypeError, ValueError, RecursionError) as exc:
         raise SerializationError(
             f"arguments of tool call {tool_call_id!r} to {tool_name!r} are not canonical "
             f"JSON, so the call cannot be made idempotent ({type(exc).__name__}: {exc}); "
             "nothing was run"
         ) from exc
+
+
+def _as_serialized(text: str) -> str:
+    """``text`` with lone surrogates replaced by ``?``, as LangGraph's serializer stores
+    them (msgpack ``OPT_REPLACE_SURROGATES``).
+
+    A model's arguments can carry lone surrogates (cf. CVE-2025-64439); after a resume the
+    same call is read back from a checkpoint with them replaced, and must hash the same.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def storable_call_id(tool_call_id: str, tool_name: str = "?") -> str:
+    """The tool call id, if a database can store it; :class:`SerializationError` before
+    anything runs otherwise (a lone surrogate or a NUL from a misbehaving model)."""
+    try:
+        tool_call_id.encode("utf-8")
+        ok = "\x00" not in tool_call_id
+    except UnicodeEncodeError:
+        ok = False
+    if not ok:
+        raise SerializationError(
+            f"tool call id {tool_call_id!r} of {tool_name!r} cannot be stored (lone surrogate "
+            "or NUL), so the call cannot be made idempotent; nothing was run"
+        )
+    return tool_call_id
 
 
 def args_hash(canonical: str) -> str:
@@ -86,7 +117,7 @@ def args_hash(canonical: str) -> str:
 def _digest(*parts: str) -> str:
     """SHA-256 of a JSON list of the parts: unambiguous however the parts look."""
     text = json.dumps(list(parts), separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(_as_serialized(text).encode("utf-8")).hexdigest()
 
 
 def scope_of(thread_id: str, namespace: str | None) -> str:
@@ -96,6 +127,12 @@ def scope_of(thread_id: str, namespace: str | None) -> str:
     for by name because it changes behaviour for every thread using it.
     """
     if namespace is None:
+        if thread_id.startswith("ns:"):
+            # would share the named namespace's entries: a replay across tenants
+            raise ConfigError(
+                f"thread_id {thread_id[:40]!r} starts with 'ns:', which names a shared "
+                "ledger namespace; use another thread id (nothing was run)"
+            )
         return thread_id
     if not namespace:
         raise ConfigError("namespace must be a non-empty string (or None for per-thread scope)")

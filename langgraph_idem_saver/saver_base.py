@@ -10,6 +10,7 @@ on the loop's own thread fails loudly instead of deadlocking.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -24,6 +25,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
 from langgraph_idem_saver.errors import (
     ConfigError,
@@ -31,11 +33,13 @@ from langgraph_idem_saver.errors import (
     IdemSaverError,
     SerializationError,
 )
-from langgraph_idem_saver.ledger import ToolCallLedger
+from langgraph_idem_saver.ledger import LedgerEntry, ToolCallLedger
 
 T = TypeVar("T")
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
+# marks tool args stored encrypted (canonical JSON never starts with a NUL byte)
+SEALED_ARGS = b"\x00sealed\x00"
 
 
 class SyncCallOnEventLoopError(IdemSaverError, asyncio.InvalidStateError):
@@ -65,7 +69,20 @@ def thread_id_of(config: RunnableConfig | None) -> str:
             f"config['configurable']['thread_id'] must be a str (or int), got "
             f"{type(thread_id).__name__}"
         )
-    return str(thread_id)
+    return _storable(str(thread_id), "thread_id")
+
+
+def _storable(value: str, what: str) -> str:
+    """``value`` if a database can store it as text; a :class:`ConfigError` otherwise
+    (lone surrogates cannot be encoded; NUL is refused by PostgreSQL and truncates in
+    some SQLite functions)."""
+    if "\x00" in value:
+        raise ConfigError(f"{what} must not contain NUL (\\x00) characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{what} is not valid text (lone surrogate): {exc}") from exc
+    return value
 
 
 def checkpoint_ns_of(config: RunnableConfig) -> str:
@@ -77,7 +94,7 @@ def checkpoint_ns_of(config: RunnableConfig) -> str:
         raise ConfigError(
             f"config['configurable']['checkpoint_ns'] must be a str, got {type(ns).__name__}"
         )
-    return ns
+    return _storable(ns, "checkpoint_ns")
 
 
 def checkpoint_id_of(config: RunnableConfig) -> str | None:
@@ -89,7 +106,7 @@ def checkpoint_id_of(config: RunnableConfig) -> str | None:
         raise ConfigError(
             f"config['configurable']['checkpoint_id'] must be a str, got {type(cid).__name__}"
         )
-    return cid
+    return _storable(cid, "checkpoint_id")
 
 
 def encode_metadata(metadata: CheckpointMetadata) -> str:
@@ -112,6 +129,13 @@ def encode_metadata(metadata: CheckpointMetadata) -> str:
     except UnicodeEncodeError:
         text = json.dumps(metadata, ensure_ascii=True, sort_keys=True, separators=(",", ":"))
     return text
+
+
+def metadata_matches(metadata: dict[str, Any], filter: dict[str, Any]) -> bool:
+    """LangGraph's InMemorySaver rule for ``alist(filter=...)``: every filter value
+    ``==`` the metadata's (Python equality: ``1 == 1.0 == True``; ``None`` also matches
+    an absent key). Backends narrow in SQL, then decide with this."""
+    return all(value == metadata.get(key) for key, value in filter.items())
 
 
 def canonical_json(value: Any) -> str:
@@ -183,6 +207,36 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
         """Record the loop of the first async call, for savers built outside a loop."""
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
+
+    # --- what the ledger keeps in clear --------------------------------------------
+
+    def _encrypts(self) -> bool:
+        return isinstance(self.serde, EncryptedSerializer)
+
+    def seal_args(self, args: bytes) -> bytes:
+        """Tool args as stored: in clear (canonical JSON), or encrypted by the saver's
+        serializer when it encrypts - then the ledger holds no plaintext but keys,
+        hashes, names and timestamps."""
+        if not self._encrypts():
+            return args
+        type_, data = self.serde.dumps_typed(args.decode("utf-8"))
+        return SEALED_ARGS + type_.encode() + b"\x00" + data
+
+    def ledger_error(self, error: str | None) -> str | None:
+        """The error text kept beside a failed call's result: none when encrypting (the
+        encrypted result, the error ToolMessage, holds it)."""
+        return None if self._encrypts() else error
+
+    def entry_of(self, row: Sequence[Any]) -> LedgerEntry:
+        """A ledger row as an entry, its args opened if they were sealed."""
+        entry = LedgerEntry.from_row(row)
+        if not entry.args.startswith(SEALED_ARGS):
+            return entry
+        type_, _, data = entry.args[len(SEALED_ARGS) :].partition(b"\x00")
+        text = decode_typed(
+            self.serde, type_.decode(), data, "tool call args", scope=entry.scope, key=entry.key
+        )
+        return dataclasses.replace(entry, args=str(text).encode("utf-8"))
 
     # --- versions ---------------------------------------------------------------
 

@@ -97,6 +97,7 @@ from langgraph_idem_saver.keys import (
     canonical_args,
     compute_key,
     scope_of,
+    storable_call_id,
 )
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, ToolCallLedger
 
@@ -589,6 +590,7 @@ class IdempotentToolNode(ToolNode):
             call = plan.call
             name = call["name"]
             canon = canonical_args(call["args"], tool_name=name, tool_call_id=str(call["id"]))
+            storable_call_id(str(call["id"]), name)
             digest = args_hash(canon)
             policy = self._policy_for(name)
             ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest)

@@ -47,6 +47,16 @@ class Secret:
     value: str
 
 
+@dataclass
+class Tripwire:
+    """Constructing one creates the file ``path``: proof that a stored type was revived."""
+
+    path: str
+
+    def __post_init__(self) -> None:
+        Path(self.path).touch()
+
+
 def cfg(thread_id: Any = "t", ns: str = "", checkpoint_id: str | None = None) -> Any:
     c: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ns}
     if checkpoint_id is not None:
@@ -253,53 +263,42 @@ async def disk_full(spec: dict[str, Any]) -> None:
 
 
 async def strict_replay(spec: dict[str, Any]) -> None:
-    from langchain_core.messages import ToolMessage
     from langchain_core.tools import tool
-    from tool_node_helpers import ai_calls, tool_graph
+    from tool_node_helpers import ai_calls, intent_for, plant_completed, tool_graph
 
     from langgraph_idem_saver import IdempotentToolNode
 
     assert os.environ.get("LANGGRAPH_STRICT_MSGPACK") == "true"
-    from fault_child import Secret
+    from fault_child import Tripwire
 
     effects: list[str] = []
 
-    @tool(response_format="content_and_artifact")
-    def fetch(name: str) -> tuple[str, Any]:
-        """Fetch a secret."""
+    @tool
+    def fetch(name: str) -> str:
+        """Fetch (a side effect)."""
         effects.append(name)
-        return f"fetched {name}", Secret(name)
+        return "ran"
 
+    call = {"name": "fetch", "args": {"name": "s1"}, "id": "call-1", "type": "tool_call"}
     db = Db(spec["backend"], spec["where"])
     async with db.open() as saver:
+        intent = intent_for("strict", call, checkpoint_ns="tools:x")
+        await plant_completed(saver, intent, {"planted": Tripwire(spec["tripwire"])})
+        Path(spec["tripwire"]).unlink()  # constructing it to plant it tripped it once
         graph = tool_graph(IdempotentToolNode([fetch]), saver)
-        config = cfg("strict")
         out = await graph.ainvoke(
             {"messages": [ai_calls(("fetch", {"name": "s1"}, "call-1"))]},
-            config,
+            cfg("strict"),
             durability="sync",
         )
-        first = out["messages"][-1]
-        assert isinstance(first, ToolMessage)
-        target = None
-        async for state in graph.aget_state_history(config):
-            if state.next == ("tools",):
-                target = state.config
-        assert target is not None
-        again = await graph.ainvoke(None, target, durability="sync")
-        replayed = again["messages"][-1]
-        assert isinstance(replayed, ToolMessage)
-        entries = await saver.alist_entries("strict")
+        replayed = out["messages"][-1]
     emit(
         json.dumps(
             {
                 "effects": len(effects),
-                "checkpointer_type": type(graph.checkpointer).__name__,
-                "first_artifact_type": type(first.artifact).__name__,
-                "replayed_artifact_type": type(replayed.artifact).__name__,
-                "replayed_artifact": repr(replayed.artifact),
+                "same_saver": graph.checkpointer is saver,
                 "replayed_content": replayed.content,
-                "entries": len(entries),
+                "tripped": Path(spec["tripwire"]).exists(),
             }
         )
     )

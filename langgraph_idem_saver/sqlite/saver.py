@@ -66,6 +66,7 @@ from langgraph_idem_saver.saver_base import (
     encode_metadata,
     encode_versions,
     make_config,
+    metadata_matches,
     thread_id_of,
 )
 from langgraph_idem_saver.sqlite import sql
@@ -107,24 +108,21 @@ def _read_tx(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) 
 
 
 def _metadata_filter(filter: dict[str, Any]) -> tuple[list[str], list[Any]]:
-    """SQL conditions matching top-level metadata keys, with keys and values bound.
-
-    Equality follows Python's (``1 == 1.0 == True``), as LangGraph's in-memory saver
-    compares; a ``None`` filter value also matches an absent key, as there.
-    """
+    """SQL conditions that *narrow* rows by top-level metadata keys (keys and values bound,
+    never interpolated). They may let through rows that do not match - the exact check is
+    :func:`metadata_matches` in Python - but never drop one that does."""
     clauses: list[str] = []
     params: list[Any] = []
     for key, value in filter.items():
         if not isinstance(key, str):
             raise ConfigError(f"metadata filter keys must be str, got {type(key).__name__}")
+        if value is None or "\x00" in key or (isinstance(value, str) and "\x00" in value):
+            # json_each cuts keys at NUL and None also matches an absent key: these are
+            # left to the exact check in Python, never narrowed (a narrowing must not drop
+            # a real match)
+            continue
         exists = "EXISTS (SELECT 1 FROM json_each(metadata) AS j WHERE j.key = ? AND {})"
-        if value is None:
-            clauses.append(
-                "NOT EXISTS (SELECT 1 FROM json_each(metadata) AS j "
-                "WHERE j.key = ? AND j.type != 'null')"
-            )
-            params.append(key)
-        elif isinstance(value, (bool, int, float)):
+        if isinstance(value, (bool, int, float)):
             clauses.append(
                 exists.format("j.type IN ('integer', 'real', 'true', 'false') AND j.value = ?")
             )
@@ -297,9 +295,19 @@ class AsyncSqliteSaver(IdemSaverBase):
         where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
         checkpoint = decode_checkpoint(self.serde, type_, data, **where)
         values: dict[str, Any] = {}
-        for channel, btype, blob, base_version in conn.execute(
+        own_versions = checkpoint.get("channel_versions") or {}
+        for channel, btype, blob, base_version, version in conn.execute(
             sql.SELECT_BLOBS_FOR_VERSIONS, (versions, thread_id, ns)
         ).fetchall():
+            if str(own_versions.get(channel)) != version:
+                raise CorruptRecordError(
+                    "checkpoint",
+                    location=where,
+                    cause=ValueError(
+                        f"its channel_versions do not name version {version!r} of channel "
+                        f"{channel!r}, which its row references"
+                    ),
+                )
             if btype != "empty":
 
                 def fetch_base(version: str, ch: str = channel) -> Any:
@@ -309,10 +317,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                     self.serde, btype, blob, base_version, fetch_base, channel=channel, **where
                 )
                 if loading:
-                    version = checkpoint["channel_versions"][channel]
-                    self._deltas.loaded(
-                        thread_id, ns, channel, str(version), values[channel], depth
-                    )
+                    self._deltas.loaded(thread_id, ns, channel, version, values[channel], depth)
         writes = [
             (
                 task_id,
@@ -401,18 +406,24 @@ class AsyncSqliteSaver(IdemSaverBase):
 
             def read(
                 conn: sqlite3.Connection, q: str = query, a: tuple[Any, ...] = args
-            ) -> list[CheckpointTuple]:
-                return [self._row_to_tuple(conn, row) for row in conn.execute(q, a).fetchall()]
+            ) -> tuple[int, tuple[str, str, str] | None, list[CheckpointTuple]]:
+                rows = conn.execute(q, a).fetchall()
+                last = (rows[-1][2], rows[-1][0], rows[-1][1]) if rows else None
+                fetched = len(rows)
+                if filter:  # SQL only narrows; this decides (InMemorySaver's rule exactly)
+                    rows = [r for r in rows if metadata_matches(_metadata_of(r), filter)]
+                return fetched, last, [self._row_to_tuple(conn, row) for row in rows]
 
-            tuples = await self._run(lambda conn, r=read: _read_tx(conn, r))  # type: ignore[misc]
+            fetched, last, tuples = await self._run(lambda conn, r=read: _read_tx(conn, r))  # type: ignore[misc]
             for tup in tuples:
+                if remaining is not None:
+                    if remaining <= 0:
+                        return
+                    remaining -= 1
                 yield tup
-            if len(tuples) < page:
+            if fetched < page or last is None:
                 return
-            last = tuples[-1].config["configurable"]
-            cursor = (last["checkpoint_id"], last["thread_id"], last["checkpoint_ns"])
-            if remaining is not None:
-                remaining -= len(tuples)
+            cursor = last
 
     # --- writes --------------------------------------------------------------------
 
@@ -592,7 +603,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 i.agent_path,
                 i.tool_name,
                 i.args_hash,
-                i.args,
+                self.seal_args(i.args),
                 i.tool_call_id,
                 i.run_id,
                 owner,
@@ -606,7 +617,7 @@ class AsyncSqliteSaver(IdemSaverBase):
             outcomes = []
             for row in rows:
                 claimed = conn.execute(sql.INSERT_ISSUED, row).rowcount == 1
-                entry = _entry(conn.execute(sql.SELECT_ENTRY, row[:2]).fetchone())
+                entry = self.entry_of(conn.execute(sql.SELECT_ENTRY, row[:2]).fetchone())
                 outcomes.append(ClaimOutcome(claimed=claimed, entry=entry))
             return outcomes
 
@@ -625,7 +636,10 @@ class AsyncSqliteSaver(IdemSaverBase):
     ) -> LedgerEntry:
         if status is CallStatus.ISSUED:
             raise ValueError("afinish records an outcome: status must be completed or failed")
-        params = (status.value, result_type, result, error, time.time(), scope, key, owner)
+        params = (
+            status.value, result_type, result, self.ledger_error(error), time.time(), scope,
+            key, owner,
+        )  # fmt: skip
 
         def finish(conn: sqlite3.Connection) -> LedgerEntry:
             if conn.execute(sql.FINISH_ENTRY, params).rowcount != 1:
@@ -635,7 +649,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                     f"cannot record the outcome of tool call {key!r} in scope {scope!r}: "
                     f"entry is {state}, not issued to {owner!r}"
                 )
-            return _entry(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
+            return self.entry_of(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
 
         return await self._write(finish)
 
@@ -668,7 +682,7 @@ class AsyncSqliteSaver(IdemSaverBase):
     async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
         def read(conn: sqlite3.Connection) -> LedgerEntry | None:
             row = conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone()
-            return None if row is None else _entry(row)
+            return None if row is None else self.entry_of(row)
 
         return await self._run(read)
 
@@ -677,7 +691,9 @@ class AsyncSqliteSaver(IdemSaverBase):
     ) -> list[LedgerEntry]:
         params = (scope, agent_path, tool_name, args_hash)
         return await self._run(
-            lambda conn: [_entry(r) for r in conn.execute(sql.SELECT_ORPHAN_CANDIDATES, params)]
+            lambda conn: [
+                self.entry_of(r) for r in conn.execute(sql.SELECT_ORPHAN_CANDIDATES, params)
+            ]
         )
 
     async def alist_entries(
@@ -690,11 +706,13 @@ class AsyncSqliteSaver(IdemSaverBase):
             query, params = sql.SELECT_ENTRIES_OF_THREAD, (str(thread_id),)
         else:
             query, params = sql.SELECT_ENTRIES_OF_AGENT, (str(thread_id), agent_path)
-        return await self._run(lambda conn: [_entry(r) for r in conn.execute(query, params)])
+        return await self._run(lambda conn: [self.entry_of(r) for r in conn.execute(query, params)])
 
     async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
         at = time.time() if now is None else now
-        issued = await self._run(lambda conn: [_entry(r) for r in conn.execute(sql.SELECT_ISSUED)])
+        issued = await self._run(
+            lambda conn: [self.entry_of(r) for r in conn.execute(sql.SELECT_ISSUED)]
+        )
         return [e for e in issued if e.is_unknown(at)]
 
     async def aresolve(
@@ -715,7 +733,7 @@ class AsyncSqliteSaver(IdemSaverBase):
             status.value,
             result_type,
             result,
-            error,
+            self.ledger_error(error),
             time.time(),
             scope,
             key,
@@ -742,7 +760,7 @@ class AsyncSqliteSaver(IdemSaverBase):
         def update(conn: sqlite3.Connection) -> LedgerEntry | None:
             if conn.execute(query, params).rowcount != 1:
                 return None
-            return _entry(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
+            return self.entry_of(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
 
         return await self._write(update, before_tool_runs=before_tool_runs)
 
@@ -853,6 +871,14 @@ def _is_started(conn: aiosqlite.Connection) -> bool:
     return bool(thread is not None and thread.is_alive() and getattr(conn, "_connection", None))
 
 
+def _metadata_of(row: Sequence[Any]) -> dict[str, Any]:
+    """The decoded metadata of a ``CHECKPOINT_COLUMNS`` row."""
+    thread_id, ns, checkpoint_id = row[0], row[1], row[2]
+    return _decode_metadata(
+        row[6], thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=checkpoint_id
+    )
+
+
 def _decode_metadata(text: str, **where: Any) -> dict[str, Any]:
     metadata = decode_json(text, "metadata", **where)
     if not isinstance(metadata, dict):
@@ -892,6 +918,3 @@ def _collect_blobs(conn: sqlite3.Connection, thread_id: str) -> None:
     dead = [(thread_id, *key) for key in base_of if key not in live]
     if dead:
         conn.executemany(sql.DELETE_BLOB, dead)
-
-
-_entry = LedgerEntry.from_row

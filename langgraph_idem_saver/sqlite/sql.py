@@ -158,7 +158,7 @@ ORDER BY checkpoint_id DESC LIMIT 1
 # idem_blobs inside. With a plain JOIN the planner may scan every blob of the thread,
 # which makes reads grow with history (measured: 23 ms at 5,000 checkpoints vs 0.2 ms).
 SELECT_BLOBS_FOR_VERSIONS = """
-SELECT b.channel, b.type, b.blob, b.base_version
+SELECT b.channel, b.type, b.blob, b.base_version, j.value
 FROM json_each(?) AS j
 CROSS JOIN idem_blobs AS b
   ON b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = j.key AND b.version = j.value
