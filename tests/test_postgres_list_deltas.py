@@ -201,10 +201,12 @@ async def test_the_write_itself_falls_back_to_whole_when_the_base_is_gone(
         assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == ["a", "b", "c"]
         assert tup.checkpoint["channel_values"]["n"] == 1
 
-        # and the next append is a delta of the version just written whole again
+        # and the next append (to the list just read, as a resumed graph does) is a
+        # delta of the version written whole
         v3 = saver.get_next_version(v2, None)
+        read = tup.checkpoint["channel_values"]["messages"]
         cp3 = empty_checkpoint()
-        cp3["channel_values"] = {"messages": [*grown, AIMessage("d", id="d")], "n": 1}
+        cp3["channel_values"] = {"messages": [*read, AIMessage("d", id="d")], "n": 1}
         cp3["channel_versions"] = {"messages": v3, "n": v1}
         await saver.aput(latest, cp3, {}, {"messages": v3})
         assert fallbacks == ["messages"]

@@ -22,7 +22,10 @@ not, any row factory, any ``prepare_threshold`` including ``None`` for pgbouncer
 * **O(N) storage.** Channel values live in ``idem_blobs``, written only for
   ``new_versions``; a growing list channel (``messages``) is stored as the items
   appended to the version before it (see :mod:`langgraph_idem_saver.list_deltas`), so a
-  long conversation stores each message about once instead of once per turn.
+  long conversation stores each message about once instead of once per turn. A read
+  follows such a delta's chain (at most ``MAX_CHAIN`` primary-key probes) in the same
+  statement; ``aput`` checks, in its one statement, that the version a delta extends is
+  still stored, and writes the value whole (a second statement) when it is not.
 * **Safe migrations.** ``setup()`` (also run on first use) applies migrations in one
   transaction under an advisory lock: no ``CREATE INDEX CONCURRENTLY``, so it works on a
   plain connection, inside or outside a transaction, and concurrent workers don't race.
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -397,8 +401,10 @@ class AsyncPostgresSaver(IdemSaverBase):
                 depth = 0
             else:
                 values[channel], depth = self._resolve(chain, channel=channel, **where)
-            if loading and version is not None:
-                self._deltas.loaded(thread_id, ns, channel, version, values[channel], depth)
+            value = values[channel]
+            # (an empty list is no base worth a delta: see _remember)
+            if loading and version is not None and type(value) is list and value:
+                self._deltas.loaded(thread_id, ns, channel, version, value, depth)
         pending = []
         for task_b, channel_b, wtype_b, value in writes or ():
             task_id = bytes(task_b).decode()
@@ -601,8 +607,21 @@ class AsyncPostgresSaver(IdemSaverBase):
                 ]
 
         written = await self._run(write)
-        self._deltas.remember(thread_id, ns, written)
+        self._remember(thread_id, ns, written)
         return make_config(thread_id, ns, checkpoint["id"])
+
+    def _remember(self, thread_id: str, ns: str, written: list[EncodedBlob]) -> None:
+        """After the commit, let the written list versions serve as the next deltas'
+        bases; all but empty lists: a delta of ``[]`` saves nothing, and would cost
+        every read of the next version a probe for the (empty) base."""
+        self._deltas.remember(
+            thread_id,
+            ns,
+            [
+                dataclasses.replace(b, items=None) if b.items is not None and not b.items else b
+                for b in written
+            ],
+        )
 
     async def aput_writes(
         self,

@@ -135,9 +135,17 @@ MIGRATIONS: list[list[str]] = [
         """,
     ],
     # 3: list channels stored as appended deltas of an earlier version (list_deltas.py):
-    # a row with a base_version holds only the items appended to that version's list
+    # a row with a base_version holds only the items appended to that version's list.
+    # In a DO block: a statement whose status is "ALTER ..." makes psycopg drop its
+    # prepared statements, and on a pipelined connection the DEALLOCATE ALL it queues
+    # for that is sent *after* the next statement was prepared, which then fails with
+    # "prepared statement _pg3_N does not exist".
     [
-        'ALTER TABLE idem_blobs ADD COLUMN IF NOT EXISTS base_version TEXT COLLATE "C"',
+        """
+        DO $$ BEGIN
+            ALTER TABLE idem_blobs ADD COLUMN IF NOT EXISTS base_version TEXT COLLATE "C";
+        END $$
+        """,
     ],
 ]
 
@@ -266,8 +274,9 @@ def put_writes_sql(n_writes: int) -> str:
 # a hash join over all of a thread's blobs, which it would pick for a thread that is
 # most of the table — and the writes, by the writes table's primary-key prefix. A blob
 # stored as a delta (list_deltas.py) brings its chain along: the versions it extends,
-# followed by primary key (recursively) back to one stored whole, ordered by depth; a
-# whole value costs one probe that finds nothing. Text columns come back as bytea
+# followed by primary key (recursively, LATERAL ... LIMIT 1 again: a plain join there
+# gets planned as a scan of the channel's blobs) back to one stored whole, ordered by
+# depth; a whole value costs nothing more. Text columns come back as bytea
 # (convert_to) so that each aggregate is one 2-D bytea array. The recursion stops
 # after ``_CHAIN_LIMIT`` bases: a longer chain is corrupt (reported by resolve_value).
 SELECT_TUPLES = """
@@ -286,10 +295,13 @@ SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.
              LIMIT 1)
             UNION ALL
             SELECT bl.version, bl.type, bl.blob, bl.base_version, ch.depth + 1
-            FROM chain AS ch JOIN idem_blobs AS bl
-              ON bl.thread_id = c.thread_id AND bl.checkpoint_ns = c.checkpoint_ns
-             AND bl.channel = v.key AND bl.version = ch.base_version
-            WHERE ch.depth < _CHAIN_LIMIT
+            FROM chain AS ch CROSS JOIN LATERAL (
+                SELECT bs.version, bs.type, bs.blob, bs.base_version FROM idem_blobs AS bs
+                WHERE bs.thread_id = c.thread_id AND bs.checkpoint_ns = c.checkpoint_ns
+                  AND bs.channel = v.key AND bs.version = ch.base_version
+                LIMIT 1
+            ) AS bl
+            WHERE ch.base_version IS NOT NULL AND ch.depth < _CHAIN_LIMIT
         )
         SELECT * FROM chain
      ) AS b
