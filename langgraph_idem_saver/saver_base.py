@@ -38,6 +38,8 @@ from langgraph_idem_saver.ledger import LedgerEntry, ToolCallLedger
 T = TypeVar("T")
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
+# longest thread id / namespace / checkpoint id accepted, in UTF-8 bytes
+MAX_ID_BYTES = 1024
 # marks tool args stored encrypted (canonical JSON never starts with a NUL byte)
 SEALED_ARGS = b"\x00sealed\x00"
 
@@ -79,9 +81,13 @@ def _storable(value: str, what: str) -> str:
     if "\x00" in value:
         raise ConfigError(f"{what} must not contain NUL (\\x00) characters")
     try:
-        value.encode("utf-8")
+        size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise ConfigError(f"{what} is not valid text (lone surrogate): {exc}") from exc
+    if size > MAX_ID_BYTES:
+        # PostgreSQL cannot index keys much longer (btree rows max out near 2.7 KB); the
+        # same limit on every backend keeps a thread portable between them
+        raise ConfigError(f"{what} is {size} bytes long; the limit is {MAX_ID_BYTES}")
     return value
 
 

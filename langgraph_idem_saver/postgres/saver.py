@@ -99,6 +99,7 @@ from langgraph_idem_saver.saver_base import (
     encode_metadata,
     encode_versions,
     make_config,
+    metadata_matches,
     thread_id_of,
 )
 
@@ -312,6 +313,11 @@ class AsyncPostgresSaver(IdemSaverBase):
                     "AsyncConnectionPool, which replaces lost connections"
                 )
             return ConnectionClosedError(f"the PostgreSQL connection was lost ({exc}); {hint}")
+        if sqlstate == "54000":  # program_limit_exceeded: e.g. an id too long to index
+            return ConfigError(
+                f"a value is too large for PostgreSQL to index ({exc}); use a shorter thread "
+                "id / namespace / key (nothing was written)"
+            )
         if isinstance(exc, psycopg.DataError) and "NUL" in str(exc):
             return SerializationError(
                 f"PostgreSQL text cannot hold NUL (\\x00) characters: {exc}; nothing was written"
@@ -530,7 +536,7 @@ class AsyncPostgresSaver(IdemSaverBase):
             rows = await self._run(read)
             for row in rows:
                 tup = self._row_to_tuple(row)
-                if filter and not _matches(tup.metadata, filter):
+                if filter and not metadata_matches(dict(tup.metadata), filter):
                     continue
                 yield tup
                 if remaining is not None:
@@ -757,7 +763,7 @@ class AsyncPostgresSaver(IdemSaverBase):
                     "agent_paths": [i.agent_path for i in pending],
                     "tool_names": [i.tool_name for i in pending],
                     "args_hashes": [i.args_hash for i in pending],
-                    "args": [i.args for i in pending],
+                    "args": [self.seal_args(i.args) for i in pending],
                     "tool_call_ids": [i.tool_call_id for i in pending],
                     "run_ids": [i.run_id for i in pending],
                 }
@@ -765,7 +771,7 @@ class AsyncPostgresSaver(IdemSaverBase):
                 async with cur.connection.cursor(row_factory=tuple_row, binary=True) as read:
                     await read.execute(sql.SELECT_ENTRIES_BY_KEYS, params)
                     inserted = {(r[0], r[1]) for r in await cur.fetchall()}
-                    rows = {(r[0], r[1]): _entry(r) for r in await read.fetchall()}
+                    rows = {(r[0], r[1]): self.entry_of(r) for r in await read.fetchall()}
                 missing: list[tuple[int, CallIntent]] = []
                 for pos, intent in zip(positions, pending, strict=True):
                     k = (intent.scope, intent.key)
@@ -802,7 +808,10 @@ class AsyncPostgresSaver(IdemSaverBase):
     ) -> LedgerEntry:
         if status is CallStatus.ISSUED:
             raise ValueError("afinish records an outcome: status must be completed or failed")
-        params = (status.value, result_type, result, error, time.time(), scope, key, owner)
+        params = (
+            status.value, result_type, result, self.ledger_error(error), time.time(), scope,
+            key, owner,
+        )  # fmt: skip
 
         async def finish(cur: Cursor) -> tuple[bool, TupleRow | None]:
             await cur.execute(sql.FINISH_ENTRY, params)
@@ -820,7 +829,7 @@ class AsyncPostgresSaver(IdemSaverBase):
                 f"entry is {state}, not issued to {owner!r}"
             )
         assert row is not None
-        return _entry(row)
+        return self.entry_of(row)
 
     async def areclaim(
         self,
@@ -855,7 +864,7 @@ class AsyncPostgresSaver(IdemSaverBase):
             return await cur.fetchone()
 
         row = await self._run(read)
-        return None if row is None else _entry(row)
+        return None if row is None else self.entry_of(row)
 
     async def afind_orphans(
         self, scope: str, agent_path: str, tool_name: str, args_hash: str
@@ -896,7 +905,7 @@ class AsyncPostgresSaver(IdemSaverBase):
             status.value,
             result_type,
             result,
-            error,
+            self.ledger_error(error),
             time.time(),
             scope,
             key,
@@ -922,14 +931,14 @@ class AsyncPostgresSaver(IdemSaverBase):
             return await cur.fetchone()
 
         row = await self._run(update)
-        return None if row is None else _entry(row)
+        return None if row is None else self.entry_of(row)
 
     async def _select_entries(self, query: str, params: tuple[Any, ...]) -> list[LedgerEntry]:
         async def read(cur: Cursor) -> list[TupleRow]:
             await cur.execute(query, params)
             return await cur.fetchall()
 
-        return [_entry(r) for r in await self._run(read)]
+        return [self.entry_of(r) for r in await self._run(read)]
 
 
 # --- helpers -----------------------------------------------------------------------
@@ -1100,60 +1109,6 @@ def _metadata_filter(filter: dict[str, Any], params: dict[str, Any]) -> list[str
                 params[v] = json.dumps(_sanitize(json.loads(text)), ensure_ascii=False)
                 clauses.append(f"metadata -> %({k})s = %({v})s::jsonb")
     return clauses
-
-
-def _matches(metadata: Any, filter: dict[str, Any]) -> bool:
-    """LangGraph's InMemorySaver rule: every filter value ``==`` the metadata's value."""
-    return all(value == metadata.get(key) for key, value in filter.items())
-
-
-def _entry(row: Sequence[Any]) -> LedgerEntry:
-    (
-        scope,
-        key,
-        thread_id,
-        agent_path,
-        tool_name,
-        args_hash,
-        args,
-        tool_call_id,
-        status,
-        attempts,
-        replays,
-        conflicts,
-        owner,
-        issued_at,
-        lease_expires_at,
-        finished_at,
-        result_type,
-        result,
-        error,
-        run_id,
-        adopted_by,
-    ) = row
-    return LedgerEntry(
-        scope=scope,
-        key=key,
-        thread_id=thread_id,
-        agent_path=agent_path,
-        tool_name=tool_name,
-        args_hash=args_hash,
-        args=bytes(args),
-        tool_call_id=tool_call_id,
-        status=CallStatus(status),
-        attempts=attempts,
-        replays=replays,
-        conflicts=conflicts,
-        owner=owner,
-        issued_at=issued_at,
-        lease_expires_at=lease_expires_at,
-        finished_at=finished_at,
-        result_type=result_type,
-        result=None if result is None else bytes(result),
-        error=error,
-        run_id=run_id,
-        adopted_by=adopted_by,
-    )
 
 
 def _consume_outcome(task: asyncio.Future[Any]) -> None:
