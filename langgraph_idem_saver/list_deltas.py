@@ -130,7 +130,9 @@ class ListDeltaEncoder:
         with self._lock:
             for blob in blobs:
                 key = (thread_id, ns, blob.channel)
-                if blob.items is None:
+                if not blob.items:
+                    # not a list, or an empty one: a delta of [] saves nothing and would
+                    # cost every read of the next version a probe for its base
                     self._recent.pop(key, None)
                     continue
                 self._recent[key] = _Written(blob.version, blob.items, blob.depth)

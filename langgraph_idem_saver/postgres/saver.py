@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import math
 import time
@@ -408,8 +407,7 @@ class AsyncPostgresSaver(IdemSaverBase):
             else:
                 values[channel], depth = self._resolve(chain, channel=channel, **where)
             value = values[channel]
-            # (an empty list is no base worth a delta: see _remember)
-            if loading and version is not None and type(value) is list and value:
+            if loading and version is not None:
                 self._deltas.loaded(thread_id, ns, channel, version, value, depth)
         pending = []
         for task_b, channel_b, wtype_b, value in writes or ():
@@ -613,21 +611,8 @@ class AsyncPostgresSaver(IdemSaverBase):
                 ]
 
         written = await self._run(write)
-        self._remember(thread_id, ns, written)
+        self._deltas.remember(thread_id, ns, written)
         return make_config(thread_id, ns, checkpoint["id"])
-
-    def _remember(self, thread_id: str, ns: str, written: list[EncodedBlob]) -> None:
-        """After the commit, let the written list versions serve as the next deltas'
-        bases; all but empty lists: a delta of ``[]`` saves nothing, and would cost
-        every read of the next version a probe for the (empty) base."""
-        self._deltas.remember(
-            thread_id,
-            ns,
-            [
-                dataclasses.replace(b, items=None) if b.items is not None and not b.items else b
-                for b in written
-            ],
-        )
 
     async def aput_writes(
         self,
