@@ -13,6 +13,8 @@ import asyncio
 import dataclasses
 import json
 import random
+import time
+from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -33,7 +35,7 @@ from langgraph_idem_saver.errors import (
     IdemSaverError,
     SerializationError,
 )
-from langgraph_idem_saver.ledger import LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 
 T = TypeVar("T")
 
@@ -243,6 +245,119 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
             self.serde, type_.decode(), data, "tool call args", scope=entry.scope, key=entry.key
         )
         return dataclasses.replace(entry, args=str(text).encode("utf-8"))
+
+    # --- the ledger: policy here, three record primitives per backend ------------------
+    #
+    # As in AWS Powertools' idempotency persistence layer: statuses, guards, leases and
+    # parameters are decided once, here; a backend supplies its SQL module (``_sql``,
+    # the same statement names and parameter order in both) and three primitives.
+
+    _sql: Any
+
+    @abstractmethod
+    async def _select_entries(self, query: str, params: tuple[Any, ...]) -> list[LedgerEntry]:
+        """Rows of a SELECT over the ledger, as entries."""
+
+    @abstractmethod
+    async def _guarded_update(
+        self,
+        query: str,
+        params: tuple[Any, ...],
+        scope: str,
+        key: str,
+        *,
+        before_tool_runs: bool = False,
+    ) -> LedgerEntry | None:
+        """A guarded UPDATE of one entry, committed: the entry after it, or None when the
+        guard did not match. ``before_tool_runs``: the commit lets a tool run (durable)."""
+
+    @abstractmethod
+    async def _ledger_write(self, query: str, params: tuple[Any, ...]) -> int:
+        """One ledger statement, committed; the number of rows it changed."""
+
+    async def areclaim(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        expected_attempts: int,
+        expected_owner: str,
+    ) -> LedgerEntry | None:
+        now = time.time()
+        params = (owner, now, now + lease_seconds, scope, key, expected_attempts, expected_owner)
+        return await self._guarded_update(
+            self._sql.RECLAIM_ENTRY, params, scope, key, before_tool_runs=True
+        )
+
+    async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
+        """Drop an ``issued`` claim we own without an outcome (the tool was interrupted
+        by ``interrupt()`` before doing anything final, so re-entry must run it again)."""
+        return await self._ledger_write(self._sql.RELEASE_ENTRY, (scope, key, owner)) > 0
+
+    async def aadopt(self, scope: str, key: str, *, tool_call_id: str) -> LedgerEntry | None:
+        return await self._guarded_update(
+            self._sql.ADOPT_ENTRY, (tool_call_id, scope, key), scope, key
+        )
+
+    async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
+        found = await self._select_entries(self._sql.SELECT_ENTRY, (scope, key))
+        return found[0] if found else None
+
+    async def afind_orphans(
+        self, scope: str, agent_path: str, tool_name: str, args_hash: str
+    ) -> list[LedgerEntry]:
+        return await self._select_entries(
+            self._sql.SELECT_ORPHAN_CANDIDATES, (scope, agent_path, tool_name, args_hash)
+        )
+
+    async def alist_entries(
+        self, thread_id: str | None = None, *, agent_path: str | None = None
+    ) -> list[LedgerEntry]:
+        if thread_id is None:
+            return await self._select_entries(self._sql.SELECT_ALL_ENTRIES, ())
+        if agent_path is None:
+            return await self._select_entries(self._sql.SELECT_ENTRIES_OF_THREAD, (str(thread_id),))
+        return await self._select_entries(
+            self._sql.SELECT_ENTRIES_OF_AGENT, (str(thread_id), agent_path)
+        )
+
+    async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
+        at = time.time() if now is None else now
+        issued = await self._select_entries(self._sql.SELECT_ISSUED, ())
+        return [e for e in issued if e.is_unknown(at)]
+
+    async def aresolve(
+        self,
+        scope: str,
+        key: str,
+        *,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None,
+        expected_attempts: int,
+        expected_owner: str,
+    ) -> LedgerEntry | None:
+        if status is CallStatus.ISSUED:
+            raise ValueError("aresolve settles an outcome: status must be completed or failed")
+        params = (
+            status.value,
+            result_type,
+            result,
+            self.ledger_error(error),
+            time.time(),
+            scope,
+            key,
+            expected_attempts,
+            expected_owner,
+        )
+        return await self._guarded_update(self._sql.RESOLVE_ENTRY, params, scope, key)
+
+    async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
+        query = self._sql.NOTE_CONFLICT if conflict else self._sql.NOTE_REPLAY
+        await self._ledger_write(query, (scope, key))
 
     # --- versions ---------------------------------------------------------------
 

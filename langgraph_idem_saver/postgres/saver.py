@@ -159,6 +159,7 @@ class AsyncPostgresSaver(IdemSaverBase):
         self.conn = conn
         self.pipe = pipe
         self.lock = asyncio.Lock()
+        self._sql = sql
         self.supports_pipeline = Capabilities().has_pipeline()
         self.is_setup = False
         self._setup_lock: asyncio.Lock | None = None
@@ -816,96 +817,26 @@ class AsyncPostgresSaver(IdemSaverBase):
         assert row is not None
         return self.entry_of(row)
 
-    async def areclaim(
+    # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
+
+    async def _ledger_write(self, query: str, params: tuple[Any, ...]) -> int:
+        async def write(cur: Cursor) -> int:
+            await cur.execute(query, params)
+            return cur.rowcount
+
+        return await self._run(write)
+
+    async def _guarded_update(
         self,
+        query: str,
+        params: tuple[Any, ...],
         scope: str,
         key: str,
         *,
-        owner: str,
-        lease_seconds: float,
-        expected_attempts: int,
-        expected_owner: str,
+        before_tool_runs: bool = False,
     ) -> LedgerEntry | None:
-        now = time.time()
-        params = (owner, now, now + lease_seconds, scope, key, expected_attempts, expected_owner)
-        return await self._update_returning(sql.RECLAIM_ENTRY, params)
-
-    async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
-        """Drop an ``issued`` claim we own without an outcome (the tool was interrupted
-        by ``interrupt()`` before doing anything final, so re-entry must run it again)."""
-
-        async def release(cur: Cursor) -> bool:
-            await cur.execute(sql.RELEASE_ENTRY, (scope, key, owner))
-            return await cur.fetchone() is not None
-
-        return await self._run(release)
-
-    async def aadopt(self, scope: str, key: str, *, tool_call_id: str) -> LedgerEntry | None:
-        return await self._update_returning(sql.ADOPT_ENTRY, (tool_call_id, scope, key))
-
-    async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
-        async def read(cur: Cursor) -> TupleRow | None:
-            await cur.execute(sql.SELECT_ENTRY, (scope, key))
-            return await cur.fetchone()
-
-        row = await self._run(read)
-        return None if row is None else self.entry_of(row)
-
-    async def afind_orphans(
-        self, scope: str, agent_path: str, tool_name: str, args_hash: str
-    ) -> list[LedgerEntry]:
-        return await self._select_entries(
-            sql.SELECT_ORPHAN_CANDIDATES, (scope, agent_path, tool_name, args_hash)
-        )
-
-    async def alist_entries(
-        self, thread_id: str | None = None, *, agent_path: str | None = None
-    ) -> list[LedgerEntry]:
-        if thread_id is None:
-            return await self._select_entries(sql.SELECT_ALL_ENTRIES, ())
-        if agent_path is None:
-            return await self._select_entries(sql.SELECT_ENTRIES_OF_THREAD, (str(thread_id),))
-        return await self._select_entries(sql.SELECT_ENTRIES_OF_AGENT, (str(thread_id), agent_path))
-
-    async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
-        at = time.time() if now is None else now
-        issued = await self._select_entries(sql.SELECT_ISSUED, ())
-        return [e for e in issued if e.is_unknown(at)]
-
-    async def aresolve(
-        self,
-        scope: str,
-        key: str,
-        *,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None,
-        expected_attempts: int,
-        expected_owner: str,
-    ) -> LedgerEntry | None:
-        if status is CallStatus.ISSUED:
-            raise ValueError("aresolve settles an outcome: status must be completed or failed")
-        params = (
-            status.value,
-            result_type,
-            result,
-            self.ledger_error(error),
-            time.time(),
-            scope,
-            key,
-            expected_attempts,
-            expected_owner,
-        )
-        return await self._update_returning(sql.RESOLVE_ENTRY, params)
-
-    async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
-        query = sql.NOTE_CONFLICT if conflict else sql.NOTE_REPLAY
-
-        async def note(cur: Cursor) -> None:
-            await cur.execute(query, (scope, key))
-
-        await self._run(note)
+        """One ``UPDATE ... RETURNING`` statement (the server's durability applies)."""
+        return await self._update_returning(query, params)
 
     async def _update_returning(self, query: str, params: tuple[Any, ...]) -> LedgerEntry | None:
         """A guarded ``UPDATE ... RETURNING``: the row after it, or None when the guard

@@ -173,6 +173,7 @@ class AsyncSqliteSaver(IdemSaverBase):
         self._setup_lock: asyncio.Lock | None = None
         self._deltas = ListDeltaEncoder()
         self._group = _GroupCommit(self)
+        self._sql = sql
 
     @classmethod
     @asynccontextmanager
@@ -653,100 +654,15 @@ class AsyncSqliteSaver(IdemSaverBase):
 
         return await self._write(finish)
 
-    async def areclaim(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        lease_seconds: float,
-        expected_attempts: int,
-        expected_owner: str,
-    ) -> LedgerEntry | None:
-        now = time.time()
-        params = (owner, now, now + lease_seconds, scope, key, expected_attempts, expected_owner)
-        return await self._update_then_read(
-            sql.RECLAIM_ENTRY, params, scope, key, before_tool_runs=True
-        )
+    # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 
-    async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
-        """Drop an ``issued`` claim we own without an outcome (the tool was interrupted
-        by ``interrupt()`` before doing anything final, so re-entry must run it again)."""
-        return bool(
-            await self._write(lambda c: c.execute(sql.RELEASE_ENTRY, (scope, key, owner)).rowcount)
-        )
-
-    async def aadopt(self, scope: str, key: str, *, tool_call_id: str) -> LedgerEntry | None:
-        return await self._update_then_read(sql.ADOPT_ENTRY, (tool_call_id, scope, key), scope, key)
-
-    async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
-        def read(conn: sqlite3.Connection) -> LedgerEntry | None:
-            row = conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone()
-            return None if row is None else self.entry_of(row)
-
-        return await self._run(read)
-
-    async def afind_orphans(
-        self, scope: str, agent_path: str, tool_name: str, args_hash: str
-    ) -> list[LedgerEntry]:
-        params = (scope, agent_path, tool_name, args_hash)
-        return await self._run(
-            lambda conn: [
-                self.entry_of(r) for r in conn.execute(sql.SELECT_ORPHAN_CANDIDATES, params)
-            ]
-        )
-
-    async def alist_entries(
-        self, thread_id: str | None = None, *, agent_path: str | None = None
-    ) -> list[LedgerEntry]:
-        params: tuple[str, ...]
-        if thread_id is None:
-            query, params = sql.SELECT_ALL_ENTRIES, ()
-        elif agent_path is None:
-            query, params = sql.SELECT_ENTRIES_OF_THREAD, (str(thread_id),)
-        else:
-            query, params = sql.SELECT_ENTRIES_OF_AGENT, (str(thread_id), agent_path)
+    async def _select_entries(self, query: str, params: tuple[Any, ...]) -> list[LedgerEntry]:
         return await self._run(lambda conn: [self.entry_of(r) for r in conn.execute(query, params)])
 
-    async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
-        at = time.time() if now is None else now
-        issued = await self._run(
-            lambda conn: [self.entry_of(r) for r in conn.execute(sql.SELECT_ISSUED)]
-        )
-        return [e for e in issued if e.is_unknown(at)]
+    async def _ledger_write(self, query: str, params: tuple[Any, ...]) -> int:
+        return await self._write(lambda c: c.execute(query, params).rowcount)
 
-    async def aresolve(
-        self,
-        scope: str,
-        key: str,
-        *,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None,
-        expected_attempts: int,
-        expected_owner: str,
-    ) -> LedgerEntry | None:
-        if status is CallStatus.ISSUED:
-            raise ValueError("aresolve settles an outcome: status must be completed or failed")
-        params = (
-            status.value,
-            result_type,
-            result,
-            self.ledger_error(error),
-            time.time(),
-            scope,
-            key,
-            expected_attempts,
-            expected_owner,
-        )
-        return await self._update_then_read(sql.RESOLVE_ENTRY, params, scope, key)
-
-    async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
-        query = sql.NOTE_CONFLICT if conflict else sql.NOTE_REPLAY
-        await self._write(lambda c: c.execute(query, (scope, key)))
-
-    async def _update_then_read(
+    async def _guarded_update(
         self,
         query: str,
         params: tuple[Any, ...],
@@ -755,8 +671,6 @@ class AsyncSqliteSaver(IdemSaverBase):
         *,
         before_tool_runs: bool = False,
     ) -> LedgerEntry | None:
-        """Run a guarded UPDATE; the row after it, or None when the guard did not match."""
-
         def update(conn: sqlite3.Connection) -> LedgerEntry | None:
             if conn.execute(query, params).rowcount != 1:
                 return None
