@@ -284,7 +284,9 @@ class ToolCallLedger(ABC):
     async def afind_orphans(
         self, scope: str, agent_path: str, tool_name: str, args_hash: str
     ) -> list[LedgerEntry]:
-        """Entries with the same call signature not yet adopted, oldest first."""
+        """Every entry with this call signature (scope, agent path, tool, args hash),
+        adopted or not, oldest first: what orphan adoption looks at, by index, so its
+        cost does not grow with the thread's other calls."""
 
     @abstractmethod
     async def alist_entries(

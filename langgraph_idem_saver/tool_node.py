@@ -686,10 +686,13 @@ class IdempotentToolNode(ToolNode):
         assert batch.ledger is not None
         first = candidates[0].intent
         assert first is not None
-        entries = await self._lg(
-            batch, batch.ledger.alist_entries(first.thread_id, agent_path=first.agent_path)
-        )
-        entries = [e for e in entries if e.scope == batch.scope]
+        entries: list[LedgerEntry] = []
+        for signature in dict.fromkeys(
+            (p.intent.tool_name, p.intent.args_hash) for p in candidates if p.intent
+        ):
+            entries += await self._lg(
+                batch, batch.ledger.afind_orphans(batch.scope, first.agent_path, *signature)
+            )
         present = {e.key for e in entries}
         orphans = [
             e

@@ -537,7 +537,6 @@ RETURNING {LEDGER_COLUMNS}
 SELECT_ORPHAN_CANDIDATES = f"""
 SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
 WHERE scope = %s AND agent_path = %s AND tool_name = %s AND args_hash = %s
-  AND adopted_by IS NULL
 ORDER BY seq
 """
 

@@ -295,9 +295,10 @@ UPDATE idem_tool_calls SET adopted_by = ?
 WHERE scope = ? AND key = ? AND adopted_by IS NULL
 """
 
+# every entry of one call signature, adopted or not (the idem_tool_calls_signature index)
 SELECT_ORPHAN_CANDIDATES = f"""
 SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE scope = ? AND agent_path = ? AND tool_name = ? AND args_hash = ? AND adopted_by IS NULL
+WHERE scope = ? AND agent_path = ? AND tool_name = ? AND args_hash = ?
 ORDER BY rowid
 """
 
