@@ -95,3 +95,30 @@ async def test_claims_are_always_synced_other_commits_follow_the_setting(
         assert synced not in claim_statements, "already FULL: no extra statements"
     assert not any(s.startswith("PRAGMA") for s in put_statements), "checkpoints: as configured"
     assert not any(s.startswith("PRAGMA") for s in finish_statements), "outcomes: as configured"
+
+
+async def test_opening_a_current_database_needs_no_write_lock(tmp_path: Path) -> None:
+    """Another process holding the write lock must not stop a saver from opening and
+    reading; only writes wait (busy_timeout) and then fail with DatabaseLockedError."""
+    from langgraph_idem_saver import DatabaseLockedError
+
+    db = tmp_path / "busy.db"
+    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:  # creates the schema
+        stored = await saver.aput(
+            {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, empty_checkpoint(), {}, {}
+        )
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        async with AsyncSqliteSaver.from_conn_string(str(db), busy_timeout=0.2) as saver:
+            assert await saver.aget_tuple(stored) is not None
+            with pytest.raises(DatabaseLockedError):
+                await saver.aput(
+                    {"configurable": {"thread_id": "t2", "checkpoint_ns": ""}},
+                    empty_checkpoint(),
+                    {},
+                    {},
+                )
+    finally:
+        holder.rollback()
+        holder.close()

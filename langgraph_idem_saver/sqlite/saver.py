@@ -231,20 +231,26 @@ class AsyncSqliteSaver(IdemSaverBase):
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
 
-        def migrate(c: sqlite3.Connection) -> None:
-            found = -1
-            if c.execute(sql.SELECT_MIGRATIONS_TABLE).fetchone():
-                row = c.execute(sql.SELECT_SCHEMA_VERSION).fetchone()
-                found = -1 if row[0] is None else int(row[0])
+        def schema_version(c: sqlite3.Connection) -> int:
+            if not c.execute(sql.SELECT_MIGRATIONS_TABLE).fetchone():
+                return -1
+            row = c.execute(sql.SELECT_SCHEMA_VERSION).fetchone()
+            found = -1 if row[0] is None else int(row[0])
             if found > sql.SCHEMA_VERSION:
                 raise SchemaVersionError(found, sql.SCHEMA_VERSION, "this SQLite database")
-            for version in range(found + 1, len(sql.MIGRATIONS)):
+            return found
+
+        def migrate(c: sqlite3.Connection) -> None:
+            for version in range(schema_version(c) + 1, len(sql.MIGRATIONS)):
                 for statement in sql.MIGRATIONS[version].split(";"):
                     if statement.strip():
                         c.execute(statement)
                 c.execute(sql.INSERT_MIGRATION, (version,))
 
-        _write_tx(conn, migrate)
+        # a current database is only read: opening a saver must not need the write lock
+        # (another process may hold it for a while); migrations take it and re-check
+        if _read_tx(conn, schema_version) < sql.SCHEMA_VERSION:
+            _write_tx(conn, migrate)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Ship ``fn`` to the aiosqlite worker thread: one hand-off, typed errors."""
