@@ -467,7 +467,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 self._deltas.whole(self.serde, b)
                 if b.base_version is not None
                 and conn.execute(
-                    sql.SELECT_BLOB, (thread_id, ns, b.channel, b.base_version)
+                    sql.BLOB_EXISTS, (thread_id, ns, b.channel, b.base_version)
                 ).fetchone()
                 is None
                 else b

@@ -118,6 +118,11 @@ INSERT OR REPLACE INTO idem_blobs
     (thread_id, checkpoint_ns, channel, version, type, blob, base_version)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 """
+# does a delta's base still exist? (reads the key only, never the blob's pages)
+BLOB_EXISTS = """
+SELECT 1 FROM idem_blobs
+WHERE thread_id = ? AND checkpoint_ns = ? AND channel = ? AND version = ?
+"""
 SELECT_BLOB = """
 SELECT type, blob, base_version FROM idem_blobs
 WHERE thread_id = ? AND checkpoint_ns = ? AND channel = ? AND version = ?
