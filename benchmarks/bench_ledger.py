@@ -31,15 +31,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import gc
-import json
 import os
-import platform
-import shutil
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -47,6 +42,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+from _harness import (
+    bench_tmpdir,
+    env_base,
+    fmt_us,
+    interleaved,
+    load_average_checked,
+    load_summary,
+    package_version,
+    perf_ns,
+    print_targets,
+    spread,
+    stepper,
+    write_json,
+)
+from _harness import summarize as _summarize
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver as OfficialSaver
@@ -62,8 +72,6 @@ from langgraph_idem_saver.demo import ScriptedModel
 # create_react_agent moved to langchain.agents in LangGraph 1.0 and warns on every call
 warnings.filterwarnings("ignore", message=".*create_react_agent has been moved.*")
 from langgraph.prebuilt import create_react_agent  # noqa: E402
-
-perf_ns = time.perf_counter_ns
 
 # --------------------------------------------------------------------------------------
 # Configuration
@@ -214,53 +222,7 @@ async def conn_pragmas(conn: Any) -> dict:
 
 def summarize(samples_ns: list[int], scale: float = 1.0) -> dict:
     """Median and [p10, p90] in µs, each sample divided by ``scale`` first."""
-    s = sorted(x / scale for x in samples_ns)
-    n = len(s)
-
-    def q(p: float) -> float:
-        return s[min(n - 1, max(0, round(p * (n - 1))))] / 1000.0
-
-    return {
-        "n": n,
-        "median_us": statistics.median(s) / 1000.0,
-        "p10_us": q(0.10),
-        "p90_us": q(0.90),
-    }
-
-
-async def interleaved(
-    labels: list[str],
-    prepare: Callable[[str], Callable[[], Awaitable[Any]]],
-    warmup: int,
-    rounds: int,
-    per_round: int,
-    budget_s: float,
-) -> dict[str, list[int]]:
-    """Time ``await prepare(label)()``; preparation is not timed.
-
-    The column order rotates every round so drift and disk write-back hit every column
-    alike. Past ``budget_s`` stop after the current round (at least 2 rounds).
-    """
-    t_begin = time.perf_counter()
-    for lab in labels:
-        for _ in range(warmup):
-            await prepare(lab)()
-    samples: dict[str, list[int]] = {lab: [] for lab in labels}
-    for r in range(rounds):
-        order = labels if r % 2 == 0 else labels[::-1]
-        if len(labels) > 2:
-            k = (r // 2) % len(labels)
-            order = order[k:] + order[:k]
-        for lab in order:
-            gc.collect()
-            for _ in range(per_round):
-                fn = prepare(lab)
-                t0 = perf_ns()
-                await fn()
-                samples[lab].append(perf_ns() - t0)
-        if r >= 1 and time.perf_counter() - t_begin > budget_s:
-            break
-    return samples
+    return _summarize(samples_ns, scale, with_mean=False)
 
 
 @dataclass
@@ -462,14 +424,6 @@ async def count_react(tmp: str, turns: int, calls: int, version: str) -> dict[st
 # --------------------------------------------------------------------------------------
 
 
-def fmt_us(v: float) -> str:
-    return f"{v / 1000:,.1f} ms" if v >= 10_000 else f"{v:,.0f} µs"
-
-
-def spread(d: dict) -> str:
-    return f"[{d['p10_us']:,.0f}–{d['p90_us']:,.0f}]"
-
-
 def print_node_rows(rows: list[Row]) -> None:
     if not rows:
         return
@@ -526,21 +480,11 @@ def print_react_rows(rows: list[Row], stacks: list[str]) -> None:
 
 
 def env_info() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    def v(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
     return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
+        **env_base(),
         "sqlite": sqlite3.sqlite_version,
         **{
-            p: v(p)
+            p: package_version(p)
             for p in (
                 "langgraph",
                 "langgraph-prebuilt",
@@ -582,48 +526,37 @@ async def main_async(args: argparse.Namespace) -> int:
     only = set(args.only.split(",")) if args.only else {"node", "react", "counts"}
     if args.no_counts:
         only.discard("counts")
-    tmp = tempfile.mkdtemp(prefix="bench_ledger_", dir=args.tmpdir)
-    load_before = os.getloadavg()
-    if load_before[0] > 0.5 * (os.cpu_count() or 1):
-        print(
-            f"WARNING: load average {load_before[0]:.2f} on {os.cpu_count()} CPUs: other "
-            "processes are busy; expect noisy numbers (fsync-bound rows especially)",
-            file=sys.stderr,
-        )
+    load_before = load_average_checked()
     t_start = time.perf_counter()
     rows: list[Row] = []
     counts: dict[str, Any] = {}
     errors: list[str] = []
-    fsync_before = fsync_floor_us(tmp)
-
-    def step(name: str) -> None:
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {name} ...", file=sys.stderr, flush=True)
-
-    try:
-        if "node" in only:
-            for calls in (1, 3):
-                step(f"tools node, {calls} call(s)")
-                rows.append(await bench_node(tmp, prof, calls))
-        if "react" in only:
-            for calls, durability, version in react_rows:
-                step(f"ReAct {calls} call(s)/turn, {durability}, {version}")
-                try:
-                    rows.append(await bench_react(tmp, prof, calls, durability, version, stacks))
-                except Exception as exc:  # a failure is a finding: report it, keep going
-                    traceback.print_exc()
-                    errors.append(f"ReAct {calls}/{durability}/{version}: {exc!r}")
-        if "counts" in only:
-            step("counting saver calls / hand-offs (untimed)")
-            for calls, version in ((1, "v2"), (3, "v2"), (3, "v1")):
-                counts[f"{calls} call(s)/turn, {version}"] = await count_react(
-                    tmp, min(prof.turns, 10), calls, version
-                )
-    finally:
-        fsync_after = fsync_floor_us(tmp)
-        if args.keep:
-            print(f"kept temp files in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    step = stepper(t_start)
+    with bench_tmpdir("bench_ledger_", args.tmpdir, args.keep) as tmp:
+        fsync_before = fsync_floor_us(tmp)
+        try:
+            if "node" in only:
+                for calls in (1, 3):
+                    step(f"tools node, {calls} call(s)")
+                    rows.append(await bench_node(tmp, prof, calls))
+            if "react" in only:
+                for calls, durability, version in react_rows:
+                    step(f"ReAct {calls} call(s)/turn, {durability}, {version}")
+                    try:
+                        rows.append(
+                            await bench_react(tmp, prof, calls, durability, version, stacks)
+                        )
+                    except Exception as exc:  # a failure is a finding: report it, keep going
+                        traceback.print_exc()
+                        errors.append(f"ReAct {calls}/{durability}/{version}: {exc!r}")
+            if "counts" in only:
+                step("counting saver calls / hand-offs (untimed)")
+                for calls, version in ((1, "v2"), (3, "v2"), (3, "v1")):
+                    counts[f"{calls} call(s)/turn, {version}"] = await count_react(
+                        tmp, min(prof.turns, 10), calls, version
+                    )
+        finally:
+            fsync_after = fsync_floor_us(tmp)
     elapsed = time.perf_counter() - t_start
     load_after = os.getloadavg()
 
@@ -654,13 +587,8 @@ async def main_async(args: argparse.Namespace) -> int:
     for e in errors:
         print(f"ERROR (row skipped): {e}")
     if targets:
-        print("\ntargets:")
-        for t in targets:
-            print(f"  [{'MET' if t['met'] else 'NOT MET'}] {t['target']}: {t['value']}")
-    print(
-        f"\ntotal benchmark time {elapsed:.1f}s ({prof.name}); load average before "
-        f"{load_before[0]:.2f}, after {load_after[0]:.2f} ({os.cpu_count()} CPUs)"
-    )
+        print_targets(targets)
+    print(load_summary(elapsed, prof.name, load_before, load_after))
 
     if args.json:
         payload = {
@@ -687,9 +615,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "targets": targets,
             "errors": errors,
         }
-        with open(args.json, "w") as fh:
-            json.dump(payload, fh, indent=2, default=str)
-        print(f"wrote {args.json}")
+        write_json(args.json, payload)
     return 0
 
 

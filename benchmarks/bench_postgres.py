@@ -32,24 +32,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
-import platform
-import random
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langgraph.checkpoint.base import empty_checkpoint
-from langgraph.checkpoint.base.id import uuid6
+from _harness import (
+    MIXED,
+    Payloads,
+    Row,
+    aput_prepare,
+    aput_writes_prepare,
+    check_latest,
+    env_base,
+    fmt_us,
+    interleaved,
+    package_version,
+    perf_ns,
+    populate_read_threads,
+    print_long_short,
+    print_populate,
+    print_targets,
+    read_specs,
+    stepper,
+    write_json,
+)
+from _harness import ConvSim as _ConvSim
+from _harness import print_table as _print_table
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as OfficialSaver
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
@@ -58,8 +73,6 @@ from psycopg_pool import AsyncConnectionPool
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from langgraph_idem_saver.postgres import AsyncPostgresSaver as OursSaver
-
-perf_ns = time.perf_counter_ns
 
 # --------------------------------------------------------------------------------------
 # Configuration
@@ -123,121 +136,15 @@ _WORDS_TEXT = (
     "when up use your how said an each she which do their time if will way about many "
     "checkpoint graph agent tool invoice refund customer order shipping database"
 )
-_WORDS = _WORDS_TEXT.split()
+PAYLOADS = Payloads(_WORDS_TEXT)
+ai = PAYLOADS.ai
 
 
-def text(rng: random.Random, nbytes: int) -> str:
-    out: list[str] = []
-    n = 0
-    while n < nbytes:
-        w = rng.choice(_WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:nbytes]
+class ConvSim(_ConvSim):
+    """The shared synthetic checkpoint stream (see ``_harness.ConvSim``) on these payloads."""
 
+    payloads = PAYLOADS
 
-def human(rng: random.Random, nbytes: int) -> HumanMessage:
-    return HumanMessage(content=text(rng, nbytes), id=str(uuid.UUID(int=rng.getrandbits(128))))
-
-
-def ai(rng: random.Random, nbytes: int) -> AIMessage:
-    return AIMessage(
-        content=text(rng, nbytes),
-        id=str(uuid.UUID(int=rng.getrandbits(128))),
-        response_metadata={"model_name": "bench-model", "finish_reason": "stop"},
-        usage_metadata={"input_tokens": 812, "output_tokens": 230, "total_tokens": 1042},
-    )
-
-
-def tool_msg(rng: random.Random, nbytes: int) -> ToolMessage:
-    return ToolMessage(
-        content=text(rng, nbytes),
-        tool_call_id=f"call_{rng.getrandbits(48):x}",
-        id=str(uuid.UUID(int=rng.getrandbits(128))),
-    )
-
-
-class ConvSim:
-    """Realistic (config, checkpoint, metadata, new_versions) tuples for one thread.
-
-    Channels: ``messages`` (a sliding window of ~1 KB messages), ``count``, ``status``
-    and two trigger channels; only the channels changed in a step get a new version.
-    """
-
-    def __init__(self, saver: Any, thread_id: str, window: int, msg_bytes: int, seed: int) -> None:
-        self.saver = saver
-        self.thread_id = thread_id
-        self.rng = random.Random(seed)
-        self.msg_bytes = msg_bytes
-        self.step = -1
-        self.parent_id: str | None = None
-        self.cp = empty_checkpoint()
-        msgs = [
-            human(self.rng, msg_bytes) if i % 2 == 0 else ai(self.rng, msg_bytes)
-            for i in range(window)
-        ]
-        self.values: dict[str, Any] = {
-            "messages": msgs,
-            "count": 0,
-            "status": "running",
-            "branch:to:agent": None,
-            "branch:to:tools": None,
-        }
-        self.versions = {ch: saver.get_next_version(None, None) for ch in self.values}
-
-    def config(self) -> dict[str, Any]:
-        c: dict[str, Any] = {"thread_id": self.thread_id, "checkpoint_ns": ""}
-        if self.parent_id is not None:
-            c["checkpoint_id"] = self.parent_id
-        return {"configurable": c}
-
-    def next(self, changed: tuple[str, ...]) -> tuple[Any, Any, Any, Any]:
-        self.step += 1
-        new_versions = {}
-        for ch in changed:
-            if ch == "messages":
-                msgs = self.values["messages"]
-                m = (
-                    ai(self.rng, self.msg_bytes)
-                    if self.step % 2
-                    else tool_msg(self.rng, self.msg_bytes)
-                )
-                self.values["messages"] = [*msgs[1:], m]
-            elif ch == "count":
-                self.values["count"] += 1
-            elif ch == "status":
-                self.values["status"] = f"step-{self.step}"
-            v = self.saver.get_next_version(self.versions[ch], None)
-            self.versions[ch] = v
-            new_versions[ch] = v
-        node = "tools" if "branch:to:tools" in changed else "agent"
-        cp = {
-            "v": self.cp["v"],
-            "id": str(uuid6(clock_seq=self.step)),
-            "ts": "2025-01-01T00:00:00.000000+00:00",
-            "channel_values": dict(self.values),
-            "channel_versions": dict(self.versions),
-            "versions_seen": {
-                "__input__": {},
-                "__start__": {"__start__": self.versions["count"]},
-                node: {c: self.versions[c] for c in ("messages", "branch:to:" + node)},
-            },
-            "pending_sends": [],
-            "updated_channels": list(changed),
-        }
-        md = {"source": "loop", "step": self.step, "parents": {}}
-        return self.config(), cp, md, new_versions
-
-    async def put(self, changed: tuple[str, ...]) -> Any:
-        cfg, cp, md, nv = self.next(changed)
-        out = await self.saver.aput(cfg, cp, md, nv)
-        self.parent_id = cp["id"]
-        return out
-
-
-SMALL = ("count", "status", "branch:to:agent")
-WITH_MSGS = ("messages", "branch:to:tools")
-MIXED = (WITH_MSGS, SMALL)
 
 # --------------------------------------------------------------------------------------
 # Server and backends
@@ -304,77 +211,6 @@ class Backend:
         self.saver = None
 
 
-# --------------------------------------------------------------------------------------
-# Measurement
-# --------------------------------------------------------------------------------------
-
-
-def summarize(samples_ns: list[int]) -> dict[str, Any]:
-    s = sorted(samples_ns)
-    n = len(s)
-
-    def q(p: float) -> float:
-        return s[min(n - 1, max(0, round(p * (n - 1))))] / 1000.0
-
-    return {
-        "n": n,
-        "median_us": statistics.median(s) / 1000.0,
-        "p10_us": q(0.10),
-        "p90_us": q(0.90),
-        "mean_us": statistics.fmean(s) / 1000.0,
-    }
-
-
-async def interleaved(
-    labels: list[str],
-    prepare: Callable[[str], Callable[[], Awaitable[Any]]],
-    warmup: int,
-    rounds: int,
-    per_round: int,
-    budget_s: float | None = None,
-) -> dict[str, list[int]]:
-    """Time ``await prepare(label)()`` per call, alternating backend order each round."""
-    t_begin = time.perf_counter()
-    for lab in labels:
-        for _ in range(warmup):
-            await prepare(lab)()
-    samples: dict[str, list[int]] = {lab: [] for lab in labels}
-    for r in range(rounds):
-        for lab in labels if r % 2 == 0 else labels[::-1]:
-            gc.collect()
-            buf = samples[lab]
-            for _ in range(per_round):
-                fn = prepare(lab)
-                t0 = perf_ns()
-                await fn()
-                buf.append(perf_ns() - t0)
-        if budget_s is not None and r >= 1 and time.perf_counter() - t_begin > budget_s:
-            break
-    return samples
-
-
-@dataclass
-class Row:
-    key: str
-    title: str
-    unit: str  # "us": lower is better; "ops": higher is better
-    official: dict[str, Any]
-    ours: dict[str, Any]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def value(self, side: str) -> float:
-        d = self.official if side == "official" else self.ours
-        return float(d["median_us"] if self.unit == "us" else d["value"])
-
-    @property
-    def speedup(self) -> float:
-        """> 1 means ours is faster."""
-        o, f = self.value("ours"), self.value("official")
-        if self.unit == "ops":
-            return o / f if f else float("inf")
-        return f / o if o else float("inf")
-
-
 CLASSES: dict[str, type] = {"official": OfficialSaver, "ours": OursSaver}
 
 # --------------------------------------------------------------------------------------
@@ -391,33 +227,18 @@ async def bench_aput(base: str, prof: Profile) -> Row:
             lab: ConvSim(b.saver, "t-aput", prof.window, prof.msg_bytes, seed=1)
             for lab, b in backends.items()
         }
-        ctr = dict.fromkeys(sims, 0)
-
-        def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
-            sim = sims[lab]
-            pat = MIXED[ctr[lab] % 2]
-            ctr[lab] += 1
-            cfg, cp, md, nv = sim.next(pat)
-
-            async def run() -> None:
-                await sim.saver.aput(cfg, cp, md, nv)
-                sim.parent_id = cp["id"]
-
-            return run
-
         samples = await interleaved(
-            list(sims), prepare, prof.warmup, prof.rounds, prof.per_round, prof.budget_s
+            list(sims),
+            aput_prepare(sims, MIXED),
+            prof.warmup,
+            prof.rounds,
+            prof.per_round,
+            prof.budget_s,
         )
     finally:
         for b in backends.values():
             await b.__aexit__(None, None, None)
-    return Row(
-        "aput",
-        "aput (messages changed every 2nd ckpt)",
-        "us",
-        summarize(samples["official"]),
-        summarize(samples["ours"]),
-    )
+    return Row.from_samples("aput", "aput (messages changed every 2nd ckpt)", samples)
 
 
 async def bench_aput_writes(base: str, prof: Profile) -> Row:
@@ -425,49 +246,15 @@ async def bench_aput_writes(base: str, prof: Profile) -> Row:
     for b in backends.values():
         await b.__aenter__()
     try:
-        cfgs = {}
-        for lab, b in backends.items():
-            sim = ConvSim(b.saver, "t-writes", prof.window, prof.msg_bytes, seed=2)
-            cfgs[lab] = (b.saver, await sim.put(SMALL))
-        msg = ai(random.Random(3), prof.msg_bytes)
-
-        def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
-            saver, cfg = cfgs[lab]
-            writes = [("messages", [msg]), ("count", 7), ("branch:to:tools", None)]
-            task_id = str(uuid.uuid4())
-            return lambda: saver.aput_writes(cfg, writes, task_id, "~__pregel_pull, agent")
-
+        saver_of = {lab: b.saver for lab, b in backends.items()}
+        prepare = await aput_writes_prepare(ConvSim, saver_of, prof)
         samples = await interleaved(
             list(backends), prepare, prof.warmup, prof.rounds, prof.per_round, prof.budget_s
         )
     finally:
         for b in backends.values():
             await b.__aexit__(None, None, None)
-    return Row(
-        "aput_writes",
-        "aput_writes (3 channels)",
-        "us",
-        summarize(samples["official"]),
-        summarize(samples["ours"]),
-    )
-
-
-async def populate(saver: Any, thread_id: str, n: int, prof: Profile, seed: int) -> list[Any]:
-    """n checkpoints (mixed pattern), each followed by one task's writes."""
-    sim = ConvSim(saver, thread_id, prof.window, prof.msg_bytes, seed=seed)
-    rng = random.Random(seed + 1)
-    small_msg = ai(rng, 200)
-    cfgs = []
-    for i in range(n):
-        cfg = await sim.put(MIXED[i % 2])
-        await saver.aput_writes(
-            cfg,
-            [("messages", [small_msg]), ("branch:to:tools", None)],
-            str(uuid.UUID(int=rng.getrandbits(128))),
-            "~__pregel_pull, agent",
-        )
-        cfgs.append(cfg)
-    return cfgs
+    return Row.from_samples("aput_writes", "aput_writes (3 channels)", samples)
 
 
 async def bench_reads(base: str, prof: Profile) -> tuple[list[Row], dict[str, Any]]:
@@ -479,10 +266,7 @@ async def bench_reads(base: str, prof: Profile) -> tuple[list[Row], dict[str, An
         cfgs: dict[str, dict[str, list[Any]]] = {}
         for lab, b in backends.items():
             t0 = perf_ns()
-            await populate(b.saver, "t-other-a", 50, prof, seed=10)
-            short = await populate(b.saver, "t-short", prof.short_thread, prof, seed=11)
-            long_ = await populate(b.saver, "t-long", prof.long_thread, prof, seed=12)
-            await populate(b.saver, "t-other-b", 50, prof, seed=13)
+            short, long_ = await populate_read_threads(ConvSim, b.saver, prof)
             dt = (perf_ns() - t0) / 1e9
             pop[lab] = {"checkpoints": 100 + prof.short_thread + prof.long_thread, "seconds": dt}
             cfgs[lab] = {"short": short, "long": long_}
@@ -490,51 +274,16 @@ async def bench_reads(base: str, prof: Profile) -> tuple[list[Row], dict[str, An
                 await conn.execute("ANALYZE")
         saver_of = {lab: b.saver for lab, b in backends.items()}
 
-        def latest(thread: str) -> Callable[[str], Callable[[], Awaitable[Any]]]:
-            cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-            return lambda lab: lambda: saver_of[lab].aget_tuple(cfg)
-
-        def listing(lab: str) -> Callable[[], Awaitable[Any]]:
-            cfg = {"configurable": {"thread_id": "t-long", "checkpoint_ns": ""}}
-
-            async def run() -> None:
-                n = 0
-                async for _ in saver_of[lab].alist(cfg, limit=10):
-                    n += 1
-                assert n == 10, n
-
-            return run
-
-        for lab in backends:  # sanity: same answer from both
-            for kind, thread in (("short", "t-short"), ("long", "t-long")):
-                tup = await latest(thread)(lab)()
-                want = cfgs[lab][kind][-1]["configurable"]["checkpoint_id"]
-                assert tup.config["configurable"]["checkpoint_id"] == want, (lab, kind)
-                assert len(tup.pending_writes) == 2, (lab, tup.pending_writes)
-                assert len(tup.checkpoint["channel_values"]["messages"]) == prof.window
+        await check_latest(saver_of, cfgs, prof.window)  # sanity: same answer from both
 
         rows = []
-        specs = [
-            (
-                "aget_tuple_10",
-                f"aget_tuple latest ({prof.short_thread}-ckpt thread)",
-                latest("t-short"),
-            ),
-            (
-                "aget_tuple_long",
-                f"aget_tuple latest ({prof.long_thread}-ckpt thread)",
-                latest("t-long"),
-            ),
-            ("alist_10", f"alist(limit=10) ({prof.long_thread}-ckpt thread)", listing),
-        ]
+        specs = read_specs(prof, saver_of)
         for key, title, prep in specs:
             per = prof.read_per_round if key != "alist_10" else max(5, prof.read_per_round // 3)
             samples = await interleaved(
                 list(backends), prep, prof.warmup // 2, prof.read_rounds, per, prof.budget_s
             )
-            rows.append(
-                Row(key, title, "us", summarize(samples["official"]), summarize(samples["ours"]))
-            )
+            rows.append(Row.from_samples(key, title, samples))
     finally:
         for b in backends.values():
             await b.__aexit__(None, None, None)
@@ -624,29 +373,16 @@ async def bench_concurrency(base: str, prof: Profile) -> list[Row]:
 def fmt(row: Row, side: str) -> str:
     v = row.value(side)
     if row.unit == "us":
-        return f"{v / 1000:,.2f} ms" if v >= 10_000 else f"{v:,.0f} µs"
+        return fmt_us(v, ms_digits=2)
     return f"{v:,.0f}/s"
 
 
-def spread(row: Row, side: str) -> str:
-    d = row.official if side == "official" else row.ours
-    if "p10_us" in d:
-        return f"[{d['p10_us']:,.0f}–{d['p90_us']:,.0f}]"
-    return ""
-
-
 def print_table(rows: list[Row]) -> None:
-    print()
-    print("median per call [p10–p90] (or throughput); speedup = ours vs official (>1: ours better)")
-    w = max(len(r.title) for r in rows)
-    hdr = f"{'benchmark':<{w}}  {'official':>10} {'':>15}  {'ours':>10} {'':>15}  {'speedup':>8}"
-    print(hdr)
-    print("-" * len(hdr))
-    for r in rows:
-        print(
-            f"{r.title:<{w}}  {fmt(r, 'official'):>10} {spread(r, 'official'):>15}  "
-            f"{fmt(r, 'ours'):>10} {spread(r, 'ours'):>15}  {r.speedup:>7.2f}x"
-        )
+    _print_table(
+        rows,
+        fmt,
+        "median per call [p10–p90] (or throughput); speedup = ours vs official (>1: ours better)",
+    )
 
 
 def evaluate_targets(rows: dict[str, Row], prof: Profile) -> list[dict[str, Any]]:
@@ -683,18 +419,9 @@ def evaluate_targets(rows: dict[str, Row], prof: Profile) -> list[dict[str, Any]
 
 
 def env_info() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    def v(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
+    v = package_version
     return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
+        **env_base(),
         "langgraph": v("langgraph"),
         "langgraph-checkpoint": v("langgraph-checkpoint"),
         "langgraph-checkpoint-postgres": v("langgraph-checkpoint-postgres"),
@@ -725,8 +452,7 @@ async def main_async(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     extra: dict[str, Any] = {"server": server_info}
 
-    def step(name: str) -> None:
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {name} ...", file=sys.stderr, flush=True)
+    step = stepper(t_start)
 
     if "aput" in only:
         step("aput")
@@ -750,28 +476,15 @@ async def main_async(args: argparse.Namespace) -> int:
     )
     print_table(rows)
     by_key = {r.key: r for r in rows}
-    if "populate" in extra:
-        p = extra["populate"]
-        print(
-            f"\npopulate {p['ours']['checkpoints']} ckpts (+writes): "
-            f"official {p['official']['seconds']:.2f}s, ours {p['ours']['seconds']:.2f}s"
-        )
-    if "aget_tuple_10" in by_key and "aget_tuple_long" in by_key:
-        a, b = by_key["aget_tuple_10"], by_key["aget_tuple_long"]
-        print(
-            "aget_tuple long/short ratio: official "
-            f"{b.value('official') / a.value('official'):.2f}, "
-            f"ours {b.value('ours') / a.value('ours'):.2f}"
-        )
+    print_populate(extra)
+    print_long_short(by_key)
     if c := by_key.get(f"conc_{prof.conc_workers}"):
         print(
             f"pool scaling {prof.conc_workers} workers / 1 worker: "
             f"official {c.extra['official_scaling']:.2f}x, ours {c.extra['ours_scaling']:.2f}x"
         )
     targets = evaluate_targets(by_key, prof)
-    print("\ntargets:")
-    for t in targets:
-        print(f"  [{'MET' if t['met'] else 'NOT MET'}] {t['target']}: {t['value']}")
+    print_targets(targets)
     print(f"\ntotal benchmark time {elapsed:.1f}s ({prof.name})")
 
     if args.json:
@@ -779,24 +492,11 @@ async def main_async(args: argparse.Namespace) -> int:
             "profile": prof.__dict__,
             "env": env_info(),
             "elapsed_s": elapsed,
-            "rows": [
-                {
-                    "key": r.key,
-                    "title": r.title,
-                    "unit": r.unit,
-                    "official": r.official,
-                    "ours": r.ours,
-                    "speedup": r.speedup,
-                    **({"extra": r.extra} if r.extra else {}),
-                }
-                for r in rows
-            ],
+            "rows": [r.to_json("speedup") for r in rows],
             "targets": targets,
             **extra,
         }
-        with open(args.json, "w") as fh:
-            json.dump(payload, fh, indent=2, default=str)
-        print(f"wrote {args.json}")
+        write_json(args.json, payload)
     if server is not None:
         server.cleanup()
     return 0

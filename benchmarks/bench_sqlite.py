@@ -23,31 +23,49 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
-import json
 import os
-import platform
 import random
-import shutil
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langgraph.checkpoint.base import empty_checkpoint
-from langgraph.checkpoint.base.id import uuid6
+from _harness import (
+    MIXED,
+    SMALL,
+    WITH_MSGS,
+    Payloads,
+    Row,
+    aput_prepare,
+    aput_writes_prepare,
+    bench_tmpdir,
+    check_latest,
+    env_base,
+    fmt_us,
+    interleaved,
+    load_average_checked,
+    load_summary,
+    package_version,
+    perf_ns,
+    populate_read_threads,
+    print_long_short,
+    print_populate,
+    print_targets,
+    read_specs,
+    stepper,
+    summarize,
+    write_json,
+)
+from _harness import ConvSim as _ConvSim
+from _harness import print_table as _print_table
+from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver as OfficialSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
-
-perf_ns = time.perf_counter_ns
 
 # --------------------------------------------------------------------------------------
 # Configuration
@@ -126,39 +144,10 @@ _WORDS_TEXT = (
     "than call first who may down side been now find checkpoint graph agent tool "
     "invoice refund customer order shipping database transaction latency throughput "
 )
-_WORDS = _WORDS_TEXT.split()
 
 
-def text(rng: random.Random, nbytes: int) -> str:
-    """English-ish text of about ``nbytes`` characters (compresses like prose)."""
-    out: list[str] = []
-    n = 0
-    while n < nbytes:
-        w = rng.choice(_WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:nbytes]
-
-
-def human(rng: random.Random, nbytes: int) -> HumanMessage:
-    return HumanMessage(content=text(rng, nbytes), id=str(uuid.UUID(int=rng.getrandbits(128))))
-
-
-def ai(rng: random.Random, nbytes: int) -> AIMessage:
-    return AIMessage(
-        content=text(rng, nbytes),
-        id=str(uuid.UUID(int=rng.getrandbits(128))),
-        response_metadata={"model_name": "bench-model", "finish_reason": "stop"},
-        usage_metadata={"input_tokens": 812, "output_tokens": 230, "total_tokens": 1042},
-    )
-
-
-def tool_msg(rng: random.Random, nbytes: int) -> ToolMessage:
-    return ToolMessage(
-        content=text(rng, nbytes),
-        tool_call_id=f"call_{rng.getrandbits(48):x}",
-        id=str(uuid.UUID(int=rng.getrandbits(128))),
-    )
+PAYLOADS = Payloads(_WORDS_TEXT)
+human, ai, tool_msg = PAYLOADS.human, PAYLOADS.ai, PAYLOADS.tool_msg
 
 
 # --------------------------------------------------------------------------------------
@@ -261,175 +250,11 @@ def checkpoint_wal(path: str) -> None:
         con.close()
 
 
-# --------------------------------------------------------------------------------------
-# Synthetic checkpoint stream (for the aput / read rows)
-# --------------------------------------------------------------------------------------
+class ConvSim(_ConvSim):
+    """The shared synthetic checkpoint stream (see ``_harness.ConvSim``) on these payloads."""
 
-
-class ConvSim:
-    """Produces realistic (config, checkpoint, metadata, new_versions) tuples.
-
-    Channels: ``messages`` (a sliding window of ``window`` ~1 KB messages, so the
-    checkpoint size stays constant across the measurement), ``count`` (int),
-    ``status`` (short str), and the trigger channels ``branch:to:agent`` /
-    ``branch:to:tools``. Only the channels that changed in a step get a new version
-    (from ``saver.get_next_version``) and appear in ``new_versions``.
-    """
-
-    def __init__(self, saver: Any, thread_id: str, window: int, msg_bytes: int, seed: int) -> None:
-        self.saver = saver
-        self.thread_id = thread_id
-        self.rng = random.Random(seed)
-        self.msg_bytes = msg_bytes
-        self.step = -1
-        self.parent_id: str | None = None
-        self.cp = empty_checkpoint()
-        msgs = []
-        for i in range(window):
-            msgs.append(human(self.rng, msg_bytes) if i % 2 == 0 else ai(self.rng, msg_bytes))
-        self.values: dict[str, Any] = {
-            "messages": msgs,
-            "count": 0,
-            "status": "running",
-            "branch:to:agent": None,
-            "branch:to:tools": None,
-        }
-        self.versions: dict[str, Any] = {}
-        for ch in self.values:
-            self.versions[ch] = saver.get_next_version(None, None)
-
-    def config(self) -> dict:
-        c: dict[str, Any] = {"thread_id": self.thread_id, "checkpoint_ns": ""}
-        if self.parent_id is not None:
-            c["checkpoint_id"] = self.parent_id
-        return {"configurable": c}
-
-    def next(self, changed: tuple[str, ...]) -> tuple[dict, dict, dict, dict]:
-        self.step += 1
-        new_versions = {}
-        for ch in changed:
-            if ch == "messages":
-                msgs = self.values["messages"]
-                m = (
-                    ai(self.rng, self.msg_bytes)
-                    if self.step % 2
-                    else tool_msg(self.rng, self.msg_bytes)
-                )
-                self.values["messages"] = [*msgs[1:], m]
-            elif ch == "count":
-                self.values["count"] += 1
-            elif ch == "status":
-                self.values["status"] = f"step-{self.step}"
-            v = self.saver.get_next_version(self.versions[ch], None)
-            self.versions[ch] = v
-            new_versions[ch] = v
-        node = "tools" if "branch:to:tools" in changed else "agent"
-        cp = {
-            "v": self.cp["v"],
-            "id": str(uuid6(clock_seq=self.step)),
-            "ts": "2025-01-01T00:00:00.000000+00:00",
-            "channel_values": dict(self.values),
-            "channel_versions": dict(self.versions),
-            "versions_seen": {
-                "__input__": {},
-                "__start__": {"__start__": self.versions["count"]},
-                node: {c: self.versions[c] for c in ("messages", "branch:to:" + node)},
-            },
-            "pending_sends": [],
-            "updated_channels": list(changed),
-        }
-        md = {"source": "loop", "step": self.step, "parents": {}, "writes": None}
-        cfg = self.config()
-        return cfg, cp, md, new_versions
-
-    async def put(self, changed: tuple[str, ...]) -> dict:
-        cfg, cp, md, nv = self.next(changed)
-        out = await self.saver.aput(cfg, cp, md, nv)
-        self.parent_id = cp["id"]
-        return out
-
-
-# changed-channel patterns
-SMALL = ("count", "status", "branch:to:agent")
-WITH_MSGS = ("messages", "branch:to:tools")
-MIXED = (WITH_MSGS, SMALL)  # alternate: messages change on every other checkpoint
-
-
-# --------------------------------------------------------------------------------------
-# Measurement helpers
-# --------------------------------------------------------------------------------------
-
-
-def summarize(samples_ns: list[int]) -> dict:
-    s = sorted(samples_ns)
-    n = len(s)
-
-    def q(p: float) -> float:
-        return s[min(n - 1, max(0, round(p * (n - 1))))] / 1000.0
-
-    return {
-        "n": n,
-        "median_us": statistics.median(s) / 1000.0,
-        "p10_us": q(0.10),
-        "p90_us": q(0.90),
-        "mean_us": statistics.fmean(s) / 1000.0,
-    }
-
-
-async def interleaved(
-    ctxs: dict[str, Any],
-    prepare: Callable[[Any], Callable[[], Awaitable[Any]]],
-    warmup: int,
-    rounds: int,
-    per_round: int,
-    budget_s: float | None = None,
-) -> dict[str, list[int]]:
-    """Time ``await prepare(ctx)()`` per call; preparation is not timed.
-
-    Backends alternate order each round (A B, B A, ...) to spread drift evenly. If
-    ``budget_s`` is exceeded, stop after the current round (at least 2 rounds), so a
-    pathologically slow backend cannot blow the run time; both keep equal counts.
-    """
-    t_begin = time.perf_counter()
-    labels = list(ctxs)
-    for lab in labels:
-        for _ in range(warmup):
-            await prepare(ctxs[lab])()
-    samples: dict[str, list[int]] = {lab: [] for lab in labels}
-    for r in range(rounds):
-        order = labels if r % 2 == 0 else labels[::-1]
-        for lab in order:
-            ctx = ctxs[lab]
-            gc.collect()
-            buf = samples[lab]
-            for _ in range(per_round):
-                fn = prepare(ctx)
-                t0 = perf_ns()
-                await fn()
-                buf.append(perf_ns() - t0)
-        if budget_s is not None and r >= 1 and time.perf_counter() - t_begin > budget_s:
-            break
-    return samples
-
-
-@dataclass
-class Row:
-    key: str
-    title: str
-    unit: str  # "us" (lower is better), "MB" (lower is better), "s"
-    official: dict
-    ours: dict
-    extra: dict = field(default_factory=dict)
-
-    def value(self, side: str) -> float:
-        d = self.official if side == "official" else self.ours
-        return d["median_us"] if self.unit == "us" else d["value"]
-
-    @property
-    def speedup(self) -> float:
-        """official / ours: > 1 means ours is faster (or smaller)."""
-        o = self.value("ours")
-        return self.value("official") / o if o else float("inf")
+    payloads = PAYLOADS
+    metadata_extra = {"writes": None}  # noqa: RUF012
 
 
 # --------------------------------------------------------------------------------------
@@ -453,28 +278,9 @@ async def bench_aput(classes: dict[str, type], tmp: str, prof: Profile) -> list[
                 lab: ConvSim(b.saver, "t-aput", prof.window, prof.msg_bytes, seed=1)
                 for lab, b in backends.items()
             }
-            ctr = {lab: 0 for lab in sims}
-
-            def prepare(
-                lab: str,
-                sims: dict[str, ConvSim] = sims,
-                patterns: tuple[tuple[str, ...], ...] = patterns,
-                ctr: dict[str, int] = ctr,
-            ) -> Callable[[], Awaitable[Any]]:
-                sim = sims[lab]
-                pat = patterns[ctr[lab] % len(patterns)]
-                ctr[lab] += 1
-                cfg, cp, md, nv = sim.next(pat)
-
-                async def run() -> None:
-                    await sim.saver.aput(cfg, cp, md, nv)
-                    sim.parent_id = cp["id"]
-
-                return run
-
             samples = await interleaved(
-                {lab: lab for lab in sims},
-                prepare,
+                list(sims),
+                aput_prepare(sims, patterns),
                 prof.warmup,
                 prof.rounds,
                 prof.per_round,
@@ -483,9 +289,7 @@ async def bench_aput(classes: dict[str, type], tmp: str, prof: Profile) -> list[
         finally:
             for b in backends.values():
                 await b.__aexit__(None, None, None)
-        rows.append(
-            Row(key, title, "us", summarize(samples["official"]), summarize(samples["ours"]))
-        )
+        rows.append(Row.from_samples(key, title, samples))
     return rows
 
 
@@ -494,21 +298,10 @@ async def bench_aput_writes(classes: dict[str, type], tmp: str, prof: Profile) -
     for b in backends.values():
         await b.__aenter__()
     try:
-        cfgs = {}
-        for lab, b in backends.items():
-            sim = ConvSim(b.saver, "t-writes", prof.window, prof.msg_bytes, seed=2)
-            cfgs[lab] = (b.saver, await sim.put(SMALL))
-        rng = random.Random(3)
-        msg = ai(rng, prof.msg_bytes)
-
-        def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
-            saver, cfg = cfgs[lab]
-            writes = [("messages", [msg]), ("count", 7), ("branch:to:tools", None)]
-            task_id = str(uuid.uuid4())
-            return lambda: saver.aput_writes(cfg, writes, task_id, "~__pregel_pull, agent")
-
+        saver_of = {lab: b.saver for lab, b in backends.items()}
+        prepare = await aput_writes_prepare(ConvSim, saver_of, prof)
         samples = await interleaved(
-            {lab: lab for lab in backends},
+            list(backends),
             prepare,
             prof.warmup,
             prof.rounds,
@@ -518,31 +311,7 @@ async def bench_aput_writes(classes: dict[str, type], tmp: str, prof: Profile) -
     finally:
         for b in backends.values():
             await b.__aexit__(None, None, None)
-    return Row(
-        "aput_writes",
-        "aput_writes (task writes 3 channels)",
-        "us",
-        summarize(samples["official"]),
-        summarize(samples["ours"]),
-    )
-
-
-async def populate(saver: Any, thread_id: str, n: int, prof: Profile, seed: int) -> list[dict]:
-    """n checkpoints (mixed pattern), each followed by one task's writes."""
-    sim = ConvSim(saver, thread_id, prof.window, prof.msg_bytes, seed=seed)
-    rng = random.Random(seed + 1)
-    small_msg = ai(rng, 200)
-    cfgs = []
-    for i in range(n):
-        cfg = await sim.put(MIXED[i % 2])
-        await saver.aput_writes(
-            cfg,
-            [("messages", [small_msg]), ("branch:to:tools", None)],
-            str(uuid.UUID(int=rng.getrandbits(128))),
-            "~__pregel_pull, agent",
-        )
-        cfgs.append(cfg)
-    return cfgs
+    return Row.from_samples("aput_writes", "aput_writes (task writes 3 channels)", samples)
 
 
 async def bench_reads(classes: dict[str, type], tmp: str, prof: Profile) -> tuple[list[Row], dict]:
@@ -554,11 +323,7 @@ async def bench_reads(classes: dict[str, type], tmp: str, prof: Profile) -> tupl
         cfgs: dict[str, dict[str, list[dict]]] = {}
         for lab, b in backends.items():
             t0 = perf_ns()
-            # a few unrelated threads around the two measured ones
-            await populate(b.saver, "t-other-a", 50, prof, seed=10)
-            short = await populate(b.saver, "t-short", prof.short_thread, prof, seed=11)
-            long_ = await populate(b.saver, "t-long", prof.long_thread, prof, seed=12)
-            await populate(b.saver, "t-other-b", 50, prof, seed=13)
+            short, long_ = await populate_read_threads(ConvSim, b.saver, prof)
             dt = (perf_ns() - t0) / 1e9
             n_ck = 100 + prof.short_thread + prof.long_thread
             pop_info[lab] = {
@@ -570,51 +335,16 @@ async def bench_reads(classes: dict[str, type], tmp: str, prof: Profile) -> tupl
             cfgs[lab] = {"short": short, "long": long_}
         saver_of = {lab: b.saver for lab, b in backends.items()}
 
-        def latest(thread: str) -> Callable[[str], Callable[[], Awaitable[Any]]]:
-            cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-            return lambda lab: lambda: saver_of[lab].aget_tuple(cfg)
-
         def by_id(lab: str) -> Callable[[], Awaitable[Any]]:
             long_ = cfgs[lab]["long"]
             cfg = long_[len(long_) // 2]
             return lambda: saver_of[lab].aget_tuple(cfg)
 
-        def listing(lab: str) -> Callable[[], Awaitable[Any]]:
-            cfg = {"configurable": {"thread_id": "t-long", "checkpoint_ns": ""}}
-
-            async def run() -> None:
-                n = 0
-                async for _ in saver_of[lab].alist(cfg, limit=10):
-                    n += 1
-                assert n == 10, n
-
-            return run
-
         # sanity: both return the right latest checkpoint with its pending writes
-        for lab in backends:
-            for kind, thread in (("short", "t-short"), ("long", "t-long")):
-                tup = await latest(thread)(lab)()
-                want = cfgs[lab][kind][-1]["configurable"]["checkpoint_id"]
-                got = tup.config["configurable"]["checkpoint_id"]
-                assert got == want, (lab, kind, got, want)
-                assert len(tup.pending_writes) == 2, (lab, tup.pending_writes)
-                assert len(tup.checkpoint["channel_values"]["messages"]) == prof.window
+        await check_latest(saver_of, cfgs, prof.window)
 
         rows = []
-        specs = [
-            (
-                "aget_tuple_10",
-                f"aget_tuple latest ({prof.short_thread}-ckpt thread)",
-                latest("t-short"),
-            ),
-            (
-                "aget_tuple_long",
-                f"aget_tuple latest ({prof.long_thread}-ckpt thread)",
-                latest("t-long"),
-            ),
-            ("aget_tuple_by_id", f"aget_tuple by id (middle of {prof.long_thread})", by_id),
-            ("alist_10", f"alist(limit=10) ({prof.long_thread}-ckpt thread)", listing),
-        ]
+        specs = read_specs(prof, saver_of, by_id)
         # pre-warm every read path on both backends first, so that the first row measured
         # does not pay for cold page caches left behind by the population phase
         for _key, _title, prep in specs:
@@ -624,16 +354,14 @@ async def bench_reads(classes: dict[str, type], tmp: str, prof: Profile) -> tupl
         for key, title, prep in specs:
             per = prof.read_per_round if key != "alist_10" else max(5, prof.read_per_round // 4)
             samples = await interleaved(
-                {lab: lab for lab in backends},
+                list(backends),
                 prep,
                 prof.warmup // 2,
                 prof.read_rounds,
                 per,
                 prof.budget_s,
             )
-            rows.append(
-                Row(key, title, "us", summarize(samples["official"]), summarize(samples["ours"]))
-            )
+            rows.append(Row.from_samples(key, title, samples))
     finally:
         for b in backends.values():
             await b.__aexit__(None, None, None)
@@ -707,7 +435,7 @@ async def bench_graph_loop(classes: dict[str, type], tmp: str, prof: Profile) ->
             return run
 
         samples = await interleaved(
-            {lab: lab for lab in backends},
+            list(backends),
             prepare,
             prof.graph_warmup,
             prof.graph_rounds,
@@ -817,19 +545,10 @@ async def bench_chat(classes: dict[str, type], tmp: str, prof: Profile) -> list[
 def fmt(row: Row, side: str) -> str:
     v = row.value(side)
     if row.unit == "us":
-        if v >= 10_000:
-            return f"{v / 1000:,.1f} ms"
-        return f"{v:,.0f} µs"
+        return fmt_us(v)
     if row.unit == "MB":
         return f"{v:,.2f} MB"
     return f"{v:,.2f} s"
-
-
-def spread(row: Row, side: str) -> str:
-    d = row.official if side == "official" else row.ours
-    if "p10_us" not in d:
-        return ""
-    return f"[{d['p10_us']:,.0f}–{d['p90_us']:,.0f}]"
 
 
 def evaluate_targets(rows: dict[str, Row], prof: Profile) -> list[dict]:
@@ -870,33 +589,18 @@ def evaluate_targets(rows: dict[str, Row], prof: Profile) -> list[dict]:
 
 
 def print_table(rows: list[Row], ours_impl: str) -> None:
-    print()
-    print(f"ours = {ours_impl}")
-    print("median per call; [p10–p90]; speedup = official / ours (>1: ours faster/smaller)")
-    w = max(len(r.title) for r in rows)
-    hdr = f"{'benchmark':<{w}}  {'official':>10} {'':>15}  {'ours':>10} {'':>15}  {'speedup':>8}"
-    print(hdr)
-    print("-" * len(hdr))
-    for r in rows:
-        print(
-            f"{r.title:<{w}}  {fmt(r, 'official'):>10} {spread(r, 'official'):>15}  "
-            f"{fmt(r, 'ours'):>10} {spread(r, 'ours'):>15}  {r.speedup:>7.2f}x"
-        )
+    _print_table(
+        rows,
+        fmt,
+        f"ours = {ours_impl}",
+        "median per call; [p10–p90]; speedup = official / ours (>1: ours faster/smaller)",
+    )
 
 
 def env_info(ours_cls: type) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    def v(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
+    v = package_version
     return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
+        **env_base(),
         "sqlite": sqlite3.sqlite_version,
         "langgraph": v("langgraph"),
         "langgraph-checkpoint": v("langgraph-checkpoint"),
@@ -923,24 +627,12 @@ async def main_async(args: argparse.Namespace) -> int:
     SYNCHRONOUS_OVERRIDE = args.synchronous
     classes = {"official": OfficialSaver, "ours": ours_cls}
     only = set(args.only.split(",")) if args.only else set(ALL_BENCHES)
-    tmp = tempfile.mkdtemp(prefix="bench_sqlite_", dir=args.tmpdir)
-    load_before = os.getloadavg()
-    if load_before[0] > 0.5 * (os.cpu_count() or 1):
-        print(
-            f"WARNING: load average {load_before[0]:.2f} on {os.cpu_count()} CPUs: other "
-            "processes are busy; expect noisy numbers (fsync-bound rows especially)",
-            file=sys.stderr,
-        )
+    load_before = load_average_checked()
     t_start = time.perf_counter()
     rows: list[Row] = []
     extra: dict[str, Any] = {}
-    try:
-
-        def step(name: str) -> None:
-            print(
-                f"[{time.perf_counter() - t_start:6.1f}s] {name} ...", file=sys.stderr, flush=True
-            )
-
+    step = stepper(t_start)
+    with bench_tmpdir("bench_sqlite_", args.tmpdir, args.keep) as tmp:
         if "aput" in only:
             step("aput")
             rows += await bench_aput(classes, tmp, prof)
@@ -958,23 +650,13 @@ async def main_async(args: argparse.Namespace) -> int:
         if "chat" in only:
             step(f"{prof.chat_turns}-turn chat")
             rows += await bench_chat(classes, tmp, prof)
-    finally:
-        if not args.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            print(f"kept temp files in {tmp}", file=sys.stderr)
     elapsed = time.perf_counter() - t_start
     load_after = os.getloadavg()
 
     print_table(rows, ours_impl)
     by_key = {r.key: r for r in rows}
     targets = evaluate_targets(by_key, prof)
-    if "populate" in extra:
-        p = extra["populate"]
-        print(
-            f"\npopulate {p['official']['checkpoints']} ckpts (+writes): "
-            f"official {p['official']['seconds']:.2f}s, ours {p['ours']['seconds']:.2f}s"
-        )
+    print_populate(extra)
     if "chat_file_mb" in by_key:
         r = by_key["chat_file_mb"]
         for side, d in (("official", r.official), ("ours", r.ours)):
@@ -983,19 +665,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 f"{d['bytes_open']}, after close {d['bytes_closed']}, "
                 f"after wal_checkpoint {d['bytes_after_wal_checkpoint']}"
             )
-    if "aget_tuple_10" in by_key and "aget_tuple_long" in by_key:
-        a, b = by_key["aget_tuple_10"], by_key["aget_tuple_long"]
-        r_off = b.value("official") / a.value("official")
-        r_ours = b.value("ours") / a.value("ours")
-        print(f"aget_tuple long/short ratio: official {r_off:.2f}, ours {r_ours:.2f}")
+    print_long_short(by_key)
     print(f"connection pragmas: {PRAGMAS}")
-    print("\ntargets:")
-    for t in targets:
-        print(f"  [{'MET' if t['met'] else 'NOT MET'}] {t['target']}: {t['value']}")
-    print(
-        f"\ntotal benchmark time {elapsed:.1f}s ({prof.name}); load average before "
-        f"{load_before[0]:.2f}, after {load_after[0]:.2f} ({os.cpu_count()} CPUs)"
-    )
+    print_targets(targets)
+    print(load_summary(elapsed, prof.name, load_before, load_after))
 
     if args.json:
         payload = {
@@ -1005,26 +678,13 @@ async def main_async(args: argparse.Namespace) -> int:
             "elapsed_s": elapsed,
             "loadavg_before": load_before,
             "loadavg_after": load_after,
-            "rows": [
-                {
-                    "key": r.key,
-                    "title": r.title,
-                    "unit": r.unit,
-                    "official": r.official,
-                    "ours": r.ours,
-                    "speedup_official_over_ours": r.speedup,
-                    **({"extra": r.extra} if r.extra else {}),
-                }
-                for r in rows
-            ],
+            "rows": [r.to_json("speedup_official_over_ours") for r in rows],
             "targets": targets,
             "pragmas": PRAGMAS,
             "synchronous_override": SYNCHRONOUS_OVERRIDE,
             **extra,
         }
-        with open(args.json, "w") as fh:
-            json.dump(payload, fh, indent=2, default=str)
-        print(f"wrote {args.json}")
+        write_json(args.json, payload)
     return 0
 
 

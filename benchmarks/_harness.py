@@ -1,0 +1,542 @@
+"""Helpers shared by the benchmark scripts in this folder.
+
+The scripts run as ``python benchmarks/bench_x.py``, so this folder is on ``sys.path``
+and they import from here with ``from _harness import ...``. Everything here is
+backend-neutral: payload generators, the synthetic checkpoint stream, the interleaved
+timer and its summaries, the official-vs-ours result row and the report/JSON plumbing.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base.id import uuid6
+
+perf_ns = time.perf_counter_ns
+
+# --------------------------------------------------------------------------------------
+# Deterministic payloads
+# --------------------------------------------------------------------------------------
+
+
+class Payloads:
+    """English-ish message generators over a fixed word list (deterministic per rng)."""
+
+    def __init__(self, words_text: str) -> None:
+        self.words = words_text.split()
+
+    def text(self, rng: random.Random, nbytes: int) -> str:
+        """English-ish text of about ``nbytes`` characters (compresses like prose)."""
+        out: list[str] = []
+        n = 0
+        while n < nbytes:
+            w = rng.choice(self.words)
+            out.append(w)
+            n += len(w) + 1
+        return " ".join(out)[:nbytes]
+
+    def human(self, rng: random.Random, nbytes: int) -> HumanMessage:
+        return HumanMessage(
+            content=self.text(rng, nbytes), id=str(uuid.UUID(int=rng.getrandbits(128)))
+        )
+
+    def ai(self, rng: random.Random, nbytes: int) -> AIMessage:
+        return AIMessage(
+            content=self.text(rng, nbytes),
+            id=str(uuid.UUID(int=rng.getrandbits(128))),
+            response_metadata={"model_name": "bench-model", "finish_reason": "stop"},
+            usage_metadata={"input_tokens": 812, "output_tokens": 230, "total_tokens": 1042},
+        )
+
+    def tool_msg(self, rng: random.Random, nbytes: int) -> ToolMessage:
+        return ToolMessage(
+            content=self.text(rng, nbytes),
+            tool_call_id=f"call_{rng.getrandbits(48):x}",
+            id=str(uuid.UUID(int=rng.getrandbits(128))),
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Synthetic checkpoint stream (for the aput / read rows)
+# --------------------------------------------------------------------------------------
+
+
+class ConvSim:
+    """Produces realistic (config, checkpoint, metadata, new_versions) tuples.
+
+    Channels: ``messages`` (a sliding window of ``window`` ~1 KB messages, so the
+    checkpoint size stays constant across the measurement), ``count`` (int),
+    ``status`` (short str), and the trigger channels ``branch:to:agent`` /
+    ``branch:to:tools``. Only the channels that changed in a step get a new version
+    (from ``saver.get_next_version``) and appear in ``new_versions``.
+
+    Subclasses set ``payloads`` (the message generators) and ``metadata_extra`` (keys
+    added to every checkpoint's metadata).
+    """
+
+    payloads: Payloads
+    metadata_extra: dict[str, Any] = {}  # noqa: RUF012 (read-only class default)
+
+    def __init__(self, saver: Any, thread_id: str, window: int, msg_bytes: int, seed: int) -> None:
+        self.saver = saver
+        self.thread_id = thread_id
+        self.rng = random.Random(seed)
+        self.msg_bytes = msg_bytes
+        self.step = -1
+        self.parent_id: str | None = None
+        self.cp = empty_checkpoint()
+        p = self.payloads
+        msgs = [
+            p.human(self.rng, msg_bytes) if i % 2 == 0 else p.ai(self.rng, msg_bytes)
+            for i in range(window)
+        ]
+        self.values: dict[str, Any] = {
+            "messages": msgs,
+            "count": 0,
+            "status": "running",
+            "branch:to:agent": None,
+            "branch:to:tools": None,
+        }
+        self.versions = {ch: saver.get_next_version(None, None) for ch in self.values}
+
+    def config(self) -> dict[str, Any]:
+        c: dict[str, Any] = {"thread_id": self.thread_id, "checkpoint_ns": ""}
+        if self.parent_id is not None:
+            c["checkpoint_id"] = self.parent_id
+        return {"configurable": c}
+
+    def next(self, changed: tuple[str, ...]) -> tuple[Any, Any, Any, Any]:
+        self.step += 1
+        new_versions = {}
+        p = self.payloads
+        for ch in changed:
+            if ch == "messages":
+                msgs = self.values["messages"]
+                m = (
+                    p.ai(self.rng, self.msg_bytes)
+                    if self.step % 2
+                    else p.tool_msg(self.rng, self.msg_bytes)
+                )
+                self.values["messages"] = [*msgs[1:], m]
+            elif ch == "count":
+                self.values["count"] += 1
+            elif ch == "status":
+                self.values["status"] = f"step-{self.step}"
+            v = self.saver.get_next_version(self.versions[ch], None)
+            self.versions[ch] = v
+            new_versions[ch] = v
+        node = "tools" if "branch:to:tools" in changed else "agent"
+        cp = {
+            "v": self.cp["v"],
+            "id": str(uuid6(clock_seq=self.step)),
+            "ts": "2025-01-01T00:00:00.000000+00:00",
+            "channel_values": dict(self.values),
+            "channel_versions": dict(self.versions),
+            "versions_seen": {
+                "__input__": {},
+                "__start__": {"__start__": self.versions["count"]},
+                node: {c: self.versions[c] for c in ("messages", "branch:to:" + node)},
+            },
+            "pending_sends": [],
+            "updated_channels": list(changed),
+        }
+        md = {"source": "loop", "step": self.step, "parents": {}, **self.metadata_extra}
+        return self.config(), cp, md, new_versions
+
+    async def put(self, changed: tuple[str, ...]) -> Any:
+        cfg, cp, md, nv = self.next(changed)
+        out = await self.saver.aput(cfg, cp, md, nv)
+        self.parent_id = cp["id"]
+        return out
+
+
+# changed-channel patterns
+SMALL = ("count", "status", "branch:to:agent")
+WITH_MSGS = ("messages", "branch:to:tools")
+MIXED = (WITH_MSGS, SMALL)  # alternate: messages change on every other checkpoint
+
+
+async def populate(
+    sim_cls: type[ConvSim], saver: Any, thread_id: str, n: int, prof: Any, seed: int
+) -> list[Any]:
+    """n checkpoints (mixed pattern), each followed by one task's writes."""
+    sim = sim_cls(saver, thread_id, prof.window, prof.msg_bytes, seed=seed)
+    rng = random.Random(seed + 1)
+    small_msg = sim.payloads.ai(rng, 200)
+    cfgs = []
+    for i in range(n):
+        cfg = await sim.put(MIXED[i % 2])
+        await saver.aput_writes(
+            cfg,
+            [("messages", [small_msg]), ("branch:to:tools", None)],
+            str(uuid.UUID(int=rng.getrandbits(128))),
+            "~__pregel_pull, agent",
+        )
+        cfgs.append(cfg)
+    return cfgs
+
+
+# --------------------------------------------------------------------------------------
+# Workloads (saver_of: label -> saver; a Prepare maps a label to one timed call)
+# --------------------------------------------------------------------------------------
+
+Prepare = Callable[[str], Callable[[], Awaitable[Any]]]
+
+
+def aput_prepare(sims: dict[str, ConvSim], patterns: tuple[tuple[str, ...], ...]) -> Prepare:
+    """One ``aput`` per call on each label's stream, cycling through ``patterns``."""
+    ctr = dict.fromkeys(sims, 0)
+
+    def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
+        sim = sims[lab]
+        pat = patterns[ctr[lab] % len(patterns)]
+        ctr[lab] += 1
+        cfg, cp, md, nv = sim.next(pat)
+
+        async def run() -> None:
+            await sim.saver.aput(cfg, cp, md, nv)
+            sim.parent_id = cp["id"]
+
+        return run
+
+    return prepare
+
+
+async def aput_writes_prepare(
+    sim_cls: type[ConvSim], saver_of: dict[str, Any], prof: Any
+) -> Prepare:
+    """One task's writes (3 channels) per call, on a checkpoint put first on each saver."""
+    cfgs = {}
+    for lab, saver in saver_of.items():
+        sim = sim_cls(saver, "t-writes", prof.window, prof.msg_bytes, seed=2)
+        cfgs[lab] = (saver, await sim.put(SMALL))
+    msg = sim_cls.payloads.ai(random.Random(3), prof.msg_bytes)
+
+    def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
+        saver, cfg = cfgs[lab]
+        writes = [("messages", [msg]), ("count", 7), ("branch:to:tools", None)]
+        task_id = str(uuid.uuid4())
+        return lambda: saver.aput_writes(cfg, writes, task_id, "~__pregel_pull, agent")
+
+    return prepare
+
+
+async def populate_read_threads(
+    sim_cls: type[ConvSim], saver: Any, prof: Any
+) -> tuple[list[Any], list[Any]]:
+    """The short and the long measured threads, with a few unrelated threads around them."""
+    await populate(sim_cls, saver, "t-other-a", 50, prof, seed=10)
+    short = await populate(sim_cls, saver, "t-short", prof.short_thread, prof, seed=11)
+    long_ = await populate(sim_cls, saver, "t-long", prof.long_thread, prof, seed=12)
+    await populate(sim_cls, saver, "t-other-b", 50, prof, seed=13)
+    return short, long_
+
+
+def read_specs(
+    prof: Any, saver_of: dict[str, Any], by_id: Prepare | None = None
+) -> list[tuple[str, str, Prepare]]:
+    """(key, title, prepare) of the read rows: latest of short and long, [by id,] alist."""
+    specs = [
+        (
+            "aget_tuple_10",
+            f"aget_tuple latest ({prof.short_thread}-ckpt thread)",
+            latest_reader(saver_of, "t-short"),
+        ),
+        (
+            "aget_tuple_long",
+            f"aget_tuple latest ({prof.long_thread}-ckpt thread)",
+            latest_reader(saver_of, "t-long"),
+        ),
+    ]
+    if by_id is not None:
+        specs.append(
+            ("aget_tuple_by_id", f"aget_tuple by id (middle of {prof.long_thread})", by_id)
+        )
+    specs.append(
+        (
+            "alist_10",
+            f"alist(limit=10) ({prof.long_thread}-ckpt thread)",
+            list10_reader(saver_of),
+        )
+    )
+    return specs
+
+
+def latest_reader(saver_of: dict[str, Any], thread: str) -> Prepare:
+    """``aget_tuple`` of the latest checkpoint of ``thread``."""
+    cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    return lambda lab: lambda: saver_of[lab].aget_tuple(cfg)
+
+
+def list10_reader(saver_of: dict[str, Any], thread: str = "t-long") -> Prepare:
+    """``alist(limit=10)`` on ``thread`` (asserts 10 come back)."""
+    cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+
+    def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
+        async def run() -> None:
+            n = 0
+            async for _ in saver_of[lab].alist(cfg, limit=10):
+                n += 1
+            assert n == 10, n
+
+        return run
+
+    return prepare
+
+
+async def check_latest(
+    saver_of: dict[str, Any], cfgs: dict[str, dict[str, list[Any]]], window: int
+) -> None:
+    """Sanity: every backend returns the right latest checkpoint with its pending writes."""
+    for lab in saver_of:
+        for kind, thread in (("short", "t-short"), ("long", "t-long")):
+            tup = await latest_reader(saver_of, thread)(lab)()
+            want = cfgs[lab][kind][-1]["configurable"]["checkpoint_id"]
+            got = tup.config["configurable"]["checkpoint_id"]
+            assert got == want, (lab, kind, got, want)
+            assert len(tup.pending_writes) == 2, (lab, tup.pending_writes)
+            assert len(tup.checkpoint["channel_values"]["messages"]) == window
+
+
+# --------------------------------------------------------------------------------------
+# Measurement
+# --------------------------------------------------------------------------------------
+
+
+def summarize(samples_ns: list[int], scale: float = 1.0, with_mean: bool = True) -> dict:
+    """Median and [p10, p90] (and mean) in µs, each sample divided by ``scale`` first."""
+    s = sorted(samples_ns) if scale == 1.0 else sorted(x / scale for x in samples_ns)
+    n = len(s)
+
+    def q(p: float) -> float:
+        return s[min(n - 1, max(0, round(p * (n - 1))))] / 1000.0
+
+    out = {
+        "n": n,
+        "median_us": statistics.median(s) / 1000.0,
+        "p10_us": q(0.10),
+        "p90_us": q(0.90),
+    }
+    if with_mean:
+        out["mean_us"] = statistics.fmean(s) / 1000.0
+    return out
+
+
+async def interleaved(
+    labels: list[str],
+    prepare: Prepare,
+    warmup: int,
+    rounds: int,
+    per_round: int,
+    budget_s: float | None = None,
+) -> dict[str, list[int]]:
+    """Time ``await prepare(label)()`` per call; preparation is not timed.
+
+    The column order alternates every round (A B, B A, ...; with more than two columns
+    it also rotates) so drift and disk write-back hit every column alike. Past
+    ``budget_s`` stop after the current round (at least 2 rounds), so a pathologically
+    slow backend cannot blow the run time; all columns keep equal counts.
+    """
+    t_begin = time.perf_counter()
+    for lab in labels:
+        for _ in range(warmup):
+            await prepare(lab)()
+    samples: dict[str, list[int]] = {lab: [] for lab in labels}
+    for r in range(rounds):
+        order = labels if r % 2 == 0 else labels[::-1]
+        if len(labels) > 2:
+            k = (r // 2) % len(labels)
+            order = order[k:] + order[:k]
+        for lab in order:
+            gc.collect()
+            buf = samples[lab]
+            for _ in range(per_round):
+                fn = prepare(lab)
+                t0 = perf_ns()
+                await fn()
+                buf.append(perf_ns() - t0)
+        if budget_s is not None and r >= 1 and time.perf_counter() - t_begin > budget_s:
+            break
+    return samples
+
+
+@dataclass
+class Row:
+    """One official-vs-ours result row."""
+
+    key: str
+    title: str
+    unit: str  # "us", "MB", "s": lower is better; "ops": higher is better
+    official: dict[str, Any]
+    ours: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def value(self, side: str) -> float:
+        d = self.official if side == "official" else self.ours
+        return float(d["median_us"] if self.unit == "us" else d["value"])
+
+    @property
+    def speedup(self) -> float:
+        """> 1 means ours is faster (or smaller; or, for "ops", higher)."""
+        o, f = self.value("ours"), self.value("official")
+        if self.unit == "ops":
+            return o / f if f else float("inf")
+        return f / o if o else float("inf")
+
+    @classmethod
+    def from_samples(cls, key: str, title: str, samples: dict[str, list[int]]) -> Row:
+        """A µs row from ``interleaved`` samples of the "official" and "ours" columns."""
+        return cls(key, title, "us", summarize(samples["official"]), summarize(samples["ours"]))
+
+    def to_json(self, speedup_key: str) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "title": self.title,
+            "unit": self.unit,
+            "official": self.official,
+            "ours": self.ours,
+            speedup_key: self.speedup,
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+
+# --------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------
+
+
+def fmt_us(v: float, ms_digits: int = 1) -> str:
+    return f"{v / 1000:,.{ms_digits}f} ms" if v >= 10_000 else f"{v:,.0f} µs"
+
+
+def spread(d: dict) -> str:
+    """``[p10–p90]`` of a summary, or "" if it has none."""
+    if "p10_us" not in d:
+        return ""
+    return f"[{d['p10_us']:,.0f}–{d['p90_us']:,.0f}]"
+
+
+def print_table(rows: list[Row], fmt: Callable[[Row, str], str], *header: str) -> None:
+    """The official / ours / speedup table, after a blank line and the ``header`` lines."""
+    print()
+    for line in header:
+        print(line)
+    w = max(len(r.title) for r in rows)
+    hdr = f"{'benchmark':<{w}}  {'official':>10} {'':>15}  {'ours':>10} {'':>15}  {'speedup':>8}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(
+            f"{r.title:<{w}}  {fmt(r, 'official'):>10} {spread(r.official):>15}  "
+            f"{fmt(r, 'ours'):>10} {spread(r.ours):>15}  {r.speedup:>7.2f}x"
+        )
+
+
+def print_populate(extra: dict[str, Any]) -> None:
+    """The populate timing of the read rows, if they ran."""
+    if "populate" in extra:
+        p = extra["populate"]
+        print(
+            f"\npopulate {p['ours']['checkpoints']} ckpts (+writes): "
+            f"official {p['official']['seconds']:.2f}s, ours {p['ours']['seconds']:.2f}s"
+        )
+
+
+def print_long_short(by_key: dict[str, Row]) -> None:
+    """The aget_tuple long/short ratio of each column, if both rows ran."""
+    if "aget_tuple_10" in by_key and "aget_tuple_long" in by_key:
+        a, b = by_key["aget_tuple_10"], by_key["aget_tuple_long"]
+        r_off = b.value("official") / a.value("official")
+        r_ours = b.value("ours") / a.value("ours")
+        print(f"aget_tuple long/short ratio: official {r_off:.2f}, ours {r_ours:.2f}")
+
+
+def print_targets(targets: list[dict[str, Any]]) -> None:
+    print("\ntargets:")
+    for t in targets:
+        print(f"  [{'MET' if t['met'] else 'NOT MET'}] {t['target']}: {t['value']}")
+
+
+def package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def env_base() -> dict[str, Any]:
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def write_json(path: str, payload: dict[str, Any]) -> None:
+    with open(path, "w") as fh:
+        json.dump(payload, fh, indent=2, default=str)
+    print(f"wrote {path}")
+
+
+# --------------------------------------------------------------------------------------
+# Run plumbing
+# --------------------------------------------------------------------------------------
+
+
+def load_average_checked() -> tuple[float, float, float]:
+    """The load average now; warns on stderr if other processes are busy."""
+    load = os.getloadavg()
+    if load[0] > 0.5 * (os.cpu_count() or 1):
+        print(
+            f"WARNING: load average {load[0]:.2f} on {os.cpu_count()} CPUs: other "
+            "processes are busy; expect noisy numbers (fsync-bound rows especially)",
+            file=sys.stderr,
+        )
+    return load
+
+
+def load_summary(elapsed: float, profile: str, before: Any, after: Any) -> str:
+    return (
+        f"\ntotal benchmark time {elapsed:.1f}s ({profile}); load average before "
+        f"{before[0]:.2f}, after {after[0]:.2f} ({os.cpu_count()} CPUs)"
+    )
+
+
+def stepper(t_start: float) -> Callable[[str], None]:
+    """A progress logger: ``[  12.3s] name ...`` on stderr."""
+
+    def step(name: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {name} ...", file=sys.stderr, flush=True)
+
+    return step
+
+
+@contextmanager
+def bench_tmpdir(prefix: str, parent: str | None, keep: bool) -> Iterator[str]:
+    """A fresh temp dir, removed on exit unless ``keep`` (then its path goes to stderr)."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    try:
+        yield tmp
+    finally:
+        if keep:
+            print(f"kept temp files in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
