@@ -963,6 +963,7 @@ def entry_dict(saver: Any, e: LedgerEntry, now: float) -> dict[str, Any]:
         "error": e.error,
         "adopted_by": e.adopted_by,
         "run_id": e.run_id,
+        "history": e.events(),
     }
 
 
@@ -1341,15 +1342,34 @@ async def cmd_ledger(insp: Inspector, args: argparse.Namespace, out: Out) -> int
 
 
 async def cmd_pending(insp: Inspector, args: argparse.Namespace, out: Out) -> int:
+    from langgraph_idem_saver.inspection import astale_claims
+
     now = time.time()
     entries = [entry_dict(insp.saver, e, now) for e in await insp.saver.alist_unknown(now=now)]
+    stale = [
+        entry_dict(insp.saver, e, now)
+        for e in await astale_claims(insp.saver, older_than=args.stale)
+    ]
     if out.as_json:
-        out.json({"entries": entries})
+        out.json({"entries": entries, "stale_claims": stale})
         return EXIT_OK
+    columns = [*LEDGER_COLUMNS[:1], "thread", *LEDGER_COLUMNS[1:]]
+    if stale:
+        out.table(
+            f"{len(stale)} live claim(s) older than {args.stale:g}s (owner may be gone)",
+            [*columns, "owner"],
+            [
+                [*row, e["owner"]]
+                for row, e in zip(ledger_rows(stale, with_thread=True), stale, strict=True)
+            ],
+        )
+        out.line(
+            "if an owner's process is gone (e.g. a replaced pod): idem-saver resolve KEY "
+            "--force --rerun | --completed --result TEXT | --failed --error TEXT"
+        )
     if not entries:
         out.line("no unknown outcomes")
         return EXIT_OK
-    columns = [*LEDGER_COLUMNS[:1], "thread", *LEDGER_COLUMNS[1:]]
     out.table(f"{len(entries)} unknown outcome(s)", columns, ledger_rows(entries, with_thread=True))
     out.line(
         "settle each after checking the outside world: idem-saver resolve KEY "
@@ -1359,7 +1379,7 @@ async def cmd_pending(insp: Inspector, args: argparse.Namespace, out: Out) -> in
 
 
 async def cmd_resolve(insp: Inspector, args: argparse.Namespace, out: Out) -> int:
-    from langgraph_idem_saver.inspection import Resolution, aresolve_unknown
+    from langgraph_idem_saver.inspection import Resolution, aresolve_unknown, aretry_failed
 
     prefix = args.entry.strip().lower()
     if len(prefix) < MIN_KEY_PREFIX:
@@ -1394,12 +1414,23 @@ async def cmd_resolve(insp: Inspector, args: argparse.Namespace, out: Out) -> in
         )
     resolution: Resolution = "completed" if args.completed else "failed" if args.failed else "rerun"
     try:
-        settled = await aresolve_unknown(
-            insp.saver, entry, resolution, result=args.result, error=args.error
-        )
+        if args.retry:
+            settled = await aretry_failed(insp.saver, entry, note=args.note)
+        else:
+            settled = await aresolve_unknown(
+                insp.saver,
+                entry,
+                resolution,
+                result=args.result,
+                error=args.error,
+                force=args.force,
+                note=args.note,
+            )
     except LedgerStateError as exc:
         raise CliError(f"refused: {exc}") from None
-    status = "released" if settled is None else settled.status.value
+    if args.retry:
+        resolution = "rerun"
+    status = "released" if settled.status is CallStatus.ISSUED else settled.status.value
     if out.as_json:
         out.json(
             {
@@ -1668,7 +1699,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("thread", help="thread id")
     p.add_argument("--agent", help="only this agent path (e.g. 'tools' or 'supervisor|tools')")
 
-    sub.add_parser("pending", parents=[common], help="unknown outcomes across all threads")
+    p = sub.add_parser("pending", parents=[common], help="unknown outcomes across all threads")
+    p.add_argument(
+        "--stale",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="also list live claims older than this, with their owner (default 600)",
+    )
 
     p = sub.add_parser(
         "resolve",
@@ -1683,6 +1721,15 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--completed", action="store_true", help="it happened; needs --result")
     how.add_argument("--failed", action="store_true", help="it failed; --error says why")
     how.add_argument("--rerun", action="store_true", help="it did not happen: run it again")
+    how.add_argument(
+        "--retry", action="store_true", help="a failed call's failure was transient: run again"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="settle a claim whose lease still runs (its process, e.g. on another host, is gone)",
+    )
+    p.add_argument("--note", help="why, kept in the entry's audit trail")
     p.add_argument("--result", help="the tool's answer, replayed to the model")
     p.add_argument("--error", help="the error replayed to the model")
     p.add_argument("--thread", help="the entry's thread (when its key is in several)")
@@ -1757,6 +1804,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise CliError("--result goes with --completed", EXIT_USAGE)
             if args.error is not None and not args.failed:
                 raise CliError("--error goes with --failed", EXIT_USAGE)
+            if args.force and args.retry:
+                raise CliError("--force settles unknown outcomes; --retry reopens failed calls",
+                               EXIT_USAGE)
         if args.command in ("history",) and args.limit < 0:
             raise CliError("--limit must be >= 0", EXIT_USAGE)
         out = Out(bool(args.json))

@@ -6,14 +6,24 @@ Backend-neutral: every function takes any :class:`ToolCallLedger` (our savers ar
 * :func:`astats` - counters: executed, replayed, unknown, in progress, failed, conflicts;
 * :func:`aresolve_unknown` - settle a call whose outcome is unknown, as an operator who
   checked the outside world: it happened (with this result), it failed, or it did not
-  happen and may be run again. Refuses an entry that is not unknown, or that changed
-  since it was read (another resumer or operator got there first).
+  happen and may be run again. Refuses an entry that is not unknown (unless forced: a
+  claim held by a process on another host that is gone), or that changed since it was
+  read (another resumer or operator got there first);
+* :func:`aretry_failed` - reopen a failed call whose failure was transient;
+* :func:`astale_claims` - live claims older than a threshold (a host that may be gone).
+
+Every decision is appended to the entry's audit trail (``LedgerEntry.events()``) and
+keeps its attempt count.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import socket
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -22,7 +32,13 @@ from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.errors import CorruptRecordError, LedgerStateError
-from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, LedgerStats, ToolCallLedger
+from langgraph_idem_saver.ledger import (
+    RERUN_APPROVED,
+    CallStatus,
+    LedgerEntry,
+    LedgerStats,
+    ToolCallLedger,
+)
 
 Resolution = Literal["completed", "failed", "rerun"]
 
@@ -90,6 +106,15 @@ def decode_result(ledger: ToolCallLedger, entry: LedgerEntry) -> Any:
         ) from exc
 
 
+def operator_name() -> str:
+    """Who is deciding, for the audit trail: ``user@host`` of this process."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
 async def aresolve_unknown(
     ledger: ToolCallLedger,
     entry: LedgerEntry,
@@ -97,36 +122,45 @@ async def aresolve_unknown(
     *,
     result: Any = None,
     error: str | None = None,
-) -> LedgerEntry | None:
+    force: bool = False,
+    by: str | None = None,
+    note: str | None = None,
+) -> LedgerEntry:
     """Settle an unknown outcome, as read in ``entry``.
 
     * ``"completed"``: the effect happened; ``result`` becomes the tool's answer (a
       ToolMessage, or any content for one), replayed on resume.
     * ``"failed"``: the call failed; ``error`` is replayed to the model as an error.
-    * ``"rerun"``: the effect did not happen; the claim is dropped and the next resume
-      runs the tool again.
+    * ``"rerun"``: the effect did not happen; the next resume runs the tool again, as the
+      call's next attempt (the row, its attempt count and its history are kept).
 
-    Returns the settled entry (None for ``"rerun"``, whose row is gone). Raises
-    :class:`LedgerStateError` when the entry is not an unknown outcome or changed
-    since ``entry`` was read.
+    ``force=True`` also settles a claim whose lease is still running: for a process the
+    operator knows is gone but that cannot be seen as dead from here (a replaced pod on
+    another host). Each decision is appended to the entry's audit trail
+    (:meth:`LedgerEntry.events`: when, ``by`` whom, what, which attempt, the previous
+    owner). Raises :class:`LedgerStateError` when the entry is not an unknown outcome
+    (without ``force``), or changed since ``entry`` was read.
     """
     current = await ledger.aget_entry(entry.scope, entry.key)
-    if current is None or not current.is_unknown():
+    settleable = current is not None and (
+        current.is_unknown() or (force and current.status is CallStatus.ISSUED)
+    )
+    if current is None or not settleable:
         state = "gone" if current is None else current.status.value
         if current is not None and current.status is CallStatus.ISSUED:
-            state = "issued and still leased (its process may be running it)"
+            state = (
+                f"issued and still leased by {current.owner} (its process may be running "
+                "it; force=True / --force breaks the claim)"
+            )
         raise LedgerStateError(
             f"entry {entry.key[:12]} ({entry.tool_name}) is not an unknown outcome: {state}"
         )
-    if (current.attempts, current.owner) != (entry.attempts, entry.owner):
-        raise LedgerStateError(
-            f"entry {entry.key[:12]} ({entry.tool_name}) changed since it was read; "
-            "look at it again"
-        )
+    _check_unchanged(current, entry)
+    if resolution not in ("completed", "failed", "rerun"):
+        raise ValueError(f"resolution must be completed, failed or rerun, got {resolution!r}")
+    event = _event(current, resolution, by=by, note=note, forced=force and not current.is_unknown())
     if resolution == "rerun":
-        if not await ledger.arelease(entry.scope, entry.key, owner=entry.owner):
-            raise LedgerStateError(f"entry {entry.key[:12]} changed while being released")
-        return None
+        return await _aapprove_rerun(ledger, current, event)
     if resolution == "completed":
         message = (
             result
@@ -138,7 +172,7 @@ async def aresolve_unknown(
             )
         )
         status, err = CallStatus.COMPLETED, None
-    elif resolution == "failed":
+    else:
         err = error or "failed (settled by an operator)"
         message = ToolMessage(
             content=f"Error: {err}",
@@ -147,20 +181,102 @@ async def aresolve_unknown(
             status="error",
         )
         status = CallStatus.FAILED
-    else:
-        raise ValueError(f"resolution must be completed, failed or rerun, got {resolution!r}")
     serde = getattr(ledger, "serde", None) or JsonPlusSerializer()
     result_type, data = serde.dumps_typed(message)
-    settled = await ledger.aresolve(
-        entry.scope,
-        entry.key,
+    now = time.time()
+    settled = await ledger.aoperator_update(
+        current,
         status=status,
+        owner=current.owner,
+        lease_expires_at=current.lease_expires_at,
         result_type=result_type,
         result=data,
         error=err,
-        expected_attempts=entry.attempts,
-        expected_owner=entry.owner,
+        finished_at=now,
+        event=event,
     )
     if settled is None:
         raise LedgerStateError(f"entry {entry.key[:12]} changed while being settled")
     return settled
+
+
+async def aretry_failed(
+    ledger: ToolCallLedger,
+    entry: LedgerEntry,
+    *,
+    by: str | None = None,
+    note: str | None = None,
+) -> LedgerEntry:
+    """Let a ``failed`` call run again: its failure was transient.
+
+    A failed entry answers every later call with the same key from the ledger (under
+    ``key_policy="args"`` that is every call with the same arguments). This reopens it:
+    the next call or resume runs the tool as the entry's next attempt, keeping its
+    attempt count and audit trail. Raises :class:`LedgerStateError` for an entry that
+    is not ``failed`` or changed since it was read.
+    """
+    current = await ledger.aget_entry(entry.scope, entry.key)
+    if current is None or current.status is not CallStatus.FAILED:
+        state = "gone" if current is None else current.status.value
+        raise LedgerStateError(f"entry {entry.key[:12]} ({entry.tool_name}) is not failed: {state}")
+    _check_unchanged(current, entry)
+    return await _aapprove_rerun(ledger, current, _event(current, "retry", by=by, note=note))
+
+
+async def _aapprove_rerun(
+    ledger: ToolCallLedger, current: LedgerEntry, event: dict[str, Any]
+) -> LedgerEntry:
+    """Mark the entry "issued, approved for a re-run": its lease is over and its owner
+    says so, so the next resume reclaims it (attempts + 1) and runs the tool unasked."""
+    approved = await ledger.aoperator_update(
+        current,
+        status=CallStatus.ISSUED,
+        owner=f"{RERUN_APPROVED}{uuid.uuid4().hex[:12]}",
+        lease_expires_at=0.0,
+        result_type=None,
+        result=None,
+        error=current.error,
+        finished_at=None,
+        event=event,
+    )
+    if approved is None:
+        raise LedgerStateError(f"entry {current.key[:12]} changed while being released")
+    return approved
+
+
+def _check_unchanged(current: LedgerEntry, seen: LedgerEntry) -> None:
+    if (current.attempts, current.owner) != (seen.attempts, seen.owner):
+        raise LedgerStateError(
+            f"entry {seen.key[:12]} ({seen.tool_name}) changed since it was read; "
+            "look at it again"
+        )
+
+
+def _event(
+    entry: LedgerEntry, action: str, *, by: str | None, note: str | None, forced: bool = False
+) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "at": time.time(),
+        "by": by or operator_name(),
+        "action": action,
+        "attempt": entry.attempts,
+        "status_before": entry.status.value,
+        "owner_before": entry.owner,
+    }
+    if forced:
+        event["forced"] = True
+    if note:
+        event["note"] = note
+    return event
+
+
+async def astale_claims(ledger: ToolCallLedger, *, older_than: float) -> list[LedgerEntry]:
+    """Live claims (``issued``, lease running, owner not known dead) older than
+    ``older_than`` seconds: a process on another host that may be gone. Settle one with
+    ``aresolve_unknown(..., force=True)`` once you know its process is dead."""
+    now = time.time()
+    return [
+        e
+        for e in await ledger.alist_issued()
+        if not e.is_unknown(now) and e.issued_at <= now - older_than
+    ]

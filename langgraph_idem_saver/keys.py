@@ -6,9 +6,11 @@ and the one resuming) must compute byte-identical keys from the same inputs.
 
 Three policies:
 
-* ``"tool_call"`` (default): one ledger entry per model-emitted tool call id, within the
-  scope and agent path. Replays after a crash/resume hit the same entry; the model
-  asking for the same thing twice (two ids) runs twice, as with a plain ``ToolNode``.
+* ``"tool_call"`` (default): one ledger entry per model-emitted tool call id *in its
+  model message* (the AIMessage id, so a model that reuses ids such as ``call_0`` every
+  turn still makes distinct calls), within the scope and agent path. Replays after a
+  crash/resume hit the same entry; the model asking for the same thing twice (two ids)
+  runs twice, as with a plain ``ToolNode``.
   When the model's message itself was lost (durability ``"async"``/``"exit"``) and the
   model re-emitted the call under a new id, the tool node *adopts* the orphaned entry
   (see ``tool_node``).
@@ -37,6 +39,7 @@ __all__ = [
     "canonical_args",
     "compute_key",
     "scope_of",
+    "tool_call_keys",
 ]
 
 
@@ -50,6 +53,8 @@ class KeyContext:
     tool_name: str
     canonical_args: str
     args_hash: str
+    message_id: str = ""
+    """Id of the model message that carries the call ("" when the node cannot see it)."""
 
 
 KeyFn = Callable[[Mapping[str, Any], KeyContext], str]
@@ -167,6 +172,16 @@ def agent_path_of(checkpoint_ns: str) -> str:
     return "|".join(part.split(":", 1)[0] for part in checkpoint_ns.split("|"))
 
 
+def tool_call_keys(agent_path: str, tool_call_id: str, message_id: str) -> set[str]:
+    """Every ``"tool_call"``-policy key a call may have been recorded under: with its
+    message id, and without (keys computed where the node could not see the message, or
+    by a release before message ids were part of the key)."""
+    keys = {_digest("tool_call", agent_path, tool_call_id)}
+    if message_id:
+        keys.add(_digest("tool_call", agent_path, tool_call_id, message_id))
+    return keys
+
+
 def compute_key(
     policy: KeyPolicy,
     tool_call: Mapping[str, Any],
@@ -182,6 +197,10 @@ def compute_key(
     same vendor key are still two calls.
     """
     if policy == "tool_call":
+        if ctx.message_id:
+            # Models that reuse call ids ("call_0" every turn) make the id alone ambiguous:
+            # the message carrying the call tells two turns apart.
+            return _digest("tool_call", ctx.agent_path, str(tool_call["id"]), ctx.message_id)
         return _digest("tool_call", ctx.agent_path, str(tool_call["id"]))
     if policy == "args":
         return _digest("args", ctx.tool_name, ctx.canonical_args)

@@ -19,8 +19,10 @@ backends cannot disagree about it.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -88,15 +90,16 @@ class LedgerEntry:
     error: str | None = None
     run_id: str | None = None
     adopted_by: str | None = None
+    history: str | None = None  # JSON list of decisions: see ``events``
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> LedgerEntry:
         """An entry from a row in the column order every backend selects
         (``LEDGER_COLUMNS`` of its ``sql`` module: the fields above, in order, with
-        ``run_id`` and ``adopted_by`` last)."""
+        ``run_id``, ``adopted_by`` and ``history`` last)."""
         (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status,
          attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
-         result_type, result, error, run_id, adopted_by) = row  # fmt: skip
+         result_type, result, error, run_id, adopted_by, history) = row  # fmt: skip
         return cls(
             scope=scope,
             key=key,
@@ -119,7 +122,24 @@ class LedgerEntry:
             error=error,
             run_id=run_id,
             adopted_by=adopted_by,
+            history=history,
         )
+
+    def events(self) -> list[dict[str, Any]]:
+        """The audit trail: each decision an operator or a human made about this call
+        (``{"at", "by", "action", "attempt", ...}``), oldest first."""
+        if not self.history:
+            return []
+        try:
+            events = json.loads(self.history)
+        except ValueError:
+            return [{"action": "unreadable history", "raw": self.history[:200]}]
+        return events if isinstance(events, list) else []
+
+    def rerun_approved(self) -> bool:
+        """An operator decided the effect did not happen (or a failure was transient):
+        the next resume runs the call again, as its next attempt, without asking."""
+        return self.status is CallStatus.ISSUED and self.owner.startswith(RERUN_APPROVED)
 
     def is_unknown(self, now: float | None = None) -> bool:
         """True when the call was issued, never finished, and its claim has lapsed.
@@ -135,14 +155,47 @@ class LedgerEntry:
 
 _HOST = socket.gethostname()
 
+RERUN_APPROVED = "rerun-approved:"
+"""Owner prefix of an ``issued`` entry an operator released for a re-run (its lease is
+over, so it reads as an unknown outcome that needs no question)."""
+
+
+_process_lock = threading.Lock()
+_process_prefix: tuple[int, str] = (-1, "")
+
+
+def process_owner_prefix() -> str:
+    """``host:pid:<process nonce>-``: what every owner minted by this process starts with.
+
+    The process nonce tells apart two processes that got the same pid (after a reboot, in
+    containers sharing a host name, or a ``fork`` child): it is renewed whenever the pid
+    changes. Computed under a lock, so threads never see half of it.
+    """
+    global _process_prefix
+    pid = os.getpid()
+    current = _process_prefix
+    if current[0] == pid:
+        return current[1]
+    with _process_lock:
+        if _process_prefix[0] != pid:
+            _process_prefix = (pid, f"{_HOST}:{pid}:{uuid.uuid4().hex[:8]}-")
+        return _process_prefix[1]
+
 
 def make_owner() -> str:
-    """An owner id for claims made by this process: ``host:pid:nonce``.
+    """An owner id for claims: ``host:pid:nonce``, unique per call.
 
-    The nonce tells apart two processes that got the same pid (after a reboot, or in
-    containers sharing a host name).
+    The nonce starts with this process's nonce (:func:`process_owner_prefix`), so
+    :func:`minted_here` can tell this process's claims from any other's without keeping a
+    registry of owners (which would grow with every node built).
     """
-    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    return f"{process_owner_prefix()}{uuid.uuid4().hex[:12]}"
+
+
+def minted_here(owner: str) -> bool:
+    """Whether ``owner`` was minted by this very process (not a forked parent, not an
+    earlier process that had the same pid)."""
+    return owner.startswith(process_owner_prefix())
 
 
 def owner_is_dead(owner: str) -> bool:
@@ -269,11 +322,32 @@ class ToolCallLedger(ABC):
         Returns False when the row is not ours or not ``issued`` any more.
         """
 
+    async def aabandon(
+        self, scope: str, key: str, *, owner: str, error: str
+    ) -> LedgerEntry | None:
+        """Give up an ``issued`` claim we own whose tool raised: its outcome is unknown.
+
+        The row stays ``issued`` (the effect may have happened before the exception) but
+        its lease ends now, so the next attempt treats it as an unknown outcome at once -
+        verify, policy or a human decide - instead of waiting out the lease. ``error``
+        (the exception) is kept on the row for whoever decides. Returns None when the row
+        is not ours or not ``issued``.
+
+        Not abstract, for ledgers written before it existed: their claims then simply
+        lapse into unknown outcomes when the lease ends (safe, only slower).
+        """
+        return None
+
     @abstractmethod
-    async def aadopt(self, scope: str, key: str, *, tool_call_id: str) -> LedgerEntry | None:
+    async def aadopt(
+        self, scope: str, key: str, *, tool_call_id: str, previous: str | None = None
+    ) -> LedgerEntry | None:
         """Mark an orphaned entry as adopted by a re-issued call (new tool_call_id).
 
-        Returns None if it was adopted by someone else already.
+        ``previous`` is the ``adopted_by`` the caller saw (None: never adopted). An entry
+        adopted by a call whose own message was lost too is adopted again, so adoption
+        survives any number of consecutive lost messages. Returns None if the entry's
+        ``adopted_by`` changed since it was read (someone else adopted it first).
         """
 
     @abstractmethod
@@ -317,6 +391,31 @@ class ToolCallLedger(ABC):
         Returns None if the row is not ``issued`` any more, or its ``attempts`` or
         ``owner`` changed since it was read.
         """
+
+    async def aoperator_update(
+        self,
+        entry: LedgerEntry,
+        *,
+        status: CallStatus,
+        owner: str,
+        lease_expires_at: float,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None,
+        finished_at: float | None,
+        event: dict[str, Any],
+    ) -> LedgerEntry | None:
+        """Rewrite an entry as an operator decided, appending ``event`` to its audit trail.
+
+        Guarded by what the operator looked at: only applies while the row still has
+        ``entry``'s status, attempts and owner (None otherwise). ``attempts`` is never
+        reset, so the count of tries survives every decision.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support operator updates")
+
+    async def alist_issued(self) -> list[LedgerEntry]:
+        """Every ``issued`` entry (live claims and unknown outcomes), oldest first."""
+        return [e for e in await self.alist_entries() if e.status is CallStatus.ISSUED]
 
     @abstractmethod
     async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:

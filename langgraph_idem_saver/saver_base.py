@@ -296,10 +296,18 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
         by ``interrupt()`` before doing anything final, so re-entry must run it again)."""
         return await self._ledger_write(self._sql.RELEASE_ENTRY, (scope, key, owner)) > 0
 
-    async def aadopt(self, scope: str, key: str, *, tool_call_id: str) -> LedgerEntry | None:
+    async def aadopt(
+        self, scope: str, key: str, *, tool_call_id: str, previous: str | None = None
+    ) -> LedgerEntry | None:
         return await self._guarded_update(
-            self._sql.ADOPT_ENTRY, (tool_call_id, scope, key), scope, key
+            self._sql.ADOPT_ENTRY, (tool_call_id, scope, key, previous), scope, key
         )
+
+    async def aabandon(
+        self, scope: str, key: str, *, owner: str, error: str
+    ) -> LedgerEntry | None:
+        params = (time.time(), self.ledger_error(error), scope, key, owner)
+        return await self._guarded_update(self._sql.ABANDON_ENTRY, params, scope, key)
 
     async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
         found = await self._select_entries(self._sql.SELECT_ENTRY, (scope, key))
@@ -323,10 +331,45 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
             self._sql.SELECT_ENTRIES_OF_AGENT, (str(thread_id), agent_path)
         )
 
+    async def alist_issued(self) -> list[LedgerEntry]:
+        return await self._select_entries(self._sql.SELECT_ISSUED, ())
+
     async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
         at = time.time() if now is None else now
-        issued = await self._select_entries(self._sql.SELECT_ISSUED, ())
-        return [e for e in issued if e.is_unknown(at)]
+        return [e for e in await self.alist_issued() if e.is_unknown(at)]
+
+    async def aoperator_update(
+        self,
+        entry: LedgerEntry,
+        *,
+        status: CallStatus,
+        owner: str,
+        lease_expires_at: float,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None,
+        finished_at: float | None,
+        event: dict[str, Any],
+    ) -> LedgerEntry | None:
+        history = json.dumps([*entry.events(), event], ensure_ascii=False, default=str)
+        params = (
+            status.value,
+            owner,
+            lease_expires_at,
+            result_type,
+            result,
+            self.ledger_error(error),
+            finished_at,
+            history,
+            entry.scope,
+            entry.key,
+            entry.status.value,
+            entry.attempts,
+            entry.owner,
+        )
+        return await self._guarded_update(
+            self._sql.OPERATOR_UPDATE, params, entry.scope, entry.key
+        )
 
     async def aresolve(
         self,

@@ -55,11 +55,9 @@ import dataclasses
 import enum
 import inspect
 import os
-import socket
 import threading
 import time
-import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar, cast
@@ -70,9 +68,11 @@ from langchain_core.tools import BaseTool
 from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import (
     AsyncToolCallWrapper,
     ToolCallWrapper,
+    ToolInvocationError,
     ToolNode,
     ToolRuntime,
     _default_handle_tool_errors,
@@ -98,8 +98,16 @@ from langgraph_idem_saver.keys import (
     compute_key,
     scope_of,
     storable_call_id,
+    tool_call_keys,
 )
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.ledger import (
+    CallIntent,
+    CallStatus,
+    LedgerEntry,
+    ToolCallLedger,
+    make_owner,
+    minted_here,
+)
 
 __all__ = [
     "NOT_APPLIED",
@@ -107,6 +115,7 @@ __all__ = [
     "IdempotencyCounters",
     "IdempotentToolNode",
     "NoLedgerError",
+    "NotAppliedError",
     "OnUnknown",
     "ToolCallInProgress",
     "UnknownToolOutcome",
@@ -149,6 +158,18 @@ class NoLedgerError(ConfigError):
     """The node found no ``ToolCallLedger``: neither ``ledger=`` nor the checkpointer."""
 
 
+class NotAppliedError(Exception):
+    """Raised by a tool to say "I failed and nothing happened": safe to run again.
+
+    Any other exception from a ledgered tool is an *unknown outcome* (a timeout may come
+    after the charge went through): the next attempt asks ``verify``, the ``on_unknown``
+    policy or a human. Raise this (or list your own types in ``not_applied_errors=``)
+    when the tool knows it failed before any side effect, e.g. a validation error or a
+    card declined before charging. The claim is then released and the exception
+    propagates as usual.
+    """
+
+
 class _NotApplied(enum.Enum):
     NOT_APPLIED = "NOT_APPLIED"
 
@@ -180,6 +201,7 @@ class IdempotencyCounters:
     adopted: int = 0
     read_only: int = 0
     released: int = 0
+    abandoned: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def bump(self, name: str, by: int = 1) -> None:
@@ -197,6 +219,7 @@ class IdempotencyCounters:
                 "adopted",
                 "read_only",
                 "released",
+                "abandoned",
             )
         }
 
@@ -208,17 +231,20 @@ class _ResumeCompleted(TypedDict):
     action: Literal["completed"]
     result: Any
     key: NotRequired[str]
+    attempt: NotRequired[int]
 
 
 class _ResumeRerun(TypedDict):
     action: Literal["rerun"]
     key: NotRequired[str]
+    attempt: NotRequired[int]
 
 
 class _ResumeFailed(TypedDict):
     action: Literal["failed"]
     error: str
     key: NotRequired[str]
+    attempt: NotRequired[int]
 
 
 UnknownOutcomeResume = Annotated[
@@ -269,6 +295,12 @@ class _Batch:
     ledger_loop: asyncio.AbstractEventLoop | None = None
     serde: SerializerProtocol | None = None
     scope: str = ""
+    # tool call ids of every AIMessage in the visible state (None: no state visible), and
+    # the id of the newest message carrying each
+    known_ids: set[str] | None = None
+    origins: dict[str, str] = field(default_factory=dict)
+    reused_ids: set[str] = field(default_factory=set)  # ids found in several messages
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # (call id, message id)
 
     def add(self, plan: _Plan) -> None:
         self.plans.setdefault(str(plan.call["id"]), deque()).append(plan)
@@ -283,15 +315,28 @@ _BATCH: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar(
     "langgraph_idem_saver_tool_batch", default=None
 )
 
-# Owner ids minted by IdempotentToolNodes of this process (owner -> pid that minted it).
-# A claim made under one of them belongs to a run of *this* process: never an orphan
-# from a crash, and possibly a call of a live sibling task (see ``_aadopt_orphans``).
-_MINTED_OWNERS: dict[str, int] = {}
+# Tool call ids that adopted an orphan in this process (bounded, most recent kept). An
+# entry adopted by one of them belongs to a live run here, maybe a sibling task whose
+# message exists only in memory: never re-adopted (see ``_aadopt_orphans``).
+_ADOPTED_HERE: OrderedDict[str, None] = OrderedDict()
+_ADOPTED_HERE_MAX = 4096
+_ADOPTED_HERE_LOCK = threading.Lock()
 
 
-def _claimed_here(owner: str) -> bool:
-    """Whether ``owner`` was minted by this very process (not a forked parent)."""
-    return _MINTED_OWNERS.get(owner) == os.getpid()
+def _note_adopted_here(tool_call_id: str) -> None:
+    with _ADOPTED_HERE_LOCK:
+        _ADOPTED_HERE[tool_call_id] = None
+        _ADOPTED_HERE.move_to_end(tool_call_id)
+        while len(_ADOPTED_HERE) > _ADOPTED_HERE_MAX:
+            _ADOPTED_HERE.popitem(last=False)
+
+
+def _adopted_here(tool_call_id: str | None) -> bool:
+    return tool_call_id is not None and tool_call_id in _ADOPTED_HERE
+
+
+if hasattr(os, "register_at_fork"):  # a forked child runs nothing its parent adopted
+    os.register_at_fork(after_in_child=_ADOPTED_HERE.clear)
 
 
 # --- the node ------------------------------------------------------------------------------
@@ -318,6 +363,10 @@ class IdempotentToolNode(ToolNode):
             (default; ask a human via ``interrupt()``), ``"rerun"``, ``"fail"`` (an error
             ``ToolMessage``; the entry stays for an operator) or ``"raise"``
             (:class:`UnknownToolOutcome`); or a mapping tool name -> policy.
+        not_applied_errors: exception types that mean "the tool failed and nothing
+            happened" (a tuple for every tool, or a mapping tool name -> tuple). Any
+            other exception that escapes a tool leaves its call an unknown outcome (see
+            :class:`NotAppliedError`, which always means "nothing happened").
         lease_seconds: how long a claim is exclusive. A tool that may run longer must
             raise it: past the lease, a resumer treats the call as an unknown outcome.
         wait_seconds: how long to wait for a call another owner is running before
@@ -345,6 +394,8 @@ class IdempotentToolNode(ToolNode):
         read_only: Iterable[str] = (),
         verify: Mapping[str, VerifyFn] | None = None,
         on_unknown: OnUnknown | Mapping[str, OnUnknown] = "interrupt",
+        not_applied_errors: tuple[type[BaseException], ...]
+        | Mapping[str, tuple[type[BaseException], ...]] = (),
         lease_seconds: float = 300.0,
         wait_seconds: float = 30.0,
         poll_seconds: float = 0.1,
@@ -397,31 +448,46 @@ class IdempotentToolNode(ToolNode):
                 raise ConfigError(
                     f"on_unknown must be one of {sorted(_ON_UNKNOWN_VALUES)}, got {value!r}"
                 )
+        self._not_applied_default: tuple[type[BaseException], ...] = ()
+        self._not_applied: dict[str, tuple[type[BaseException], ...]] = {}
+        if isinstance(not_applied_errors, Mapping):
+            self._not_applied = {k: tuple(v) for k, v in not_applied_errors.items()}
+        else:
+            self._not_applied_default = tuple(not_applied_errors)
+        for types in [self._not_applied_default, *self._not_applied.values()]:
+            if not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+                raise ConfigError(f"not_applied_errors must hold exception types, got {types!r}")
         for what, mapping in (
             ("read_only", self._read_only),
             ("verify", self._verify),
             ("key_policy", self._policies),
             ("on_unknown", self._on_unknown),
+            ("not_applied_errors", self._not_applied),
         ):
             unknown = set(mapping) - names
             if unknown:
                 raise ConfigError(f"{what} names tools this node does not have: {sorted(unknown)}")
 
         self.counters = IdempotencyCounters()
-        self._owner_pid = -1
-        self._owner_id = ""
+        self._owner_lock = threading.Lock()
+        self._owner_id = make_owner()
 
     # --- small accessors -------------------------------------------------------------------
 
     @property
     def owner(self) -> str:
-        """``hostname:pid:uuid``, renewed after ``fork`` so children never share claims."""
-        pid = os.getpid()
-        if pid != self._owner_pid:
-            self._owner_pid = pid
-            self._owner_id = f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex}"
-            _MINTED_OWNERS[self._owner_id] = pid
-        return self._owner_id
+        """``host:pid:nonce``, renewed after ``fork`` so children never share claims.
+
+        Read by the tool threads of a sync ``invoke`` at once: the check and the renewal
+        happen under a lock, and the id is one attribute, so no thread sees half of it.
+        """
+        owner = self._owner_id
+        if minted_here(owner):
+            return owner
+        with self._owner_lock:
+            if not minted_here(self._owner_id):
+                self._owner_id = make_owner()
+            return self._owner_id
 
     @property
     def read_only_tools(self) -> frozenset[str]:
@@ -433,6 +499,14 @@ class IdempotentToolNode(ToolNode):
 
     def _on_unknown_for(self, tool_name: str) -> OnUnknown:
         return self._on_unknown.get(tool_name, self._default_on_unknown)
+
+    def _had_no_effect(self, tool_name: str, exc: BaseException) -> bool:
+        """Whether an exception from running a call proves its tool did nothing final:
+        an ``interrupt()`` (or other LangGraph control flow), arguments refused before the
+        tool ran, or an exception the tool or the user declared "not applied"."""
+        safe = (GraphBubbleUp, ToolInvocationError, NotAppliedError)
+        declared = self._not_applied.get(tool_name, self._not_applied_default)
+        return isinstance(exc, safe + declared)
 
     def _is_ledgered(self, call: ToolCall) -> bool:
         # Unregistered names never reach a tool (ToolNode answers with an error message).
@@ -500,8 +574,8 @@ class IdempotentToolNode(ToolNode):
                 plan.started = True
                 try:
                     result = await ToolNode._arun_one(self, call, input_type, tool_runtime)
-                except Exception:
-                    await self._arelease(batch, plan)
+                except Exception as exc:
+                    await self._araised(batch, plan, exc)
                     raise
                 result = await self._afinish(batch, plan, result)
             else:
@@ -529,8 +603,8 @@ class IdempotentToolNode(ToolNode):
                 plan.started = True
                 try:
                     result = ToolNode._run_one(self, call, input_type, tool_runtime)
-                except Exception:
-                    _run_private(self._arelease(batch, plan))
+                except Exception as exc:
+                    _run_private(self._araised(batch, plan, exc))
                     raise
                 result = _run_private(self._afinish(batch, plan, result))
             else:
@@ -583,6 +657,11 @@ class IdempotentToolNode(ToolNode):
         agent_path = agent_path_of(str(configurable.get("checkpoint_ns", "")))
         raw_run_id = config.get("run_id") or config.get("metadata", {}).get("run_id")
         run_id = None if raw_run_id is None else str(raw_run_id)
+        batch.known_ids, batch.pairs = self._calls_in_state(input, config)
+        for call_id, message_id in batch.pairs:
+            if batch.origins.setdefault(call_id, message_id) != message_id:
+                batch.reused_ids.add(call_id)
+                batch.origins[call_id] = message_id  # the newest message wins
 
         # Keys first, for every call: a bad argument or key_fn fails before any claim.
         leaders: dict[str, _Plan] = {}
@@ -593,7 +672,8 @@ class IdempotentToolNode(ToolNode):
             storable_call_id(str(call["id"]), name)
             digest = args_hash(canon)
             policy = self._policy_for(name)
-            ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest)
+            origin = batch.origins.get(str(call["id"]), "")
+            ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest, origin)
             key = compute_key(policy, call, ctx)
             plan.policy = policy
             plan.intent = CallIntent(
@@ -627,18 +707,20 @@ class IdempotentToolNode(ToolNode):
         await self._aclaim(batch, [p for p in leaders.values() if p.entry is None])
         await self._asettle(batch, [p for p in leaders.values() if p.kind is _Kind.PENDING])
 
-    def _known_tool_call_ids(
+    def _calls_in_state(
         self, input: list[AnyMessage] | dict[str, Any] | BaseModel, config: RunnableConfig
-    ) -> set[str] | None:
-        """Ids of every tool call in the messages state, or None when no state is visible.
+    ) -> tuple[set[str] | None, list[tuple[str, str]]]:
+        """Ids of every tool call in the messages state (None when no state is visible),
+        and every (call id, message id) pair, oldest message first.
 
         Without the messages we cannot tell an orphan from a call of an earlier turn, so
-        adoption is then skipped.
+        adoption is then skipped; the message id goes into the default key, so a model
+        that reuses call ids across turns still makes distinct calls.
         """
         try:
             state = self._extract_state(input, config)
         except Exception:
-            return None
+            return None, []
         messages: Any
         if isinstance(state, list):
             messages = state
@@ -647,8 +729,14 @@ class IdempotentToolNode(ToolNode):
         else:
             messages = getattr(state, self._messages_key, None)
         if not messages or not isinstance(messages, list):
-            return None
-        return {str(tc["id"]) for m in messages if isinstance(m, AIMessage) for tc in m.tool_calls}
+            return None, []
+        pairs = [
+            (str(tc["id"]), m.id or "")
+            for m in messages
+            if isinstance(m, AIMessage)
+            for tc in m.tool_calls
+        ]
+        return {call_id for call_id, _ in pairs}, pairs
 
     async def _aadopt_orphans(
         self,
@@ -664,23 +752,24 @@ class IdempotentToolNode(ToolNode):
         the same call under a new id. An entry with the same (scope, agent path, tool,
         args) whose AIMessage was never durable is that call: adopt it (oldest first)
         instead of executing again. Entries already adopted by this very id are found
-        too, so a second loss cannot cause a re-run.
+        too, and an entry whose adopter's message was lost as well is adopted again, so
+        any number of consecutive losses cannot cause a re-run.
 
         "Never durable" is checked against everything that may still hold the call, so
         that an agent never adopts the entry of a *sibling* - another task of the same
         agent path, e.g. two ``Send``s to one agent node, each with its own state:
 
         * the tool calls in this task's own state;
-        * claims made by this process: a lost message needs a dead process, while a
-          claim of this process may belong to a sibling running right now (its state
-          may exist only in memory, e.g. under durability ``"exit"``);
+        * claims and adoptions made by this process: a lost message needs a dead
+          process, while a claim of this process may belong to a sibling running right
+          now (its state may exist only in memory, e.g. under durability ``"exit"``);
         * the tool calls in any checkpoint or pending write of the thread, in every
           namespace (read only when a candidate is left, i.e. rarely).
         """
         candidates = [p for p in leaders if p.policy == "tool_call"]
         if not candidates:
             return
-        known = self._known_tool_call_ids(input, config)
+        known = batch.known_ids
         if known is None:
             return
         assert batch.ledger is not None
@@ -694,10 +783,22 @@ class IdempotentToolNode(ToolNode):
                 batch, batch.ledger.afind_orphans(batch.scope, first.agent_path, *signature)
             )
         present = {e.key for e in entries}
+        # the keys of every call in this state: an entry under one of them is not an
+        # orphan (ids alone would not do: a model may reuse "call_0" every turn)
+        known_keys = {
+            key
+            for call_id, msg in batch.pairs
+            for key in tool_call_keys(first.agent_path, call_id, msg)
+        }
         orphans = [
             e
             for e in entries
-            if e.adopted_by is None and e.tool_call_id not in known and not _claimed_here(e.owner)
+            if e.key not in known_keys
+            and not minted_here(e.owner)
+            and (
+                e.adopted_by is None
+                or (e.adopted_by not in known and not _adopted_here(e.adopted_by))
+            )
         ]
         taken: set[str] = set()
         durable: set[str] | None = None  # tool call ids found in the thread's checkpoints
@@ -714,7 +815,13 @@ class IdempotentToolNode(ToolNode):
                     and e.thread_id == intent.thread_id
                 )
 
-            mine = [e for e in entries if e.adopted_by == intent.tool_call_id and same_call(e)]
+            mine = [
+                e
+                for e in entries
+                if e.adopted_by == intent.tool_call_id
+                and intent.tool_call_id not in batch.reused_ids
+                and same_call(e)
+            ]
             if mine:
                 plan.entry, plan.ledger_key = mine[0], mine[0].key
                 taken.add(mine[0].key)
@@ -723,28 +830,37 @@ class IdempotentToolNode(ToolNode):
             if not matching:
                 continue
             if durable is None:
-                durable = await self._adurable_tool_call_ids(
-                    batch, config, intent.thread_id, {e.tool_call_id for e in orphans}
+                wanted = {e.key for e in orphans} | {e.adopted_by or "" for e in orphans}
+                durable = await self._adurable_calls(
+                    batch, config, intent.thread_id, wanted - {""}
                 )
             for e in matching:
-                if e.tool_call_id in durable:
+                if e.key in durable or (e.adopted_by or "") in durable:
                     continue  # its message exists: a sibling's (or an earlier) call
                 adopted = await self._lg(
                     batch,
-                    batch.ledger.aadopt(batch.scope, e.key, tool_call_id=intent.tool_call_id),
+                    batch.ledger.aadopt(
+                        batch.scope,
+                        e.key,
+                        tool_call_id=intent.tool_call_id,
+                        previous=e.adopted_by,
+                    ),
                 )
                 if adopted is None:
                     continue  # another resumer adopted it first
+                _note_adopted_here(intent.tool_call_id)
                 taken.add(e.key)
                 plan.entry, plan.ledger_key = adopted, adopted.key
                 self.counters.bump("adopted")
                 break
 
-    async def _adurable_tool_call_ids(
+    async def _adurable_calls(
         self, batch: _Batch, config: RunnableConfig, thread_id: str, wanted: set[str]
     ) -> set[str]:
-        """Which of ``wanted`` appear in a saved checkpoint (or pending write) of the
-        thread, in any namespace. Newest first, stopping once all are found.
+        """Which of ``wanted`` (ledger keys and tool call ids) belong to a call found in a
+        saved checkpoint (or pending write) of the thread, in any namespace. Newest first,
+        stopping once all are found. A call found there is known by its id and by every
+        key it may have been recorded under (see ``tool_call_keys``).
 
         Without a checkpointer that can list the thread, nothing is known (empty set).
         """
@@ -752,13 +868,18 @@ class IdempotentToolNode(ToolNode):
         alist = getattr(checkpointer, "alist", None)
         if alist is None or not wanted:
             return set()
+        agent_path = agent_path_of(str(config.get("configurable", {}).get("checkpoint_ns", "")))
 
         async def scan() -> set[str]:
             found: set[str] = set()
             async for tup in alist({"configurable": {"thread_id": thread_id}}):
-                _collect_tool_call_ids(tup.checkpoint.get("channel_values"), found)
+                pairs: set[tuple[str, str]] = set()
+                _collect_tool_calls(tup.checkpoint.get("channel_values"), pairs)
                 for write in tup.pending_writes or ():
-                    _collect_tool_call_ids(write[2], found)
+                    _collect_tool_calls(write[2], pairs)
+                for call_id, message_id in pairs:
+                    found.add(call_id)
+                    found |= tool_call_keys(agent_path, call_id, message_id)
                 if wanted <= found:
                     break
             return found & wanted
@@ -834,7 +955,8 @@ class IdempotentToolNode(ToolNode):
             else:
                 self._set_replay(batch, plan, entry)
 
-        decisions = [(plan, await self._adecide(batch, plan)) for plan in unknown]
+        sole = sum(p.kind is not _Kind.SKIP for p in batch.all_plans) == 1
+        decisions = [(plan, await self._adecide(batch, plan, sole=sole)) for plan in unknown]
         for plan, decision in decisions:
             await self._aapply(batch, plan, decision)
 
@@ -865,17 +987,27 @@ class IdempotentToolNode(ToolNode):
 
     # --- unknown outcomes ------------------------------------------------------------------
 
-    async def _adecide(self, batch: _Batch, plan: _Plan) -> tuple[str, Any]:
+    async def _adecide(self, batch: _Batch, plan: _Plan, *, sole: bool) -> tuple[str, Any]:
         """What to do with an unknown outcome: ("completed", result) | ("failed", error)
-        | ("rerun", None) | ("fail", None). Makes no ledger write."""
-        self.counters.bump("unknown")
+        | ("rerun", None) | ("fail", None). Makes no ledger write.
+
+        ``sole``: this is the only ledgered call of the node run, so an interrupt answer
+        cannot belong to another call of the same task (see :meth:`_ask`)."""
         call, entry = plan.call, cast(LedgerEntry, plan.entry)
         name = call["name"]
+        if entry.rerun_approved():
+            return ("rerun", None)  # an operator settled it: it did not happen
         hook = self._verify.get(name)
         if hook is not None:
             outcome = await _call_maybe_async(hook, dict(call["args"]))
             if outcome is NOT_APPLIED:
                 return ("rerun", None)
+            if outcome is None:
+                raise ConfigError(
+                    f"verify hook for tool {name!r} returned None: return the call's result "
+                    "when the effect happened, or NOT_APPLIED when it did not (nothing was "
+                    "recorded; the call stays an unknown outcome)"
+                )
             return ("completed", outcome)
         policy = self._on_unknown_for(name)
         if policy == "rerun":
@@ -888,45 +1020,65 @@ class IdempotentToolNode(ToolNode):
                 f"{batch.scope!r}) was started at {entry.issued_at:.3f} and never finished; "
                 "it may or may not have taken effect"
             )
-        payload = {
-            "kind": "unknown_tool_outcome",
-            "tool": name,
-            "args": call["args"],
-            "tool_call_id": call["id"],
-            "key": entry.key,
-            "scope": batch.scope,
-            "agent_path": entry.agent_path,
-            "attempts": entry.attempts,
-            "issued_at": entry.issued_at,
-        }
-        if _INTERRUPT_HAS_SCHEMA:
-            answer = interrupt(payload, response_schema=cast(Any, UnknownOutcomeResume))
-        else:  # pragma: no cover - LangGraph < 1.1
-            answer = interrupt(payload)
-        try:
-            value = _RESUME_ADAPTER.validate_python(answer)
-        except ValidationError as exc:
-            raise UnknownToolOutcome(
-                f"invalid resume value for the unknown outcome of {name!r} call "
-                f"{call['id']!r}: {answer!r}. Expected {{'action': 'completed', 'result': ...}}"
-                ", {'action': 'rerun'} or {'action': 'failed', 'error': '...'}"
-            ) from exc
-        if "key" in value and value["key"] != entry.key:
-            raise UnknownToolOutcome(
-                f"resume value answers ledger key {value['key']!r} but the interrupt for "
-                f"{name!r} call {call['id']!r} asks about {entry.key!r}; nothing was changed"
-            )
+        value = self._ask(batch, plan, sole=sole)
         if value["action"] == "completed":
             return ("completed", value["result"])
         if value["action"] == "failed":
             return ("failed", value["error"])
         return ("rerun", None)
 
+    def _ask(self, batch: _Batch, plan: _Plan, *, sole: bool) -> Any:
+        """Ask a human through ``interrupt()`` until an answer that is about this call
+        *and this attempt* comes back.
+
+        LangGraph hands a task's resume values back by position. After a crash between
+        two answers were applied, or when the same call is unknown again one attempt
+        later, the value at a position may be about another call or an older attempt.
+        So the payload names ``key`` and ``attempt``; an answer that names another key or
+        attempt is skipped (the next ``interrupt()`` takes the next value, or asks anew),
+        and an answer naming neither is accepted only where it cannot be misplaced: the
+        node run's only ledgered call, on its first attempt.
+        """
+        call, entry = plan.call, cast(LedgerEntry, plan.entry)
+        name = call["name"]
+        payload: dict[str, Any] = {
+            "kind": "unknown_tool_outcome",
+            "tool": name,
+            "args": call["args"],
+            "tool_call_id": call["id"],
+            "key": entry.key,
+            "attempt": entry.attempts,
+            "attempts": entry.attempts,  # kept for answers written against 0.1
+            "scope": batch.scope,
+            "agent_path": entry.agent_path,
+            "issued_at": entry.issued_at,
+            "error": entry.error,
+        }
+        while True:
+            if _INTERRUPT_HAS_SCHEMA:
+                answer = interrupt(payload, response_schema=cast(Any, UnknownOutcomeResume))
+            else:  # pragma: no cover - LangGraph < 1.1
+                answer = interrupt(payload)
+            try:
+                value = _RESUME_ADAPTER.validate_python(answer)
+            except ValidationError as exc:
+                raise UnknownToolOutcome(
+                    f"invalid resume value for the unknown outcome of {name!r} call "
+                    f"{call['id']!r}: {answer!r}. Expected {{'action': 'completed', "
+                    "'result': ...}, {'action': 'rerun'} or {'action': 'failed', "
+                    "'error': '...'}, with the interrupt's 'key' and 'attempt'"
+                ) from exc
+            reason = _answer_mismatch(value, entry, sole=sole)
+            if reason is None:
+                return value
+            payload = {**payload, "previous_answer_ignored": reason}
+
     async def _aapply(self, batch: _Batch, plan: _Plan, decision: tuple[str, Any]) -> None:
         ledger = cast(ToolCallLedger, batch.ledger)
         entry = cast(LedgerEntry, plan.entry)
         action, value = decision
         call = plan.call
+        self.counters.bump("unknown")  # once per call decided, not per re-entry
         if action == "fail":
             plan.kind = _Kind.RETURN
             plan.result = ToolMessage(
@@ -985,8 +1137,15 @@ class IdempotentToolNode(ToolNode):
             if settled is not None:
                 plan.kind, plan.result, plan.entry = _Kind.RETURN, result, settled
                 return
-        # The row changed under us: someone else settled or reclaimed it first.
+        # The row changed under us: someone else settled or reclaimed it first. A
+        # resumer that reclaimed it is running it now: wait for it, as for any live claim.
         latest = await self._lg(batch, ledger.aget_entry(batch.scope, entry.key))
+        if latest is not None and _live(latest):
+            plan.entry = latest
+            await self._await_settled(batch, plan)
+            if plan.kind is _Kind.RUN:
+                return
+            latest = plan.entry
         if latest is not None and latest.status is not CallStatus.ISSUED:
             self._set_replay(batch, plan, latest)
             return
@@ -1045,6 +1204,29 @@ class IdempotentToolNode(ToolNode):
         plan.owned = False
         self.counters.bump("executed")
         return result
+
+    async def _araised(self, batch: _Batch, plan: _Plan, exc: BaseException) -> None:
+        """A started call raised instead of returning (``handle_tool_errors`` let it out).
+
+        Unless the exception proves nothing happened (:meth:`_had_no_effect`), the call
+        is an unknown outcome: a timeout or a reset connection often comes *after* the
+        effect landed. The claim is abandoned, not released - the row stays ``issued``
+        with its lease ended and the error kept - so the next attempt (a ``RetryPolicy``
+        retry, or the user's resume) goes through verify -> policy -> human, as after a
+        crash, and never re-runs it silently.
+        """
+        if self._had_no_effect(plan.call["name"], exc):
+            await self._arelease(batch, plan)
+            return
+        if not plan.owned or plan.ledger_key is None or batch.ledger is None:
+            return
+        plan.owned = False
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        await self._lg(
+            batch,
+            batch.ledger.aabandon(batch.scope, plan.ledger_key, owner=self.owner, error=error),
+        )
+        self.counters.bump("abandoned")
 
     # --- ledger plumbing -------------------------------------------------------------------
 
@@ -1108,6 +1290,17 @@ class IdempotentToolNode(ToolNode):
 # --- helpers ---------------------------------------------------------------------------------
 
 
+def _answer_mismatch(value: Mapping[str, Any], entry: LedgerEntry, *, sole: bool) -> str | None:
+    """Why an interrupt answer cannot be applied to ``entry`` (None: it can)."""
+    if "key" in value and value["key"] != entry.key:
+        return f"it answered key {value['key']!r}, not {entry.key!r}"
+    if "attempt" in value and value["attempt"] != entry.attempts:
+        return f"it answered attempt {value['attempt']}, this is attempt {entry.attempts}"
+    if "key" not in value and not (sole and entry.attempts == 1):
+        return "answers must name the interrupt's 'key' and 'attempt' here"
+    return None
+
+
 def _live(entry: LedgerEntry) -> bool:
     """Issued and still within its lease: someone may be running it right now."""
     return entry.status is CallStatus.ISSUED and not entry.is_unknown()
@@ -1136,26 +1329,30 @@ async def _on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, 
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
-def _collect_tool_call_ids(value: Any, found: set[str], depth: int = 0) -> None:
-    """Add the ids of the tool calls of every AIMessage found in a channel value or a
-    pending write (messages lists, ``Send`` packets carrying a state, nested dicts)."""
+def _collect_tool_calls(value: Any, found: set[tuple[str, str]], depth: int = 0) -> None:
+    """Add (tool call id, message id) for the tool calls of every AIMessage found in a
+    channel value or a pending write (messages lists, ``Send`` packets carrying a state,
+    nested dicts)."""
     if depth > 8:
         return
     if isinstance(value, AIMessage):
-        found.update(str(tc["id"]) for tc in value.tool_calls if tc.get("id"))
+        found.update((str(tc["id"]), value.id or "") for tc in value.tool_calls if tc.get("id"))
     elif isinstance(value, dict):
         if value.get("type") == "ai" and isinstance(value.get("tool_calls"), list):
+            message_id = str(value.get("id") or "")
             found.update(
-                str(tc["id"]) for tc in value["tool_calls"] if isinstance(tc, dict) and tc.get("id")
+                (str(tc["id"]), message_id)
+                for tc in value["tool_calls"]
+                if isinstance(tc, dict) and tc.get("id")
             )
             return
         for item in value.values():
-            _collect_tool_call_ids(item, found, depth + 1)
+            _collect_tool_calls(item, found, depth + 1)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            _collect_tool_call_ids(item, found, depth + 1)
+            _collect_tool_calls(item, found, depth + 1)
     elif isinstance(value, Send):
-        _collect_tool_call_ids(value.arg, found, depth + 1)
+        _collect_tool_calls(value.arg, found, depth + 1)
 
 
 def _text(content: Any) -> str:

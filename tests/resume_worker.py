@@ -99,6 +99,8 @@ class InvoiceModel(BaseChatModel):
                 ]
             message = AIMessage(
                 content="",
+                # fixed ids: the message id is deterministic too (part of the default key)
+                id=f"ai_t{len(humans)}" if self.fixed_ids else None,
                 tool_calls=[
                     {
                         "name": c["name"],

@@ -109,6 +109,9 @@ class PlanModel(BaseChatModel):
             message = AIMessage(
                 content="",
                 name=self.agent,
+                # fixed ids: the message id is deterministic too (it is part of the default
+                # ledger key), unique per agent conversation as the conversation grows
+                id=f"{self.agent}-{len(messages)}" if self.fixed_ids else None,
                 tool_calls=[
                     {
                         "name": name,

@@ -448,7 +448,10 @@ def test_resolve_failed_and_rerun(fresh: Facts, capsys: pytest.CaptureFixture[st
 def test_resolve_rerun_releases_the_claim(fresh: Facts, capsys: pytest.CaptureFixture[str]) -> None:
     doc = run_json(capsys, fresh.target, "resolve", fresh.unknown_key[:6], "--rerun")
     assert doc["status"] == "released"
-    assert run_json(capsys, fresh.target, "ledger", "t-unknown")["entries"] == []
+    # the row stays, approved for a re-run: its attempts and the decision are kept
+    [entry] = run_json(capsys, fresh.target, "ledger", "t-unknown")["entries"]
+    assert entry["status"] == "issued" and entry["owner"].startswith("rerun-approved:")
+    assert [e["action"] for e in entry["history"]] == ["rerun"]
 
 
 def test_resolve_refuses_a_changed_entry(fresh: Facts, capsys: pytest.CaptureFixture[str]) -> None:

@@ -112,14 +112,16 @@ async def test_resolve_rerun_lets_the_next_resume_run_it(saver: Any) -> None:
         return f"charged {invoice}"
 
     entry = await plant_crashed(saver, CALL, "t-rerun")
-    assert await aresolve_unknown(saver, entry, "rerun") is None
+    approved = await aresolve_unknown(saver, entry, "rerun")
+    assert approved.rerun_approved() and approved.attempts == entry.attempts
     graph = tool_graph(IdempotentToolNode([charge]), saver)
     out = await graph.ainvoke(
         {"messages": [ai_calls(("charge", CALL["args"], "call_9"))]}, cfg("t-rerun")
     )
     assert len(charges) == 1
     assert [m.content for m in tool_messages(out)] == ["charged inv-9"]
-    assert [e.status.value for e in await aentries(saver, "t-rerun")] == ["completed"]
+    [done] = await aentries(saver, "t-rerun")
+    assert done.status.value == "completed" and done.attempts == entry.attempts + 1
 
 
 async def test_resolve_failed_replays_the_error(saver: Any) -> None:

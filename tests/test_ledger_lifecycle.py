@@ -206,7 +206,8 @@ async def test_prune_keep_latest_keeps_ledger_rows_and_resume_replays(saver: Any
 
 async def test_prune_delete_keeps_ledger_rows_so_a_rerun_replays(saver: Any) -> None:
     fx = Effects()
-    # a deterministic model: asked again, it emits the same tool calls (same ids)
+    # a deterministic model: asked again, it emits the same message (same message and
+    # tool call ids): the same calls
     graph = agent(saver, fx, fixed_ids=True)
     first = await graph.ainvoke(pay("d1", "d2"), cfg("T"))
     rows = await saver.alist_entries("T")

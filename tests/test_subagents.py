@@ -192,7 +192,10 @@ async def test_unknown_outcome_in_a_child_names_the_agent(saver: Any, tmp_path: 
     it; the human's answer (a Command carrying the spend) is recorded and used."""
     call = {"name": "buy", "args": {"item": "shared", "cost": 3.0}, "id": "call_1"}
     planted = await plant_unknown(
-        saver, intent_for("unk", call, checkpoint_ns="writer:old-task|tools:old-task")
+        saver,
+        intent_for(
+            "unk", call, checkpoint_ns="writer:old-task|tools:old-task", message_id="writer-1"
+        ),
     )
     # the researcher made the very same call (same id, same args): not its business
     scenario = {"fixed_ids": True, "verify": False, "answer": "oracle"}

@@ -151,16 +151,21 @@ async def test_handled_errors_are_recorded_failed_and_replayed(saver: Any) -> No
     assert len(fx) == 2  # same thread: the failure is replayed, not re-run
 
 
-async def test_unhandled_error_releases_claim_like_tool_node(saver: Any) -> None:
+async def test_unhandled_error_is_an_unknown_outcome_not_a_rerun(saver: Any) -> None:
+    """An exception that escapes the tool may come after its effect: the claim stays
+    ``issued`` (lease ended, error kept) and the retry asks instead of re-running."""
     fx = Counter()
     graph = tool_graph(IdempotentToolNode(make_tools(fx)), saver)
     msg = ai_calls(("explode", {"why": "y"}, "e1"))
     with pytest.raises(ValueError, match="boom"):
         await graph.ainvoke({"messages": [msg]}, cfg("t"))
-    assert await saver.alist_entries("t") == []  # retry runs it again, as with ToolNode
-    with pytest.raises(ValueError, match="boom"):
-        await graph.ainvoke(None, cfg("t"))
-    assert len(fx) == 2
+    [entry] = await saver.alist_entries("t")
+    assert entry.status is CallStatus.ISSUED and entry.is_unknown()
+    assert entry.error == "ValueError: boom: y"
+    out = await graph.ainvoke(None, cfg("t"))  # the ordinary retry
+    [asked] = out["__interrupt__"]
+    assert asked.value["key"] == entry.key and asked.value["error"] == "ValueError: boom: y"
+    assert len(fx) == 1  # asked, not re-run
 
 
 class Cart(TypedDict):
@@ -615,7 +620,7 @@ async def test_two_unknown_outcomes_are_asked_one_by_one(saver: Any) -> None:
     c1 = {"name": "charge", "args": {"amount": 1}, "id": "m1", "type": "tool_call"}
     c2 = {"name": "charge", "args": {"amount": 2}, "id": "m2", "type": "tool_call"}
     e1 = await plant_unknown(saver, intent_for("t", c1))
-    e2 = await plant_unknown(saver, intent_for("t", c2))
+    e2 = await plant_unknown(saver, intent_for("t", c2, message_id="ai-m1"))
     graph = tool_graph(IdempotentToolNode(make_tools(fx)), saver)
     msg = ai_calls(("charge", c1["args"], "m1"), ("charge", c2["args"], "m2"))
     out = await graph.ainvoke({"messages": [msg]}, cfg("t"))

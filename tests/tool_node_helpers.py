@@ -36,10 +36,15 @@ def scripted_model(*messages: AIMessage) -> ToolCallingFakeModel:
     return ToolCallingFakeModel(messages=iter(list(messages)))
 
 
-def ai_calls(*calls: tuple[str, dict[str, Any], str]) -> AIMessage:
-    """An AIMessage carrying tool calls given as (name, args, id)."""
+def ai_calls(*calls: tuple[str, dict[str, Any], str], msg_id: str | None = None) -> AIMessage:
+    """An AIMessage carrying tool calls given as (name, args, id).
+
+    Its id (``msg_id``, default ``"ai-<first call id>"``) is part of the default ledger
+    key, so :func:`intent_for` can plant entries for these calls.
+    """
     return AIMessage(
         "",
+        id=msg_id or f"ai-{calls[0][2]}",
         tool_calls=[{"name": n, "args": a, "id": i, "type": "tool_call"} for n, a, i in calls],
     )
 
@@ -67,13 +72,16 @@ def intent_for(
     policy: KeyPolicy = "tool_call",
     checkpoint_ns: str = "tools:some-task-id",
     namespace: str | None = None,
+    message_id: str | None = None,
 ) -> CallIntent:
-    """The intent IdempotentToolNode computes for ``call`` (to plant entries)."""
+    """The intent IdempotentToolNode computes for ``call`` (to plant entries), carried by
+    the AIMessage ``message_id`` (default: :func:`ai_calls`'s id for a first call)."""
     scope = scope_of(thread_id, namespace)
     agent_path = agent_path_of(checkpoint_ns)
     canon = canonical_args(call["args"])
     digest = args_hash(canon)
-    ctx = KeyContext(scope, thread_id, agent_path, call["name"], canon, digest)
+    origin = f"ai-{call['id']}" if message_id is None else message_id
+    ctx = KeyContext(scope, thread_id, agent_path, call["name"], canon, digest, origin)
     return CallIntent(
         scope=scope,
         key=compute_key(policy, call, ctx),

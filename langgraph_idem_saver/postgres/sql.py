@@ -147,6 +147,15 @@ MIGRATIONS: list[list[str]] = [
         END $$
         """,
     ],
+    # 4: the ledger's audit trail: what operators and humans decided about an entry
+    # (JSON list of {"at", "by", "action", ...}); in a DO block for the reason above
+    [
+        """
+        DO $$ BEGIN
+            ALTER TABLE idem_tool_calls ADD COLUMN IF NOT EXISTS history TEXT;
+        END $$
+        """,
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
@@ -420,10 +429,10 @@ WITH cp AS (
 INSERT INTO idem_tool_calls
     (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
      status, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
-     result_type, result, error, adopted_by)
+     result_type, result, error, adopted_by, history)
 SELECT %(dst)s, key, %(dst)s, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
      status, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
-     result_type, result, error, adopted_by
+     result_type, result, error, adopted_by, history
 FROM idem_tool_calls WHERE thread_id = %(src)s AND scope = %(src)s
 ORDER BY seq
 ON CONFLICT (scope, key) DO UPDATE SET
@@ -434,7 +443,7 @@ ON CONFLICT (scope, key) DO UPDATE SET
     conflicts = excluded.conflicts, owner = excluded.owner, issued_at = excluded.issued_at,
     lease_expires_at = excluded.lease_expires_at, finished_at = excluded.finished_at,
     result_type = excluded.result_type, result = excluded.result, error = excluded.error,
-    adopted_by = excluded.adopted_by, seq = excluded.seq
+    adopted_by = excluded.adopted_by, history = excluded.history, seq = excluded.seq
 """
 
 # prune "delete": every checkpoint, write and blob of the threads (ledger rows stay)
@@ -479,7 +488,7 @@ WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = g.checkpoint_ns
 LEDGER_COLUMNS = (
     "scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status, "
     "attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at, "
-    "result_type, result, error, run_id, adopted_by"
+    "result_type, result, error, run_id, adopted_by, history"
 )
 
 # The claim: one INSERT for the whole batch; the keys it inserted come back.
@@ -530,7 +539,14 @@ RETURNING 1
 
 ADOPT_ENTRY = f"""
 UPDATE idem_tool_calls SET adopted_by = %s
-WHERE scope = %s AND key = %s AND adopted_by IS NULL
+WHERE scope = %s AND key = %s AND adopted_by IS NOT DISTINCT FROM %s
+RETURNING {LEDGER_COLUMNS}
+"""
+
+# the tool raised: keep the row issued (its effect may have happened) and end the lease
+ABANDON_ENTRY = f"""
+UPDATE idem_tool_calls SET lease_expires_at = %s, error = %s
+WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
 RETURNING {LEDGER_COLUMNS}
 """
 
@@ -559,6 +575,15 @@ RESOLVE_ENTRY = f"""
 UPDATE idem_tool_calls
 SET status = %s, result_type = %s, result = %s, error = %s, finished_at = %s
 WHERE scope = %s AND key = %s AND status = 'issued' AND attempts = %s AND owner = %s
+RETURNING {LEDGER_COLUMNS}
+"""
+
+# An operator's decision, guarded by what they looked at (status, attempts, owner).
+OPERATOR_UPDATE = f"""
+UPDATE idem_tool_calls
+SET status = %s, owner = %s, lease_expires_at = %s, result_type = %s, result = %s,
+    error = %s, finished_at = %s, history = %s
+WHERE scope = %s AND key = %s AND status = %s AND attempts = %s AND owner = %s
 RETURNING {LEDGER_COLUMNS}
 """
 

@@ -94,6 +94,11 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE idem_blobs ADD COLUMN base_version TEXT;
     """,
+    # 4: the ledger's audit trail: what operators and humans decided about an entry
+    # (JSON list of {"at", "by", "action", ...})
+    """
+    ALTER TABLE idem_tool_calls ADD COLUMN history TEXT;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
@@ -236,10 +241,10 @@ COPY_TOOL_CALLS = """
 INSERT OR REPLACE INTO idem_tool_calls
     (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
      status, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
-     result_type, result, error, adopted_by)
+     result_type, result, error, adopted_by, history)
 SELECT ?, key, ?, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
      status, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
-     result_type, result, error, adopted_by
+     result_type, result, error, adopted_by, history
 FROM idem_tool_calls WHERE thread_id = ? AND scope = ?
 ORDER BY rowid
 """
@@ -266,7 +271,7 @@ DELETE_BLOBS_OF_THREAD = "DELETE FROM idem_blobs WHERE thread_id = ?"
 LEDGER_COLUMNS = (
     "scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status, "
     "attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at, "
-    "result_type, result, error, run_id, adopted_by"
+    "result_type, result, error, run_id, adopted_by, history"
 )
 
 INSERT_ISSUED = """
@@ -297,7 +302,13 @@ DELETE FROM idem_tool_calls WHERE scope = ? AND key = ? AND status = 'issued' AN
 
 ADOPT_ENTRY = """
 UPDATE idem_tool_calls SET adopted_by = ?
-WHERE scope = ? AND key = ? AND adopted_by IS NULL
+WHERE scope = ? AND key = ? AND adopted_by IS ?
+"""
+
+# the tool raised: keep the row issued (its effect may have happened) and end the lease
+ABANDON_ENTRY = """
+UPDATE idem_tool_calls SET lease_expires_at = ?, error = ?
+WHERE scope = ? AND key = ? AND status = 'issued' AND owner = ?
 """
 
 # every entry of one call signature, adopted or not (the idem_tool_calls_signature index)
@@ -326,6 +337,14 @@ RESOLVE_ENTRY = """
 UPDATE idem_tool_calls
 SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
 WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ? AND owner = ?
+"""
+
+# An operator's decision, guarded by what they looked at (status, attempts, owner).
+OPERATOR_UPDATE = """
+UPDATE idem_tool_calls
+SET status = ?, owner = ?, lease_expires_at = ?, result_type = ?, result = ?,
+    error = ?, finished_at = ?, history = ?
+WHERE scope = ? AND key = ? AND status = ? AND attempts = ? AND owner = ?
 """
 
 NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = ? AND key = ?"
