@@ -371,7 +371,8 @@ class ToolCallLedger(ABC):
     @abstractmethod
     async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
         """Unknown outcomes across all threads (``LedgerEntry.is_unknown`` at ``now``):
-        ``issued`` with an expired lease or a dead owner process."""
+        ``issued`` with an expired lease or a dead owner process, not yet approved for a
+        re-run by an operator."""
 
     @abstractmethod
     async def aresolve(

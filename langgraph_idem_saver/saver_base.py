@@ -336,7 +336,9 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
 
     async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
         at = time.time() if now is None else now
-        return [e for e in await self.alist_issued() if e.is_unknown(at)]
+        # an entry an operator approved for a re-run is settled: the next resume runs it
+        issued = await self.alist_issued()
+        return [e for e in issued if e.is_unknown(at) and not e.rerun_approved()]
 
     async def aoperator_update(
         self,

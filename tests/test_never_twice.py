@@ -474,3 +474,10 @@ async def test_resolve_keeps_attempts_and_records_who(saver: Any) -> None:
     [event] = settled.events()
     assert event["by"] == "ann" and event["action"] == "completed" and event["attempt"] == 1
     assert event["status_before"] == "issued" and "forced" not in event
+
+
+async def test_rerun_approved_entry_is_no_longer_pending(saver: Any) -> None:
+    entry = await plant_unknown(saver, intent_for("t", CHARGE))
+    assert [e.key for e in await saver.alist_unknown()] == [entry.key]
+    await aresolve_unknown(saver, entry, "rerun")
+    assert await saver.alist_unknown() == []  # settled: the next resume runs it
