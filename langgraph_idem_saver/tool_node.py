@@ -807,6 +807,13 @@ class IdempotentToolNode(ToolNode):
             assert intent is not None
             if intent.key in present:
                 continue  # the call has its own entry: the claim will return it
+            # recorded by a release whose key was the id alone (no message id)
+            [legacy_key] = tool_call_keys(intent.agent_path, intent.tool_call_id, "")
+            legacy = [e for e in entries if e.key == legacy_key and e.key != intent.key]
+            if legacy:
+                plan.entry, plan.ledger_key = legacy[0], legacy_key
+                taken.add(legacy_key)
+                continue
 
             def same_call(e: LedgerEntry, intent: CallIntent = intent) -> bool:
                 return (

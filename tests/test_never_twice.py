@@ -481,3 +481,17 @@ async def test_rerun_approved_entry_is_no_longer_pending(saver: Any) -> None:
     assert [e.key for e in await saver.alist_unknown()] == [entry.key]
     await aresolve_unknown(saver, entry, "rerun")
     assert await saver.alist_unknown() == []  # settled: the next resume runs it
+
+
+async def test_entry_keyed_by_the_id_alone_is_still_found(saver: Any) -> None:
+    """A claim left by a release whose default key was the tool call id alone (before
+    message ids were hashed in) is the same call: asked about, never run afresh."""
+    fx, asked = Counter(), []
+    await plant_unknown(saver, intent_for("t", CHARGE, message_id=""))
+    node = IdempotentToolNode([vendor_tools(fx)], verify={"charge": found_at_vendor(fx, asked)})
+    out = await tool_graph(node, saver).ainvoke(
+        {"messages": [ai_calls(("charge", CHARGE["args"], "c1"))]}, cfg("t")
+    )
+    assert len(asked) == 1 and fx.calls == ["inv-1"]  # verified (not found), then run once
+    assert tool_messages(out)[-1].content == "charged inv-1"
+    assert len(await saver.alist_entries("t")) == 1
