@@ -1,0 +1,209 @@
+"""Orphan adoption: a call whose model message was lost gets back its ledger entry.
+
+With durability ``"async"``/``"exit"`` a crash can lose the AIMessage whose calls were
+already claimed (and maybe run). The model then runs again and emits the same calls under
+new ids. This module maps each such call to the entry of the lost one (same scope, agent
+path, tool and canonical arguments) instead of running it again - and takes care never to
+take the entry of a *sibling* (another task of the same agent) or of an earlier turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from langchain_core.runnables import RunnableConfig
+from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
+
+from langgraph_idem_saver.engine.loops import on_loop
+from langgraph_idem_saver.engine.results import collect_tool_calls
+from langgraph_idem_saver.engine.types import Batch, Plan
+from langgraph_idem_saver.keys import agent_path_of, tool_call_keys
+from langgraph_idem_saver.ledger import CallIntent, LedgerEntry, minted_here
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.engine.core import LedgerEngine
+
+# Tool call ids that adopted an orphan in this process (bounded, most recent kept). An
+# entry adopted by one of them belongs to a live run here, maybe a sibling task whose
+# message exists only in memory: never re-adopted.
+_ADOPTED_HERE: OrderedDict[str, None] = OrderedDict()
+_ADOPTED_HERE_MAX = 4096
+_ADOPTED_HERE_LOCK = threading.Lock()
+
+
+def _note_adopted_here(tool_call_id: str) -> None:
+    with _ADOPTED_HERE_LOCK:
+        _ADOPTED_HERE[tool_call_id] = None
+        _ADOPTED_HERE.move_to_end(tool_call_id)
+        while len(_ADOPTED_HERE) > _ADOPTED_HERE_MAX:
+            _ADOPTED_HERE.popitem(last=False)
+
+
+def _adopted_here(tool_call_id: str | None) -> bool:
+    return tool_call_id is not None and tool_call_id in _ADOPTED_HERE
+
+
+if hasattr(os, "register_at_fork"):  # a forked child runs nothing its parent adopted
+    os.register_at_fork(after_in_child=_ADOPTED_HERE.clear)
+
+
+async def aadopt_orphans(
+    engine: LedgerEngine,
+    batch: Batch,
+    leaders: list[Plan],
+    config: RunnableConfig,
+) -> None:
+    """Give a call the entry of the same call made under an id the model never saw.
+
+    With durability ``"async"``/``"exit"`` a crash can lose the AIMessage whose calls
+    were already claimed (and maybe executed). The model then runs again and emits
+    the same call under a new id. An entry with the same (scope, agent path, tool,
+    args) whose AIMessage was never durable is that call: adopt it (oldest first)
+    instead of executing again. Entries already adopted by this very id are found
+    too, and an entry whose adopter's message was lost as well is adopted again, so
+    any number of consecutive losses cannot cause a re-run.
+
+    "Never durable" is checked against everything that may still hold the call, so
+    that an agent never adopts the entry of a *sibling* - another task of the same
+    agent path, e.g. two ``Send``s to one agent node, each with its own state:
+
+    * the tool calls in this task's own state;
+    * claims and adoptions made by this process: a lost message needs a dead
+      process, while a claim of this process may belong to a sibling running right
+      now (its state may exist only in memory, e.g. under durability ``"exit"``);
+    * the tool calls in any checkpoint or pending write of the thread, in every
+      namespace (read only when a candidate is left, i.e. rarely).
+    """
+    candidates = [p for p in leaders if p.policy == "tool_call"]
+    if not candidates:
+        return
+    known = batch.known_ids
+    if known is None:
+        return
+    assert batch.ledger is not None
+    first = candidates[0].intent
+    assert first is not None
+    entries: list[LedgerEntry] = []
+    for signature in dict.fromkeys(
+        (p.intent.tool_name, p.intent.args_hash) for p in candidates if p.intent
+    ):
+        entries += await engine.lg(
+            batch, batch.ledger.afind_orphans(batch.scope, first.agent_path, *signature)
+        )
+    present = {e.key for e in entries}
+    # the keys of every call in this state: an entry under one of them is not an
+    # orphan (ids alone would not do: a model may reuse "call_0" every turn)
+    known_keys = {
+        key
+        for call_id, msg in batch.pairs
+        for key in tool_call_keys(first.agent_path, call_id, msg)
+    }
+    orphans = [
+        e
+        for e in entries
+        if e.key not in known_keys
+        and not minted_here(e.owner)
+        and (
+            e.adopted_by is None or (e.adopted_by not in known and not _adopted_here(e.adopted_by))
+        )
+    ]
+    taken: set[str] = set()
+    durable: set[str] | None = None  # tool call ids found in the thread's checkpoints
+    for plan in candidates:
+        intent = plan.intent
+        assert intent is not None
+        if intent.key in present:
+            continue  # the call has its own entry: the claim will return it
+        # recorded by a release whose key was the id alone (no message id)
+        [legacy_key] = tool_call_keys(intent.agent_path, intent.tool_call_id, "")
+        legacy = [e for e in entries if e.key == legacy_key and e.key != intent.key]
+        if legacy:
+            plan.entry, plan.ledger_key = legacy[0], legacy_key
+            taken.add(legacy_key)
+            continue
+
+        def same_call(e: LedgerEntry, intent: CallIntent = intent) -> bool:
+            return (
+                e.tool_name == intent.tool_name
+                and e.args_hash == intent.args_hash
+                and e.thread_id == intent.thread_id
+            )
+
+        mine = [
+            e
+            for e in entries
+            if e.adopted_by == intent.tool_call_id
+            and intent.tool_call_id not in batch.reused_ids
+            and same_call(e)
+        ]
+        if mine:
+            plan.entry, plan.ledger_key = mine[0], mine[0].key
+            taken.add(mine[0].key)
+            continue
+        matching = [e for e in orphans if e.key not in taken and same_call(e)]
+        if not matching:
+            continue
+        if durable is None:
+            wanted = {e.key for e in orphans} | {e.adopted_by or "" for e in orphans}
+            durable = await adurable_calls(batch, config, intent.thread_id, wanted - {""})
+        for e in matching:
+            if e.key in durable or (e.adopted_by or "") in durable:
+                continue  # its message exists: a sibling's (or an earlier) call
+            adopted = await engine.lg(
+                batch,
+                batch.ledger.aadopt(
+                    batch.scope,
+                    e.key,
+                    tool_call_id=intent.tool_call_id,
+                    previous=e.adopted_by,
+                ),
+            )
+            if adopted is None:
+                continue  # another resumer adopted it first
+            _note_adopted_here(intent.tool_call_id)
+            taken.add(e.key)
+            plan.entry, plan.ledger_key = adopted, adopted.key
+            engine.counters.bump("adopted")
+            break
+
+
+async def adurable_calls(
+    batch: Batch, config: RunnableConfig, thread_id: str, wanted: set[str]
+) -> set[str]:
+    """Which of ``wanted`` (ledger keys and tool call ids) belong to a call found in a
+    saved checkpoint (or pending write) of the thread, in any namespace. Newest first,
+    stopping once all are found. A call found there is known by its id and by every
+    key it may have been recorded under (see ``tool_call_keys``).
+
+    Without a checkpointer that can list the thread, nothing is known (empty set).
+    """
+    checkpointer = config.get("configurable", {}).get(CONFIG_KEY_CHECKPOINTER)
+    alist = getattr(checkpointer, "alist", None)
+    if alist is None or not wanted:
+        return set()
+    agent_path = agent_path_of(str(config.get("configurable", {}).get("checkpoint_ns", "")))
+
+    async def scan() -> set[str]:
+        found: set[str] = set()
+        async for tup in alist({"configurable": {"thread_id": thread_id}}):
+            pairs: set[tuple[str, str]] = set()
+            collect_tool_calls(tup.checkpoint.get("channel_values"), pairs)
+            for write in tup.pending_writes or ():
+                collect_tool_calls(write[2], pairs)
+            for call_id, message_id in pairs:
+                found.add(call_id)
+                found |= tool_call_keys(agent_path, call_id, message_id)
+            if wanted <= found:
+                break
+        return found & wanted
+
+    if checkpointer is batch.ledger:
+        loop = batch.ledger_loop
+    else:
+        cp_loop = getattr(checkpointer, "loop", None)
+        loop = cp_loop if isinstance(cp_loop, asyncio.AbstractEventLoop) else None
+    return await on_loop(loop, scan())

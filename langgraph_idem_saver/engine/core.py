@@ -1,0 +1,436 @@
+"""``LedgerEngine``: the ledger protocol, once, for every front door.
+
+One run of a front door (a ``ToolNode`` step, one ``create_agent`` tool call, one
+``@task`` call) goes through these steps, each a method below or a function of a sibling
+module::
+
+    plan      add_call()            which calls are ledgered (read-only tools are not)
+    key       aprepare()            canonical args, the key, the intent - before any write
+    adopt     adoption.aadopt_orphans   a call whose message was lost gets its entry back
+    claim     aclaim()              ONE transaction: an ``issued`` row per new call
+    settle    asettle()             replay / conflict / wait / unknown outcome:
+              unknown.adecide()         operator approval -> verify -> policy -> interrupt
+              unknown.aapply()          record the decision
+    run       (the front door runs the tool)
+    finish    afinish()             ``completed``/``failed`` with the result, committed
+              araised()             the tool raised: unknown outcome (or released)
+    answer    aanswer()             a call not run: replayed, settled, or its twin's
+
+A front door builds a :class:`Batch` of :class:`Plan` s, calls :meth:`aprepare`, runs the
+calls planned ``Kind.RUN`` and reports each outcome. Nothing here knows ``ToolNode``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar, cast
+
+from langchain_core.messages import ToolCall, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt.tool_node import ToolInvocationError
+
+from langgraph_idem_saver.engine.adoption import aadopt_orphans
+from langgraph_idem_saver.engine.loops import on_loop
+from langgraph_idem_saver.engine.options import LedgerOptions
+from langgraph_idem_saver.engine.results import dumps, replayed_result, retarget, text_of
+from langgraph_idem_saver.engine.types import (
+    Batch,
+    IdempotencyConflict,
+    IdempotencyCounters,
+    Kind,
+    NoLedgerError,
+    NotAppliedError,
+    Plan,
+    ToolCallInProgress,
+    live,
+)
+from langgraph_idem_saver.engine.unknown import aapply, adecide
+from langgraph_idem_saver.errors import ConfigError
+from langgraph_idem_saver.keys import (
+    KeyContext,
+    agent_path_of,
+    args_hash,
+    canonical_args,
+    compute_key,
+    scope_of,
+    storable_call_id,
+)
+from langgraph_idem_saver.ledger import (
+    CallIntent,
+    CallStatus,
+    LedgerEntry,
+    ToolCallLedger,
+    make_owner,
+    minted_here,
+)
+
+T = TypeVar("T")
+
+
+def settle_future(plan: Plan, *, result: Any = None, exc: BaseException | None = None) -> None:
+    """Publish a call's outcome to calls of the same step that share its key."""
+    if plan.outcome.done():
+        return
+    if exc is not None:
+        plan.outcome.set_exception(exc)
+    else:
+        plan.outcome.set_result(result)
+
+
+class LedgerEngine:
+    """The ledger protocol for one front door: its options, owner id and counters."""
+
+    def __init__(
+        self,
+        options: LedgerOptions,
+        *,
+        name: str,
+        messages_key: str = "messages",
+        raw_results: bool = False,
+    ) -> None:
+        self.options = options
+        self.name = name
+        self.messages_key = messages_key
+        # results are plain values (a task's return value), not tool messages: recorded,
+        # replayed and answered as they are
+        self.raw_results = raw_results
+        self.counters = IdempotencyCounters()
+        self._owner_lock = threading.Lock()
+        self._owner_id = make_owner()
+
+    @property
+    def owner(self) -> str:
+        """``host:pid:nonce``, renewed after ``fork`` so children never share claims.
+
+        Read by the tool threads of a sync ``invoke`` at once: the check and the renewal
+        happen under a lock, and the id is one attribute, so no thread sees half of it.
+        """
+        owner = self._owner_id
+        if minted_here(owner):
+            return owner
+        with self._owner_lock:
+            if not minted_here(self._owner_id):
+                self._owner_id = make_owner()
+            return self._owner_id
+
+    def had_no_effect(self, tool_name: str, exc: BaseException) -> bool:
+        """Whether an exception from running a call proves its tool did nothing final:
+        an ``interrupt()`` (or other LangGraph control flow), arguments refused before the
+        tool ran, or an exception the tool or the user declared "not applied"."""
+        safe = (GraphBubbleUp, ToolInvocationError, NotAppliedError)
+        return isinstance(exc, safe + self.options.not_applied_for(tool_name))
+
+    def find_ledger(self, config: RunnableConfig) -> ToolCallLedger:
+        """``ledger=`` if given, else the graph's checkpointer when it is a ledger."""
+        if self.options.ledger is not None:
+            return self.options.ledger
+        checkpointer = config.get("configurable", {}).get(CONFIG_KEY_CHECKPOINTER)
+        if isinstance(checkpointer, ToolCallLedger):
+            return checkpointer
+        found = "no checkpointer" if checkpointer is None else type(checkpointer).__name__
+        raise NoLedgerError(
+            f"{self.name!r} needs a ToolCallLedger, found {found}: compile the graph with a "
+            "checkpointer that implements it (e.g. langgraph_idem_saver.AsyncSqliteSaver) "
+            "or pass ledger=... . Refusing to run side-effecting tools unprotected."
+        )
+
+    # --- planning --------------------------------------------------------------------------
+
+    def add_call(
+        self, batch: Batch, call: ToolCall, *, tool: Any = None, known: bool = True
+    ) -> Plan:
+        """Plan one call: ledgered, or skipped (read-only, or a tool nobody registered -
+        which never runs: the front door answers with an error)."""
+        plan = Plan(call=call)
+        if known and self.options.is_read_only(call["name"], tool):
+            self.counters.bump("read_only")
+        elif known:
+            plan.kind = Kind.PENDING
+        batch.add(plan)
+        return plan
+
+    def note_state(self, batch: Batch, pairs: list[tuple[str, str]] | None) -> None:
+        """What the run's state shows: every (tool call id, message id) of its messages,
+        oldest first, or None when no state is visible (adoption is then skipped)."""
+        if pairs is None:
+            return
+        batch.known_ids = {call_id for call_id, _ in pairs}
+        batch.pairs = list(pairs)
+        for call_id, message_id in pairs:
+            if batch.origins.setdefault(call_id, message_id) != message_id:
+                batch.reused_ids.add(call_id)
+                batch.origins[call_id] = message_id  # the newest message wins
+
+    async def aprepare(self, batch: Batch, config: RunnableConfig) -> None:
+        """Keys, adoption, one claim, settling: after it each ledgered plan knows whether
+        to run (``Kind.RUN``) or what to answer."""
+        pending = [p for p in batch.all_plans if p.kind is Kind.PENDING]
+        if not pending:
+            return  # nothing side-effecting: no ledger needed
+        ledger = self.find_ledger(config)
+        batch.ledger = ledger
+        loop = getattr(ledger, "loop", None)
+        batch.ledger_loop = loop if isinstance(loop, asyncio.AbstractEventLoop) else None
+        serde = getattr(ledger, "serde", None)
+        batch.serde = serde if serde is not None else JsonPlusSerializer()
+
+        configurable = config.get("configurable", {})
+        raw_thread_id = configurable.get("thread_id")
+        if raw_thread_id is None:
+            raise ConfigError(
+                f"{self.name!r} needs config['configurable']['thread_id'] to scope its ledger "
+                "entries"
+            )
+        thread_id = str(raw_thread_id)
+        scope = scope_of(thread_id, self.options.namespace)
+        batch.scope = scope
+        agent_path = agent_path_of(str(configurable.get("checkpoint_ns", "")))
+        raw_run_id = config.get("run_id") or config.get("metadata", {}).get("run_id")
+        run_id = None if raw_run_id is None else str(raw_run_id)
+
+        # Keys first, for every call: a bad argument or key_fn fails before any claim.
+        leaders: dict[str, Plan] = {}
+        for plan in pending:
+            call = plan.call
+            name = call["name"]
+            canon = canonical_args(call["args"], tool_name=name, tool_call_id=str(call["id"]))
+            storable_call_id(str(call["id"]), name)
+            digest = args_hash(canon)
+            policy = self.options.policy_for(name)
+            origin = batch.origins.get(str(call["id"]), "")
+            ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest, origin)
+            key = compute_key(policy, call, ctx)
+            plan.policy = policy
+            plan.intent = CallIntent(
+                scope=scope,
+                key=key,
+                thread_id=thread_id,
+                agent_path=agent_path,
+                tool_name=name,
+                args_hash=digest,
+                args=canon.encode("utf-8"),
+                tool_call_id=str(call["id"]),
+                run_id=run_id,
+            )
+            leader = leaders.get(key)
+            if leader is None:
+                leaders[key] = plan
+                continue
+            assert leader.intent is not None
+            if leader.intent.args_hash != digest or leader.intent.tool_name != name:
+                self.counters.bump("conflicts")
+                raise IdempotencyConflict(
+                    f"tool calls {leader.call['id']!r} and {call['id']!r} of one step share "
+                    f"ledger key {key!r} but not their tool/arguments"
+                )
+            plan.kind = Kind.FOLLOW
+            plan.leader = leader
+
+        # Any exception from here on (conflict, interrupt(), timeout) releases the fresh
+        # claims of this run: the front door calls ``arelease_unstarted`` in a finally.
+        await aadopt_orphans(self, batch, list(leaders.values()), config)
+        await self.aclaim(batch, [p for p in leaders.values() if p.entry is None])
+        await self.asettle(batch, [p for p in leaders.values() if p.kind is Kind.PENDING])
+
+    # --- claim and settle ------------------------------------------------------------------
+
+    async def aclaim(self, batch: Batch, plans: list[Plan]) -> None:
+        """ONE ``aclaim`` for all calls of the step that have no entry yet."""
+        if not plans:
+            return
+        assert batch.ledger is not None
+        outcomes = await self.lg(
+            batch,
+            batch.ledger.aclaim(
+                [cast(CallIntent, p.intent) for p in plans],
+                owner=self.owner,
+                lease_seconds=self.options.lease_seconds,
+            ),
+        )
+        for plan, outcome in zip(plans, outcomes, strict=True):
+            plan.entry = outcome.entry
+            plan.ledger_key = outcome.entry.key
+            if outcome.claimed:
+                plan.kind, plan.owned = Kind.RUN, True
+
+    async def asettle(self, batch: Batch, plans: list[Plan]) -> None:
+        """Decide what to do with calls that already had an entry.
+
+        Order matters: conflicts first (nothing else is sound), then wait for calls
+        running elsewhere, then unknown outcomes - all decisions (verify hooks and
+        ``interrupt()`` calls, in call order) before any ledger write, so that a node
+        re-entered after an interrupt makes the same ``interrupt()`` calls in the same
+        order and LangGraph matches each resume value to the right call.
+        """
+        assert batch.ledger is not None
+        for plan in plans:
+            entry, intent = plan.entry, plan.intent
+            assert entry is not None and intent is not None
+            if entry.args_hash != intent.args_hash or entry.tool_name != intent.tool_name:
+                await self.lg(
+                    batch, batch.ledger.anote_replay(batch.scope, entry.key, conflict=True)
+                )
+                self.counters.bump("conflicts")
+                raise IdempotencyConflict(
+                    f"tool call {intent.tool_call_id!r} to {intent.tool_name!r} maps to ledger "
+                    f"key {entry.key!r} in scope {batch.scope!r}, which records a call to "
+                    f"{entry.tool_name!r} (id {entry.tool_call_id!r}) with different arguments;"
+                    " refusing to replay or run it"
+                )
+
+        busy = [p for p in plans if live(cast(LedgerEntry, p.entry))]
+        if busy:
+            await asyncio.gather(*(self.await_settled(batch, p) for p in busy))
+
+        unknown: list[Plan] = []
+        for plan in plans:
+            if plan.kind is not Kind.PENDING:
+                continue  # claimed while waiting (the owner released it)
+            entry = cast(LedgerEntry, plan.entry)
+            if entry.status is CallStatus.ISSUED:
+                if not entry.is_unknown():
+                    raise ToolCallInProgress(
+                        f"tool call {plan.call['id']!r} to {plan.call['name']!r} (key "
+                        f"{entry.key!r}) is being run by {entry.owner!r}; it did not finish "
+                        f"within {self.options.wait_seconds}s. Retry later."
+                    )
+                unknown.append(plan)
+            else:
+                self.set_replay(batch, plan, entry)
+
+        sole = sum(p.kind is not Kind.SKIP for p in batch.all_plans) == 1
+        decisions = [(plan, await adecide(self, batch, plan, sole=sole)) for plan in unknown]
+        for plan, decision in decisions:
+            await aapply(self, batch, plan, decision)
+
+    async def await_settled(self, batch: Batch, plan: Plan) -> None:
+        """Poll a call another owner is running until it finishes, lapses or vanishes."""
+        assert batch.ledger is not None
+        deadline = time.monotonic() + self.options.wait_seconds
+        entry = cast(LedgerEntry, plan.entry)
+        while live(entry) and time.monotonic() < deadline:
+            await asyncio.sleep(self.options.poll_seconds)
+            fresh = await self.lg(batch, batch.ledger.aget_entry(batch.scope, entry.key))
+            if fresh is None:
+                # The owner released its claim (its tool was interrupted): claim it anew.
+                intent = cast(CallIntent, plan.intent)
+                if entry.key != intent.key:
+                    raise ToolCallInProgress(f"adopted entry {entry.key!r} vanished; retry")
+                await self.aclaim(batch, [plan])
+                if plan.kind is Kind.RUN:
+                    return
+                fresh = cast(LedgerEntry, plan.entry)
+            entry = fresh
+        plan.entry = entry
+
+    def set_replay(self, batch: Batch, plan: Plan, entry: LedgerEntry) -> None:
+        plan.kind = Kind.REPLAY
+        plan.entry = entry
+        plan.result = self.replayed_result(batch, entry, plan.call)
+
+    async def aanswer(self, batch: Batch, plan: Plan) -> Any:
+        """The result of a call that is not run: settled, replayed, or its twin's."""
+        ledger = cast(ToolCallLedger, batch.ledger)
+        if plan.kind is Kind.RETURN:
+            return plan.result
+        if plan.kind is Kind.REPLAY:
+            entry = cast(LedgerEntry, plan.entry)
+            await self.lg(batch, ledger.anote_replay(batch.scope, entry.key))
+            self.counters.bump("replayed")
+            return plan.result
+        if plan.kind is Kind.FOLLOW:
+            leader = cast(Plan, plan.leader)
+            leader_result = await asyncio.wrap_future(leader.outcome)
+            if leader.ledger_key is not None:
+                await self.lg(batch, ledger.anote_replay(batch.scope, leader.ledger_key))
+            self.counters.bump("replayed")
+            return retarget(leader_result, {str(leader.call["id"])}, plan.call, self.messages_key)
+        raise RuntimeError(  # pragma: no cover - planning always decides
+            f"unplanned tool call {plan.call['id']!r} ({plan.kind})"
+        )
+
+    async def afinish(self, batch: Batch, plan: Plan, result: Any) -> Any:
+        """Record what the tool returned; an error ToolMessage is a ``failed`` call.
+
+        Exceptions that escape ``ToolNode`` (not handled by ``handle_tool_errors``, or
+        ``interrupt()`` inside the tool) never get here: the claim is released instead,
+        because the tool reported that it did not complete and LangGraph will run it
+        again on retry/resume. Cancellation releases nothing: the effect may have
+        happened, so after the lease the call is an unknown outcome.
+        """
+        ledger = cast(ToolCallLedger, batch.ledger)
+        failed = isinstance(result, ToolMessage) and result.status == "error"
+        result_type, data = self.dumps(batch, result)
+        await self.lg(
+            batch,
+            ledger.afinish(
+                batch.scope,
+                cast(str, plan.ledger_key),
+                owner=self.owner,
+                status=CallStatus.FAILED if failed else CallStatus.COMPLETED,
+                result_type=result_type,
+                result=data,
+                error=text_of(result.content) if failed else None,
+            ),
+        )
+        plan.owned = False
+        self.counters.bump("executed")
+        return result
+
+    async def araised(self, batch: Batch, plan: Plan, exc: BaseException) -> None:
+        """A started call raised instead of returning (``handle_tool_errors`` let it out).
+
+        Unless the exception proves nothing happened (:meth:`had_no_effect`), the call
+        is an unknown outcome: a timeout or a reset connection often comes *after* the
+        effect landed. The claim is abandoned, not released - the row stays ``issued``
+        with its lease ended and the error kept - so the next attempt (a ``RetryPolicy``
+        retry, or the user's resume) goes through verify -> policy -> human, as after a
+        crash, and never re-runs it silently.
+        """
+        if self.had_no_effect(plan.call["name"], exc):
+            await self.arelease(batch, plan)
+            return
+        if not plan.owned or plan.ledger_key is None or batch.ledger is None:
+            return
+        plan.owned = False
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        await self.lg(
+            batch,
+            batch.ledger.aabandon(batch.scope, plan.ledger_key, owner=self.owner, error=error),
+        )
+        self.counters.bump("abandoned")
+
+    # --- ledger plumbing -------------------------------------------------------------------
+
+    async def arelease(self, batch: Batch, plan: Plan) -> None:
+        if not plan.owned or plan.ledger_key is None or batch.ledger is None:
+            return
+        plan.owned = False
+        release = getattr(batch.ledger, "arelease", None)
+        if release is None:  # pragma: no cover - ledgers predating arelease
+            return  # safe default: the claim lapses into an unknown outcome
+        if await self.lg(batch, release(batch.scope, plan.ledger_key, owner=self.owner)):
+            self.counters.bump("released")
+
+    async def arelease_unstarted(self, batch: Batch) -> None:
+        """Drop claims of calls that never reached their tool (the step was aborted)."""
+        for plan in batch.all_plans:
+            if plan.owned and not plan.started:
+                await self.arelease(batch, plan)
+
+    async def lg(self, batch: Batch, coro: Coroutine[Any, Any, T]) -> T:
+        """Await a ledger coroutine on the ledger's own event loop."""
+        return await on_loop(batch.ledger_loop, coro)
+
+    def dumps(self, batch: Batch, result: Any) -> tuple[str | None, bytes | None]:
+        return dumps(batch.serde or JsonPlusSerializer(), result, f"a {self.name!r} tool call")
+
+    def replayed_result(self, batch: Batch, entry: LedgerEntry, call: ToolCall) -> Any:
+        serde = batch.serde or JsonPlusSerializer()
+        return replayed_result(serde, entry, call, self.messages_key, raw=self.raw_results)

@@ -1,0 +1,66 @@
+"""Where the engine's coroutines run: the ledger's own event loop, a private loop for a
+sync front door, a worker thread for a blocking hook.
+
+A sync ``graph.invoke`` runs tool nodes in threads with no event loop, while an async
+saver's connection belongs to the loop it was opened on; these helpers bridge the two the
+way LangGraph's own ``AsyncSqliteSaver`` sync methods do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from langgraph_idem_saver.errors import ConfigError
+
+T = TypeVar("T")
+
+
+async def on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` on ``loop`` (the loop its saver/ledger lives on), or here if None."""
+    if loop is None or loop is asyncio.get_running_loop():
+        return await coro
+    if loop.is_closed() or not loop.is_running():
+        coro.close()
+        raise ConfigError(
+            "the ledger's event loop is not running: a sync graph.invoke with an async "
+            "ledger needs that loop running in another thread"
+        )
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+async def call_maybe_async(fn: Callable[..., Any], arg: Any) -> Any:
+    """Call a sync or async hook. Sync hooks run in a worker thread: they may block (I/O
+    to the vendor) or call ``asyncio.run`` themselves, neither of which a loop allows."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(arg)
+    result = await asyncio.to_thread(fn, arg)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def run_private(coro: Coroutine[Any, Any, T]) -> T:
+    """Run the node's async bookkeeping on a private loop in the current (node) thread.
+
+    The coroutine's task copies this thread's context, so ``interrupt()`` and
+    ``get_config()`` work inside it.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        coro.close()
+        raise ConfigError(
+            "an idempotent tool call was run synchronously from a thread running an event "
+            "loop; use `await graph.ainvoke(...)` there (or run graph.invoke in a worker "
+            "thread, e.g. asyncio.to_thread)"
+        )
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()

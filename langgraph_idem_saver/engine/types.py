@@ -1,0 +1,221 @@
+"""The engine's vocabulary: errors, options' value types, counters, interrupt answers,
+and the per-run plan of each tool call.
+
+Shared by every front door (``IdempotentToolNode``, ``IdempotencyMiddleware``,
+``idempotent_task``); nothing here knows about ``ToolNode``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import inspect
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from langchain_core.messages import ToolCall
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.types import interrupt
+from pydantic import Field, TypeAdapter
+from typing_extensions import NotRequired, TypedDict
+
+from langgraph_idem_saver.errors import ConfigError, IdemSaverError
+from langgraph_idem_saver.keys import KeyPolicy
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, ToolCallLedger
+
+
+class IdempotencyConflict(IdemSaverError):
+    """Two calls share a ledger key but not their arguments.
+
+    Replaying the other call's result would answer a different question, and running
+    this one could duplicate an effect the key was meant to make unique, so the node
+    refuses. Usually a ``key_fn`` that ignores an argument that matters, or a model that
+    reused a tool call id.
+    """
+
+
+class ToolCallInProgress(IdemSaverError):
+    """Another owner holds a live claim on this call and did not finish in time.
+
+    Retry later: when it finishes the call is replayed; when its lease lapses it becomes
+    an unknown outcome.
+    """
+
+
+class UnknownToolOutcome(IdemSaverError):
+    """A claimed call never finished and nothing settled whether it took effect.
+
+    Raised by the ``"raise"`` unknown-outcome policy (and for an inconsistent resume
+    value). Settle it with the tool's ``verify`` hook, an ``interrupt`` answer, or the
+    ledger's ``aresolve`` (operator), then run the graph again.
+    """
+
+
+class NoLedgerError(ConfigError):
+    """The node found no ``ToolCallLedger``: neither ``ledger=`` nor the checkpointer."""
+
+
+class NotAppliedError(Exception):
+    """Raised by a tool to say "I failed and nothing happened": safe to run again.
+
+    Any other exception from a ledgered tool is an *unknown outcome* (a timeout may come
+    after the charge went through): the next attempt asks ``verify``, the ``on_unknown``
+    policy or a human. Raise this (or list your own types in ``not_applied_errors=``)
+    when the tool knows it failed before any side effect, e.g. a validation error or a
+    card declined before charging. The claim is then released and the exception
+    propagates as usual.
+    """
+
+
+class _NotApplied(enum.Enum):
+    NOT_APPLIED = "NOT_APPLIED"
+
+    def __repr__(self) -> str:
+        return "NOT_APPLIED"
+
+
+NOT_APPLIED = _NotApplied.NOT_APPLIED
+"""Returned by a ``verify`` hook: the effect did not happen, so run the tool again."""
+
+VerifyFn = Callable[[dict[str, Any]], Any]
+"""``verify(args) -> result | NOT_APPLIED`` (sync or async): did an unknown call land?"""
+
+OnUnknown = Literal["interrupt", "rerun", "fail", "raise"]
+ON_UNKNOWN_VALUES: frozenset[str] = frozenset(("interrupt", "rerun", "fail", "raise"))
+
+READ_ONLY_METADATA_KEY = "idempotent_read_only"
+"""Tool ``metadata`` flag: ``{"idempotent_read_only": True}`` skips the ledger."""
+
+
+@dataclass
+class IdempotencyCounters:
+    """In-process counters of what the node did (for tests, logs and benchmarks)."""
+
+    executed: int = 0
+    replayed: int = 0
+    unknown: int = 0
+    conflicts: int = 0
+    adopted: int = 0
+    read_only: int = 0
+    released: int = 0
+    abandoned: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def bump(self, name: str, by: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + by)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            k: int(getattr(self, k))
+            for k in (
+                "executed",
+                "replayed",
+                "unknown",
+                "conflicts",
+                "adopted",
+                "read_only",
+                "released",
+                "abandoned",
+            )
+        }
+
+
+# --- resume values of the unknown-outcome interrupt ---------------------------------------
+
+
+class _ResumeCompleted(TypedDict):
+    action: Literal["completed"]
+    result: Any
+    key: NotRequired[str]
+    attempt: NotRequired[int]
+
+
+class _ResumeRerun(TypedDict):
+    action: Literal["rerun"]
+    key: NotRequired[str]
+    attempt: NotRequired[int]
+
+
+class _ResumeFailed(TypedDict):
+    action: Literal["failed"]
+    error: str
+    key: NotRequired[str]
+    attempt: NotRequired[int]
+
+
+UnknownOutcomeResume = Annotated[
+    _ResumeCompleted | _ResumeRerun | _ResumeFailed, Field(discriminator="action")
+]
+"""What ``Command(resume=...)`` may answer to an ``unknown_tool_outcome`` interrupt."""
+
+RESUME_ADAPTER: TypeAdapter[Any] = TypeAdapter(UnknownOutcomeResume)
+# LangGraph >= 1.1 validates resume values against ``response_schema`` and does not save
+# invalid ones (the interrupt can be answered again); older versions lack the parameter.
+INTERRUPT_HAS_SCHEMA = "response_schema" in inspect.signature(interrupt).parameters
+
+
+# --- per-run planning ----------------------------------------------------------------------
+
+
+class Kind(enum.Enum):
+    SKIP = "skip"  # not ledgered: read-only or unregistered tool
+    PENDING = "pending"  # being settled
+    RUN = "run"  # we hold the claim: run the tool, then finish
+    REPLAY = "replay"  # return the recorded result
+    RETURN = "return"  # return a result settled during planning (verify/interrupt/fail)
+    FOLLOW = "follow"  # same key as an earlier call of this batch: reuse its result
+
+
+@dataclass(eq=False)
+class Plan:
+    """What one tool call of a run will do, decided step by step while planning."""
+
+    call: ToolCall
+    kind: Kind = Kind.SKIP
+    intent: CallIntent | None = None
+    policy: KeyPolicy = "tool_call"
+    ledger_key: str | None = None  # the row we act on (an adopted orphan's key differs)
+    entry: LedgerEntry | None = None
+    result: Any = None
+    leader: Plan | None = None
+    owned: bool = False  # we hold an ``issued`` claim on (scope, ledger_key)
+    started: bool = False  # the tool was handed to ToolNode (its effect may have happened)
+    outcome: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass(eq=False)
+class Batch:
+    """The tool calls of one front-door run (a ToolNode step, or one middleware call)
+    and what they share: the ledger, its loop and serializer, the scope, the state."""
+
+    sync: bool
+    plans: dict[str, deque[Plan]] = field(default_factory=dict)
+    all_plans: list[Plan] = field(default_factory=list)
+    ledger: ToolCallLedger | None = None
+    ledger_loop: asyncio.AbstractEventLoop | None = None
+    serde: SerializerProtocol | None = None
+    scope: str = ""
+    # tool call ids of every AIMessage in the visible state (None: no state visible), and
+    # the id of the newest message carrying each
+    known_ids: set[str] | None = None
+    origins: dict[str, str] = field(default_factory=dict)
+    reused_ids: set[str] = field(default_factory=set)  # ids found in several messages
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # (call id, message id)
+
+    def add(self, plan: Plan) -> None:
+        self.plans.setdefault(str(plan.call["id"]), deque()).append(plan)
+        self.all_plans.append(plan)
+
+    def take(self, call: ToolCall) -> Plan | None:
+        queue = self.plans.get(str(call["id"]))
+        return queue.popleft() if queue else None
+
+
+def live(entry: LedgerEntry) -> bool:
+    """Issued and still within its lease: someone may be running it right now."""
+    return entry.status is CallStatus.ISSUED and not entry.is_unknown()

@@ -1,0 +1,218 @@
+"""Unknown outcomes: a call was claimed and never finished, or its tool raised.
+
+Decided in one order, the same for every front door: an operator's approval to re-run,
+then the tool's ``verify`` hook, then its ``on_unknown`` policy, and by default a human
+through LangGraph's ``interrupt()``. :func:`adecide` makes no ledger write (so a node
+re-entered after an interrupt asks the same questions in the same order);
+:func:`aapply` records the decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from langchain_core.messages import ToolMessage
+from langgraph.types import interrupt
+from pydantic import ValidationError
+
+from langgraph_idem_saver.engine.loops import call_maybe_async
+from langgraph_idem_saver.engine.results import as_result
+from langgraph_idem_saver.engine.types import (
+    INTERRUPT_HAS_SCHEMA,
+    NOT_APPLIED,
+    RESUME_ADAPTER,
+    Batch,
+    Kind,
+    Plan,
+    ToolCallInProgress,
+    UnknownOutcomeResume,
+    UnknownToolOutcome,
+    live,
+)
+from langgraph_idem_saver.errors import ConfigError
+from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.engine.core import LedgerEngine
+
+
+async def adecide(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool) -> tuple[str, Any]:
+    """What to do with an unknown outcome: ("completed", result) | ("failed", error)
+    | ("rerun", None) | ("fail", None). Makes no ledger write.
+
+    ``sole``: this is the only ledgered call of the node run, so an interrupt answer
+    cannot belong to another call of the same task (see :func:`ask`)."""
+    call, entry = plan.call, cast(LedgerEntry, plan.entry)
+    name = call["name"]
+    if entry.rerun_approved():
+        return ("rerun", None)  # an operator settled it: it did not happen
+    hook = engine.options.verify.get(name)
+    if hook is not None:
+        outcome = await call_maybe_async(hook, dict(call["args"]))
+        if outcome is NOT_APPLIED:
+            return ("rerun", None)
+        if outcome is None:
+            raise ConfigError(
+                f"verify hook for tool {name!r} returned None: return the call's result "
+                "when the effect happened, or NOT_APPLIED when it did not (nothing was "
+                "recorded; the call stays an unknown outcome)"
+            )
+        return ("completed", outcome)
+    policy = engine.options.on_unknown_for(name)
+    if policy == "rerun":
+        return ("rerun", None)
+    if policy == "fail":
+        return ("fail", None)
+    if policy == "raise":
+        raise UnknownToolOutcome(
+            f"tool call {call['id']!r} to {name!r} (key {entry.key!r}, scope "
+            f"{batch.scope!r}) was started at {entry.issued_at:.3f} and never finished; "
+            "it may or may not have taken effect"
+        )
+    value = ask(engine, batch, plan, sole=sole)
+    if value["action"] == "completed":
+        return ("completed", value["result"])
+    if value["action"] == "failed":
+        return ("failed", value["error"])
+    return ("rerun", None)
+
+
+def ask(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool) -> Any:
+    """Ask a human through ``interrupt()`` until an answer that is about this call
+    *and this attempt* comes back.
+
+    LangGraph hands a task's resume values back by position. After a crash between
+    two answers were applied, or when the same call is unknown again one attempt
+    later, the value at a position may be about another call or an older attempt.
+    So the payload names ``key`` and ``attempt``; an answer that names another key or
+    attempt is skipped (the next ``interrupt()`` takes the next value, or asks anew),
+    and an answer naming neither is accepted only where it cannot be misplaced: the
+    node run's only ledgered call, on its first attempt.
+    """
+    call, entry = plan.call, cast(LedgerEntry, plan.entry)
+    name = call["name"]
+    payload: dict[str, Any] = {
+        "kind": "unknown_tool_outcome",
+        "tool": name,
+        "args": call["args"],
+        "tool_call_id": call["id"],
+        "key": entry.key,
+        "attempt": entry.attempts,
+        "attempts": entry.attempts,  # kept for answers written against 0.1
+        "scope": batch.scope,
+        "agent_path": entry.agent_path,
+        "issued_at": entry.issued_at,
+        "error": entry.error,
+    }
+    while True:
+        if INTERRUPT_HAS_SCHEMA:
+            answer = interrupt(payload, response_schema=cast(Any, UnknownOutcomeResume))
+        else:  # pragma: no cover - LangGraph < 1.1
+            answer = interrupt(payload)
+        try:
+            value = RESUME_ADAPTER.validate_python(answer)
+        except ValidationError as exc:
+            raise UnknownToolOutcome(
+                f"invalid resume value for the unknown outcome of {name!r} call "
+                f"{call['id']!r}: {answer!r}. Expected {{'action': 'completed', "
+                "'result': ...}, {'action': 'rerun'} or {'action': 'failed', "
+                "'error': '...'}, with the interrupt's 'key' and 'attempt'"
+            ) from exc
+        reason = answer_mismatch(value, entry, sole=sole)
+        if reason is None:
+            return value
+        payload = {**payload, "previous_answer_ignored": reason}
+
+
+async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple[str, Any]) -> None:
+    ledger = cast(ToolCallLedger, batch.ledger)
+    entry = cast(LedgerEntry, plan.entry)
+    action, value = decision
+    call = plan.call
+    engine.counters.bump("unknown")  # once per call decided, not per re-entry
+    if action == "fail":
+        plan.kind = Kind.RETURN
+        plan.result = ToolMessage(
+            content=(
+                f"Error: the outcome of an earlier {call['name']!r} call with these "
+                "arguments is unknown: it started but was never recorded as finished, so "
+                "it may or may not have taken effect. It was NOT retried; an operator "
+                "must resolve it."
+            ),
+            name=call["name"],
+            tool_call_id=call["id"],
+            status="error",
+        )
+        return
+    if action == "rerun":
+        fresh = await engine.lg(
+            batch,
+            ledger.areclaim(
+                batch.scope,
+                entry.key,
+                owner=engine.owner,
+                lease_seconds=engine.options.lease_seconds,
+                expected_attempts=entry.attempts,
+                expected_owner=entry.owner,
+            ),
+        )
+        if fresh is not None:
+            plan.kind, plan.owned, plan.entry = Kind.RUN, True, fresh
+            return
+    else:
+        if action == "completed":
+            status, error = CallStatus.COMPLETED, None
+            result = value if engine.raw_results else as_result(value, call, engine.messages_key)
+        else:
+            status, error = CallStatus.FAILED, str(value)
+            result = ToolMessage(
+                content=f"Error: {value}",
+                name=call["name"],
+                tool_call_id=call["id"],
+                status="error",
+            )
+        result_type, data = engine.dumps(batch, result)
+        settled = await engine.lg(
+            batch,
+            ledger.aresolve(
+                batch.scope,
+                entry.key,
+                status=status,
+                result_type=result_type,
+                result=data,
+                error=error,
+                expected_attempts=entry.attempts,
+                expected_owner=entry.owner,
+            ),
+        )
+        if settled is not None:
+            plan.kind, plan.result, plan.entry = Kind.RETURN, result, settled
+            return
+    # The row changed under us: someone else settled or reclaimed it first. A
+    # resumer that reclaimed it is running it now: wait for it, as for any live claim.
+    latest = await engine.lg(batch, ledger.aget_entry(batch.scope, entry.key))
+    if latest is not None and live(latest):
+        plan.entry = latest
+        await engine.await_settled(batch, plan)
+        if plan.kind is Kind.RUN:
+            return
+        latest = plan.entry
+    if latest is not None and latest.status is not CallStatus.ISSUED:
+        engine.set_replay(batch, plan, latest)
+        return
+    raise ToolCallInProgress(
+        f"the unknown outcome of {call['name']!r} call {call['id']!r} (key {entry.key!r}) "
+        "was taken over concurrently by another resumer; retry later"
+    )
+
+
+def answer_mismatch(value: Mapping[str, Any], entry: LedgerEntry, *, sole: bool) -> str | None:
+    """Why an interrupt answer cannot be applied to ``entry`` (None: it can)."""
+    if "key" in value and value["key"] != entry.key:
+        return f"it answered key {value['key']!r}, not {entry.key!r}"
+    if "attempt" in value and value["attempt"] != entry.attempts:
+        return f"it answered attempt {value['attempt']}, this is attempt {entry.attempts}"
+    if "key" not in value and not (sole and entry.attempts == 1):
+        return "answers must name the interrupt's 'key' and 'attempt' here"
+    return None

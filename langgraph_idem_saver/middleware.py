@@ -1,0 +1,169 @@
+"""``IdempotencyMiddleware``: the tool-call ledger for LangChain 1.x ``create_agent``.
+
+``create_agent(model, tools=[...], middleware=[...])`` builds its own tool node and
+dispatches each tool call as its own ``Send`` task, passing it through every middleware's
+``wrap_tool_call``/``awrap_tool_call``. This middleware is one such hook over the same
+ledger engine as ``IdempotentToolNode``: it claims the call before the tool runs, records
+the outcome after, replays recorded calls, and sends unknown outcomes to ``verify`` ->
+``on_unknown`` -> ``interrupt()``. Same options, same guarantees (docs/guarantees.md).
+
+Where it goes in the list (the first middleware is the outermost):
+
+* after ``ToolRetryMiddleware`` (so inside it): each retry then passes through the
+  ledger as the next attempt of the same call - the failed attempt is an unknown outcome
+  that ``verify`` (or ``NotAppliedError``) settles - instead of re-running the tool
+  unseen within one claim;
+* anywhere relative to ``HumanInTheLoopMiddleware``, which interrupts after the model,
+  before any tool call reaches a ``wrap_tool_call`` hook (tested in both orders);
+* after middlewares that rewrite a call's arguments, so the ledger records what runs.
+
+Needs the ``[agents]`` extra (``pip install 'langgraph-idem-saver[agents]'``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from langgraph_idem_saver.engine import (
+    Batch,
+    IdempotencyCounters,
+    Kind,
+    LedgerEngine,
+    LedgerOptions,
+    OnUnknown,
+    Plan,
+    VerifyFn,
+)
+from langgraph_idem_saver.engine.loops import run_private
+from langgraph_idem_saver.engine.results import calls_in_messages
+from langgraph_idem_saver.keys import KeyPolicy
+from langgraph_idem_saver.ledger import ToolCallLedger
+
+try:
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain.agents.middleware.types import ToolCallRequest
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "IdempotencyMiddleware needs LangChain 1.x (langchain.agents): install the extra "
+        "with `pip install 'langgraph-idem-saver[agents]'`"
+    ) from exc
+
+__all__ = ["IdempotencyMiddleware"]
+
+Handler = Callable[[ToolCallRequest], Any]
+AsyncHandler = Callable[[ToolCallRequest], Awaitable[Any]]
+
+
+class IdempotencyMiddleware(AgentMiddleware):
+    """Run each side-effecting tool call of a ``create_agent`` agent at most once.
+
+    Options (the same as ``IdempotentToolNode``'s, see there): ``ledger`` (default: the
+    graph's checkpointer, when it is one of our savers), ``key_policy``, ``namespace``,
+    ``read_only`` (names; a tool may also declare ``metadata={"read_only": True}``),
+    ``verify``, ``on_unknown``, ``not_applied_errors``, ``lease_seconds``,
+    ``wait_seconds``, ``poll_seconds``. Per-tool mappings are checked against the agent's
+    tools when a call arrives, as the middleware is built before the agent.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: ToolCallLedger | None = None,
+        key_policy: KeyPolicy | Mapping[str, KeyPolicy] = "tool_call",
+        namespace: str | None = None,
+        read_only: Iterable[str] = (),
+        verify: Mapping[str, VerifyFn] | None = None,
+        on_unknown: OnUnknown | Mapping[str, OnUnknown] = "interrupt",
+        not_applied_errors: tuple[type[BaseException], ...]
+        | Mapping[str, tuple[type[BaseException], ...]] = (),
+        lease_seconds: float = 300.0,
+        wait_seconds: float = 30.0,
+        poll_seconds: float = 0.1,
+        messages_key: str = "messages",
+    ) -> None:
+        super().__init__()
+        options = LedgerOptions.build(
+            tools=None,
+            ledger=ledger,
+            key_policy=key_policy,
+            namespace=namespace,
+            read_only=read_only,
+            verify=verify,
+            on_unknown=on_unknown,
+            not_applied_errors=not_applied_errors,
+            lease_seconds=lease_seconds,
+            wait_seconds=wait_seconds,
+            poll_seconds=poll_seconds,
+        )
+        self.engine = LedgerEngine(options, name="IdempotencyMiddleware", messages_key=messages_key)
+        self.counters: IdempotencyCounters = self.engine.counters
+        self._checked_tools: frozenset[str] | None = None
+
+    @property
+    def name(self) -> str:
+        return "IdempotencyMiddleware"
+
+    def _plan(self, request: ToolCallRequest) -> tuple[Batch, Plan]:
+        self._check_tools(request)
+        batch = Batch(sync=False)
+        plan = self.engine.add_call(
+            batch, request.tool_call, tool=request.tool, known=request.tool is not None
+        )
+        state = request.state
+        messages = (
+            state.get(self.engine.messages_key)
+            if isinstance(state, dict)
+            else getattr(state, self.engine.messages_key, None)
+        )
+        self.engine.note_state(batch, calls_in_messages(messages))
+        return batch, plan
+
+    def _check_tools(self, request: ToolCallRequest) -> None:
+        """Per-tool options must name the agent's tools (checked once, at the first call)."""
+        tools = getattr(request.runtime, "tools", None)
+        if self._checked_tools is not None or not tools:
+            return
+        names = frozenset(str(t.name) for t in tools)
+        self.engine.options.check_tool_names(set(names))
+        self._checked_tools = names
+
+    async def awrap_tool_call(self, request: ToolCallRequest, handler: AsyncHandler) -> Any:
+        batch, plan = self._plan(request)
+        if plan.kind is Kind.SKIP:
+            return await handler(request)
+        config = request.runtime.config
+        try:
+            await self.engine.aprepare(batch, config)
+            if plan.kind is not Kind.RUN:
+                return await self.engine.aanswer(batch, plan)
+            plan.started = True
+            try:
+                result = await handler(request)
+            except Exception as exc:
+                await self.engine.araised(batch, plan, exc)
+                raise
+            return await self.engine.afinish(batch, plan, result)
+        finally:
+            await self.engine.arelease_unstarted(batch)
+
+    def wrap_tool_call(self, request: ToolCallRequest, handler: Handler) -> Any:
+        batch, plan = self._plan(request)
+        if plan.kind is Kind.SKIP:
+            return handler(request)
+        batch.sync = True
+        config = request.runtime.config
+        try:
+            run_private(self.engine.aprepare(batch, config))
+            if plan.kind is not Kind.RUN:
+                return run_private(self.engine.aanswer(batch, plan))
+            plan.started = True
+            try:
+                result = handler(request)  # in this thread, outside any loop, as without us
+            except Exception as exc:
+                run_private(self.engine.araised(batch, plan, exc))
+                raise
+            return run_private(self.engine.afinish(batch, plan, result))
+        finally:
+            if plan.owned and not plan.started:
+                run_private(self.engine.arelease_unstarted(batch))

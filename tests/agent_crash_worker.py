@@ -1,0 +1,105 @@
+"""A ``create_agent`` agent in its own process, for crash tests of ``IdempotencyMiddleware``.
+
+``python tests/agent_crash_worker.py DB EFFECTS THREAD MODE DURABILITY CRASH``:
+
+* ``MODE`` ``ours`` (with the middleware and a ``verify`` hook that reads the effects
+  file) or ``stock`` (plain ``create_agent``: the control that shows the duplicate);
+* ``CRASH`` ``after_effect`` (the process dies inside the tool, right after its effect),
+  ``before_effect`` (inside the tool, before it), ``after_tools`` (in the next model call,
+  after every tool returned) or ``none`` (run to the end: the resume).
+
+Each effect is one fsync'd line in ``EFFECTS``; the process dies with ``os._exit`` - no
+cleanup, no flush, as a SIGKILL would leave it. Prints the final messages as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage
+from langchain_core.tools import tool
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tool_node_helpers import ToolCallingFakeModel
+
+from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver
+from langgraph_idem_saver.middleware import IdempotencyMiddleware
+
+CRASH_EXIT_CODE = 137
+INVOICES = ["inv-1", "inv-2", "inv-3"]
+
+
+def effects_of(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def record(path: Path, line: str) -> None:
+    with path.open("a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class CrashingModel(ToolCallingFakeModel):
+    """Asks for the charges (fixed message and call ids), then answers; may die first."""
+
+    crash_on_answer: bool = False
+
+    def _generate(
+        self, messages: list[Any], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> Any:
+        from langchain_core.outputs import ChatGeneration, ChatResult
+
+        if not any(isinstance(m, AIMessage) and m.tool_calls for m in messages):
+            calls = [
+                {"name": "charge", "args": {"invoice": inv}, "id": f"call_{i}", "type": "tool_call"}
+                for i, inv in enumerate(INVOICES[: int(os.environ["CALLS"])])
+            ]
+            message = AIMessage("", id="ai-charges", tool_calls=calls)
+        else:
+            if self.crash_on_answer:
+                os._exit(CRASH_EXIT_CODE)
+            message = AIMessage("all charged", id="ai-done")
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+async def main(db: str, effects: Path, thread: str, mode: str, durability: str, crash: str) -> None:
+    @tool
+    def charge(invoice: str) -> str:
+        """Charge an invoice."""
+        if crash == "before_effect":
+            os._exit(CRASH_EXIT_CODE)
+        record(effects, invoice)
+        if crash == "after_effect":
+            os._exit(CRASH_EXIT_CODE)
+        return f"charged {invoice}"
+
+    def charged(args: dict[str, Any]) -> Any:
+        return (
+            f"charged {args['invoice']}"
+            if args["invoice"] in effects_of(effects)
+            else (NOT_APPLIED)
+        )
+
+    model = CrashingModel(messages=iter([]), crash_on_answer=crash == "after_tools")
+    middleware = [IdempotencyMiddleware(verify={"charge": charged})] if mode == "ours" else []
+    async with AsyncSqliteSaver.from_conn_string(db) as saver:
+        agent = create_agent(model, tools=[charge], middleware=middleware, checkpointer=saver)
+        config = {"configurable": {"thread_id": thread}}
+        state = await agent.aget_state(config)
+        payload = None if state.values else {"messages": [("user", "pay")]}
+        if state.values and not state.next:
+            payload = {"messages": [("user", "pay")]}  # never started: send it again
+        out = await agent.ainvoke(payload, config, durability=durability)  # type: ignore[arg-type]
+    print(json.dumps([str(m.content) for m in out["messages"]]))
+
+
+if __name__ == "__main__":
+    db, effects, thread, mode, durability, crash = sys.argv[1:7]
+    asyncio.run(main(db, Path(effects), thread, mode, durability, crash))

@@ -1,0 +1,90 @@
+"""A Functional API workflow in its own process, for crash tests of ``idempotent_task``.
+
+``python tests/task_crash_worker.py DB EFFECTS THREAD MODE DURABILITY CRASH SHAPE``:
+
+* ``MODE`` ``ours`` (``@idempotent_task`` with a ``verify`` hook reading the effects file)
+  or ``stock`` (``@task``: the control);
+* ``CRASH`` ``after_effect`` (dies in the first task right after its effect),
+  ``between_tasks`` (dies after the first task returned, before the second starts) or
+  ``none`` (runs to the end: the resume);
+* ``SHAPE`` ``sequence`` (charge a, then charge b) or ``parallel`` (both at once).
+
+A resume sends the input again when the thread has no checkpoint (a crash before the
+first one), else continues it with ``None``. Prints the result as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from langgraph.func import entrypoint, task
+
+from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver
+from langgraph_idem_saver.task import idempotent_task
+
+CRASH_EXIT_CODE = 137
+
+
+def effects_of(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def record(path: Path, line: str) -> None:
+    with path.open("a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+async def main(
+    db: str, effects: Path, thread: str, mode: str, durability: str, crash: str, shape: str
+) -> None:
+    def charged(args: dict[str, Any]) -> Any:
+        return (
+            f"charged {args['invoice']}"
+            if args["invoice"] in effects_of(effects)
+            else (NOT_APPLIED)
+        )
+
+    async def charge_body(invoice: str) -> str:
+        record(effects, invoice)
+        if crash == "after_effect" and invoice == "inv-a":
+            os._exit(CRASH_EXIT_CODE)
+        return f"charged {invoice}"
+
+    charge = (
+        idempotent_task(name="charge", verify=charged)(charge_body)
+        if mode == "ours"
+        else task(name="charge")(charge_body)
+    )
+
+    async with AsyncSqliteSaver.from_conn_string(db) as saver:
+
+        @entrypoint(checkpointer=saver)
+        async def pay(invoices: list[str]) -> list[str]:
+            if shape == "parallel":
+                futures = [charge(inv) for inv in invoices]
+                return [await f for f in futures]
+            results = []
+            for inv in invoices:
+                results.append(await charge(inv))
+                if crash == "between_tasks":
+                    await asyncio.sleep(0.3)  # let the background task write finish
+                    os._exit(CRASH_EXIT_CODE)
+            return results
+
+        config = {"configurable": {"thread_id": thread}}
+        state = await pay.aget_state(config)
+        payload = None if state.next else ["inv-a", "inv-b"]
+        out = await pay.ainvoke(payload, config, durability=durability)  # type: ignore[arg-type]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    db, effects, thread, mode, durability, crash, shape = sys.argv[1:8]
+    asyncio.run(main(db, Path(effects), thread, mode, durability, crash, shape))
