@@ -29,6 +29,7 @@ from langgraph.prebuilt import create_react_agent
 from langgraph.types import Command, RetryPolicy, Send
 
 from langgraph_idem_saver import CallStatus, ConfigError, LedgerStateError
+from langgraph_idem_saver.engine.core import REPLAY_EVENT
 from langgraph_idem_saver.inspection import aresolve_unknown, aretry_failed, astale_claims
 from langgraph_idem_saver.ledger import minted_here
 from langgraph_idem_saver.tool_node import NOT_APPLIED, IdempotentToolNode, NotAppliedError
@@ -495,3 +496,28 @@ async def test_entry_keyed_by_the_id_alone_is_still_found(saver: Any) -> None:
     assert len(asked) == 1 and fx.calls == ["inv-1"]  # verified (not found), then run once
     assert tool_messages(out)[-1].content == "charged inv-1"
     assert len(await saver.alist_entries("t")) == 1
+
+
+# --- replays are visible to tracing and streaming users -----------------------------------
+
+
+async def test_a_replayed_call_emits_a_custom_event(saver: Any) -> None:
+    fx = Counter()
+    graph = tool_graph(IdempotentToolNode([vendor_tools(fx)]), saver)
+    msg = {"messages": [ai_calls(("charge", CHARGE["args"], "c1"))]}
+    await graph.ainvoke(msg, cfg("t"))
+    events = [
+        e
+        async for e in graph.astream_events(msg, cfg("t2"), version="v2")
+        if e["event"] in ("on_custom_event", "on_tool_start")
+    ]
+    assert [e["event"] for e in events] == ["on_tool_start"]  # first run: the tool ran
+    await saver.acopy_thread("t", "t3")  # a fork has the call: replayed there
+    target = [s async for s in graph.aget_state_history(cfg("t3"))][-1].config
+    replays = [
+        e
+        async for e in graph.astream_events(msg, target, version="v2")
+        if e["event"] == "on_custom_event" and e["name"] == REPLAY_EVENT
+    ]
+    assert [r["data"]["tool_call_id"] for r in replays] == ["c1"] and len(fx) == 2
+    assert replays[0]["data"]["recorded"] == "completed"

@@ -23,11 +23,13 @@ calls planned ``Kind.RUN`` and reports each outcome. Nothing here knows ``ToolNo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar, cast
 
+from langchain_core.callbacks.manager import adispatch_custom_event
 from langchain_core.messages import ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
@@ -71,6 +73,30 @@ from langgraph_idem_saver.ledger import (
 )
 
 T = TypeVar("T")
+
+
+REPLAY_EVENT = "idem_saver_replay"
+"""Name of the custom callback event sent for every replayed call (see
+:func:`announce_replay`): ``astream_events`` shows it as ``on_custom_event``."""
+
+
+async def announce_replay(call: ToolCall, key: str, recorded: str) -> None:
+    """Tell tracing and streaming users that a call was answered from the ledger.
+
+    A replayed call never reaches the tool, so no ``on_tool_start``/``on_tool_end`` fires;
+    this custom event (``{"tool", "tool_call_id", "args", "key", "recorded"}``) stands
+    in for them, under the run of the node or task that replayed it. Outside a run (no
+    callback context) there is nobody to tell, and nothing is sent.
+    """
+    data = {
+        "tool": call["name"],
+        "tool_call_id": call.get("id"),
+        "args": call.get("args"),
+        "key": key,
+        "recorded": recorded,
+    }
+    with contextlib.suppress(RuntimeError):  # no parent run: called outside a runnable
+        await adispatch_custom_event(REPLAY_EVENT, data)
 
 
 def settle_future(plan: Plan, *, result: Any = None, exc: BaseException | None = None) -> None:
@@ -343,6 +369,7 @@ class LedgerEngine:
             entry = cast(LedgerEntry, plan.entry)
             await self.lg(batch, ledger.anote_replay(batch.scope, entry.key))
             self.counters.bump("replayed")
+            await announce_replay(plan.call, entry.key, entry.status.value)
             return plan.result
         if plan.kind is Kind.FOLLOW:
             leader = cast(Plan, plan.leader)
@@ -350,6 +377,7 @@ class LedgerEngine:
             if leader.ledger_key is not None:
                 await self.lg(batch, ledger.anote_replay(batch.scope, leader.ledger_key))
             self.counters.bump("replayed")
+            await announce_replay(plan.call, leader.ledger_key or "", "same step")
             return retarget(leader_result, {str(leader.call["id"])}, plan.call, self.messages_key)
         raise RuntimeError(  # pragma: no cover - planning always decides
             f"unplanned tool call {plan.call['id']!r} ({plan.kind})"
