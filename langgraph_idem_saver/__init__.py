@@ -30,13 +30,16 @@ from langgraph_idem_saver.errors import (
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 
 if TYPE_CHECKING:
+    from langgraph_idem_saver.middleware import IdempotencyMiddleware
     from langgraph_idem_saver.postgres import AsyncPostgresSaver
     from langgraph_idem_saver.sqlite import AsyncSqliteSaver
+    from langgraph_idem_saver.task import RecordedFailureError, idempotent_task
     from langgraph_idem_saver.tool_node import (
         NOT_APPLIED,
         IdempotencyConflict,
         IdempotentToolNode,
         NoLedgerError,
+        NotAppliedError,
         ToolCallInProgress,
         UnknownToolOutcome,
     )
@@ -50,6 +53,10 @@ _LAZY = {
     "NoLedgerError": "langgraph_idem_saver.tool_node",
     "ToolCallInProgress": "langgraph_idem_saver.tool_node",
     "UnknownToolOutcome": "langgraph_idem_saver.tool_node",
+    "NotAppliedError": "langgraph_idem_saver.tool_node",
+    "IdempotencyMiddleware": "langgraph_idem_saver.middleware",
+    "idempotent_task": "langgraph_idem_saver.task",
+    "RecordedFailureError": "langgraph_idem_saver.task",
 }
 
 
@@ -73,15 +80,19 @@ __all__ = [
     "DatabaseLockedError",
     "IdemSaverError",
     "IdempotencyConflict",
+    "IdempotencyMiddleware",
     "IdempotentToolNode",
     "LedgerEntry",
     "LedgerStateError",
     "NoLedgerError",
     "NotADatabaseError",
+    "NotAppliedError",
+    "RecordedFailureError",
     "SchemaVersionError",
     "SerializationError",
     "ToolCallInProgress",
     "ToolCallLedger",
     "UnknownToolOutcome",
+    "idempotent_task",
 ]
 __version__ = "0.1.0"
