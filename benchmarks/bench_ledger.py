@@ -57,6 +57,7 @@ from _harness import (
     write_json,
 )
 from _harness import summarize as _summarize
+from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver as OfficialSaver
@@ -66,7 +67,7 @@ from langgraph.prebuilt import ToolNode
 from typing_extensions import TypedDict
 
 from langgraph_idem_saver import AsyncSqliteSaver as OurSaver
-from langgraph_idem_saver import IdempotentToolNode
+from langgraph_idem_saver import IdempotencyMiddleware, IdempotentToolNode
 from langgraph_idem_saver.demo import ScriptedModel
 
 # create_react_agent moved to langchain.agents in LangGraph 1.0 and warns on every call
@@ -118,13 +119,17 @@ QUICK = Profile(
     react_budget_s=3.5,
 )
 
-# (key, calls per turn, durability, create_react_agent version)
+# (calls per turn, durability, create_react_agent version - or "agent": LangChain 1.x
+# create_agent, where the safe stack adds IdempotencyMiddleware instead of the node)
 REACT_ROWS: list[tuple[int, str, str]] = [
     (1, "sync", "v2"),
     (3, "sync", "v2"),
     (1, "async", "v2"),
     (3, "async", "v2"),
     (3, "sync", "v1"),
+    (1, "sync", "agent"),
+    (3, "sync", "agent"),
+    (3, "async", "agent"),
 ]
 
 SYNCHRONOUS_OVERRIDE: str | None = None  # diagnostic: --synchronous
@@ -167,6 +172,19 @@ def tool_call_message(n: int, tag: str) -> AIMessage:
 
 def make_node(kind: str) -> ToolNode:
     return IdempotentToolNode([noop]) if kind == "idem" else ToolNode([noop])
+
+
+def make_agent(kind: str, calls: int, saver: Any, version: str) -> Any:
+    """The ReAct agent of a stack: ``create_react_agent`` with the stack's tool node, or
+    ``create_agent`` with (safe) or without (stock) ``IdempotencyMiddleware``."""
+    if version == "agent":
+        middleware = [IdempotencyMiddleware()] if kind == "idem" else []
+        return create_agent(
+            make_model(calls), tools=[noop], middleware=middleware, checkpointer=saver
+        )
+    return create_react_agent(
+        make_model(calls), make_node(kind), checkpointer=saver, version=version
+    )
 
 
 def make_model(calls: int) -> ScriptedModel:
@@ -324,12 +342,7 @@ async def bench_react(
         await o.__aenter__()
     try:
         agents = {
-            lab: create_react_agent(
-                make_model(calls),
-                make_node(STACKS[lab][1]),
-                checkpointer=o.saver,
-                version=version,
-            )
+            lab: make_agent(STACKS[lab][1], calls, o.saver, version)
             for lab, o in opened.items()
         }
         n = dict.fromkeys(stacks, 0)
@@ -349,8 +362,9 @@ async def bench_react(
     return Row(
         f"react_{calls}_{durability}_{version}",
         "react",
-        f"ReAct {calls} call{'s' if calls > 1 else ''}/turn, durability={durability}"
-        f"{'' if version == 'v2' else ', version=v1'} (per turn)",
+        f"{'create_agent' if version == 'agent' else 'ReAct'} {calls} call"
+        f"{'s' if calls > 1 else ''}/turn, durability={durability}"
+        f"{'' if version in ('v2', 'agent') else ', version=v1'} (per turn)",
         cols,
         base="official",
         test="safe",
