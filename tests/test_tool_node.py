@@ -1,15 +1,15 @@
 """IdempotentToolNode: ToolNode parity, replay, keys, unknown outcomes, interrupts,
-orphan adoption, scopes, create_react_agent v1/v2 and sync invoke - on real SQLite files.
+orphan adoption, scopes, create_react_agent v1/v2 and sync invoke - on both backends.
 
-No mocks of what we sell: every test runs the real AsyncSqliteSaver (checkpointer and
-ledger in one), real LangGraph graphs, and scripted fake chat models.
+No mocks of what we sell: every test runs a real saver (checkpointer and ledger in one;
+the ``saver`` fixture of conftest.py, a SQLite file or a fresh Postgres schema), real
+LangGraph graphs, and scripted fake chat models.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
@@ -33,7 +33,6 @@ from langgraph_idem_saver.tool_node import (
     ToolCallInProgress,
     UnknownToolOutcome,
 )
-from tests.conftest import sqlite_saver_class
 from tests.tool_node_helpers import (
     Counter,
     ai_calls,
@@ -50,12 +49,6 @@ from tests.tool_node_helpers import (
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
-
-
-@pytest.fixture
-async def saver(tmp_path: Path) -> Any:
-    async with sqlite_saver_class().from_conn_string(str(tmp_path / "idem.sqlite")) as s:
-        yield s
 
 
 def make_tools(effects: Counter) -> list[Any]:
