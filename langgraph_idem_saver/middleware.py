@@ -22,8 +22,10 @@ Needs the ``[agents]`` extra (``pip install 'langgraph-idem-saver[agents]'``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from typing_extensions import Unpack
 
 from langgraph_idem_saver.engine import (
     Batch,
@@ -31,14 +33,11 @@ from langgraph_idem_saver.engine import (
     Kind,
     LedgerEngine,
     LedgerOptions,
-    OnUnknown,
     Plan,
-    VerifyFn,
 )
 from langgraph_idem_saver.engine.loops import run_private
+from langgraph_idem_saver.engine.options import LedgerKwargs
 from langgraph_idem_saver.engine.results import calls_in_messages
-from langgraph_idem_saver.keys import KeyPolicy
-from langgraph_idem_saver.ledger import ToolCallLedger
 
 try:
     from langchain.agents.middleware import AgentMiddleware
@@ -69,33 +68,11 @@ class IdempotencyMiddleware(AgentMiddleware):
     def __init__(
         self,
         *,
-        ledger: ToolCallLedger | None = None,
-        key_policy: KeyPolicy | Mapping[str, KeyPolicy] = "tool_call",
-        namespace: str | None = None,
-        read_only: Iterable[str] = (),
-        verify: Mapping[str, VerifyFn] | None = None,
-        on_unknown: OnUnknown | Mapping[str, OnUnknown] = "interrupt",
-        not_applied_errors: tuple[type[BaseException], ...]
-        | Mapping[str, tuple[type[BaseException], ...]] = (),
-        lease_seconds: float = 300.0,
-        wait_seconds: float = 30.0,
-        poll_seconds: float = 0.1,
         messages_key: str = "messages",
+        **ledger_options: Unpack[LedgerKwargs],
     ) -> None:
         super().__init__()
-        options = LedgerOptions.build(
-            tools=None,
-            ledger=ledger,
-            key_policy=key_policy,
-            namespace=namespace,
-            read_only=read_only,
-            verify=verify,
-            on_unknown=on_unknown,
-            not_applied_errors=not_applied_errors,
-            lease_seconds=lease_seconds,
-            wait_seconds=wait_seconds,
-            poll_seconds=poll_seconds,
-        )
+        options = LedgerOptions.build(tools=None, **ledger_options)
         self.engine = LedgerEngine(options, name="IdempotencyMiddleware", messages_key=messages_key)
         self.counters: IdempotencyCounters = self.engine.counters
         self._checked_tools: frozenset[str] | None = None

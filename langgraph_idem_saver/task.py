@@ -34,7 +34,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 from langgraph.config import get_config
 from langgraph.func import task
@@ -64,28 +64,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 class RecordedFailureError(IdemSaverError):
     """The task call's recorded outcome is a failure (settled by a human or operator):
     replayed as this error, never re-run."""
-
-
-@overload
-def idempotent_task(__func_or_none__: F) -> Any: ...
-
-
-@overload
-def idempotent_task(
-    __func_or_none__: None = None,
-    *,
-    name: str | None = None,
-    retry_policy: RetryPolicy | list[RetryPolicy] | None = None,
-    cache_policy: CachePolicy[Any] | None = None,
-    verify: VerifyFn | None = None,
-    key_policy: str | KeyFn = "args",
-    on_unknown: OnUnknown = "interrupt",
-    not_applied_errors: tuple[type[BaseException], ...] = (),
-    ledger: ToolCallLedger | None = None,
-    namespace: str | None = None,
-    lease_seconds: float = 300.0,
-    wait_seconds: float = 30.0,
-) -> Callable[[F], Any]: ...
 
 
 def idempotent_task(

@@ -52,7 +52,7 @@ would deadlock, so it is refused (use ``ainvoke`` there).
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from langchain_core.messages import AnyMessage, ToolCall
@@ -67,6 +67,7 @@ from langgraph.prebuilt.tool_node import (
 )
 from langgraph.runtime import Runtime
 from pydantic import BaseModel
+from typing_extensions import Unpack
 
 from langgraph_idem_saver.engine import (
     NOT_APPLIED,
@@ -85,10 +86,9 @@ from langgraph_idem_saver.engine import (
     settle_future,
 )
 from langgraph_idem_saver.engine.loops import run_private
+from langgraph_idem_saver.engine.options import LedgerKwargs
 from langgraph_idem_saver.engine.results import calls_in_messages
 from langgraph_idem_saver.engine.types import READ_ONLY_METADATA_KEY, UnknownOutcomeResume
-from langgraph_idem_saver.keys import KeyPolicy
-from langgraph_idem_saver.ledger import ToolCallLedger
 
 __all__ = [
     "NOT_APPLIED",
@@ -158,17 +158,7 @@ class IdempotentToolNode(ToolNode):
         messages_key: str = "messages",
         wrap_tool_call: ToolCallWrapper | None = None,
         awrap_tool_call: AsyncToolCallWrapper | None = None,
-        ledger: ToolCallLedger | None = None,
-        key_policy: KeyPolicy | Mapping[str, KeyPolicy] = "tool_call",
-        namespace: str | None = None,
-        read_only: Iterable[str] = (),
-        verify: Mapping[str, VerifyFn] | None = None,
-        on_unknown: OnUnknown | Mapping[str, OnUnknown] = "interrupt",
-        not_applied_errors: tuple[type[BaseException], ...]
-        | Mapping[str, tuple[type[BaseException], ...]] = (),
-        lease_seconds: float = 300.0,
-        wait_seconds: float = 30.0,
-        poll_seconds: float = 0.1,
+        **ledger_options: Unpack[LedgerKwargs],
     ) -> None:
         super().__init__(
             tools,
@@ -179,19 +169,7 @@ class IdempotentToolNode(ToolNode):
             wrap_tool_call=wrap_tool_call,
             awrap_tool_call=awrap_tool_call,
         )
-        options = LedgerOptions.build(
-            tools=self.tools_by_name,
-            ledger=ledger,
-            key_policy=key_policy,
-            namespace=namespace,
-            read_only=read_only,
-            verify=verify,
-            on_unknown=on_unknown,
-            not_applied_errors=not_applied_errors,
-            lease_seconds=lease_seconds,
-            wait_seconds=wait_seconds,
-            poll_seconds=poll_seconds,
-        )
+        options = LedgerOptions.build(tools=self.tools_by_name, **ledger_options)
         self.engine = LedgerEngine(options, name=name, messages_key=messages_key)
         self.counters: IdempotencyCounters = self.engine.counters
 

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import TypedDict, Unpack
+
 from langgraph_idem_saver.engine.types import (
     ON_UNKNOWN_VALUES,
     READ_ONLY_METADATA_KEY,
@@ -22,6 +24,22 @@ from langgraph_idem_saver.keys import KeyPolicy, scope_of
 from langgraph_idem_saver.ledger import ToolCallLedger
 
 ExceptionTypes = tuple[type[BaseException], ...]
+
+
+class LedgerKwargs(TypedDict, total=False):
+    """The ledger keyword arguments every front door takes (``**kwargs: Unpack[...]``),
+    described once in ``IdempotentToolNode``'s docstring."""
+
+    ledger: ToolCallLedger | None
+    key_policy: KeyPolicy | Mapping[str, KeyPolicy]
+    namespace: str | None
+    read_only: Iterable[str]
+    verify: Mapping[str, VerifyFn] | None
+    on_unknown: OnUnknown | Mapping[str, OnUnknown]
+    not_applied_errors: ExceptionTypes | Mapping[str, ExceptionTypes]
+    lease_seconds: float
+    wait_seconds: float
+    poll_seconds: float
 
 
 @dataclass(frozen=True)
@@ -44,19 +62,7 @@ class LedgerOptions:
 
     @classmethod
     def build(
-        cls,
-        *,
-        tools: Mapping[str, Any] | None,
-        ledger: ToolCallLedger | None = None,
-        key_policy: KeyPolicy | Mapping[str, KeyPolicy] = "tool_call",
-        namespace: str | None = None,
-        read_only: Iterable[str] = (),
-        verify: Mapping[str, VerifyFn] | None = None,
-        on_unknown: OnUnknown | Mapping[str, OnUnknown] = "interrupt",
-        not_applied_errors: ExceptionTypes | Mapping[str, ExceptionTypes] = (),
-        lease_seconds: float = 300.0,
-        wait_seconds: float = 30.0,
-        poll_seconds: float = 0.1,
+        cls, *, tools: Mapping[str, Any] | None, **kwargs: Unpack[LedgerKwargs]
     ) -> LedgerOptions:
         """Validate the keyword arguments every front door takes.
 
@@ -64,6 +70,14 @@ class LedgerOptions:
         adds tools that declare themselves read-only in their metadata; None when the
         front door learns its tools only at run time (the middleware).
         """
+        ledger = kwargs.get("ledger")
+        key_policy = kwargs.get("key_policy", "tool_call")
+        namespace = kwargs.get("namespace")
+        on_unknown = kwargs.get("on_unknown", "interrupt")
+        not_applied_errors = kwargs.get("not_applied_errors", ())
+        lease_seconds = kwargs.get("lease_seconds", 300.0)
+        wait_seconds = kwargs.get("wait_seconds", 30.0)
+        poll_seconds = kwargs.get("poll_seconds", 0.1)
         if ledger is not None and not isinstance(ledger, ToolCallLedger):
             raise ConfigError(f"ledger must be a ToolCallLedger, got {type(ledger).__name__}")
         if lease_seconds <= 0 or wait_seconds < 0 or poll_seconds <= 0:
@@ -103,8 +117,8 @@ class LedgerOptions:
         options = cls(
             ledger=ledger,
             namespace=namespace,
-            read_only=frozenset(read_only) | declared,
-            verify=dict(verify or {}),
+            read_only=frozenset(kwargs.get("read_only", ())) | declared,
+            verify=dict(kwargs.get("verify") or {}),
             default_policy=default_policy,
             policies=policies,
             default_on_unknown=default_on_unknown,
