@@ -28,7 +28,7 @@ from langchain_core.tools import tool
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tool_node_helpers import ToolCallingFakeModel
 
-from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver
+from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver, ToolCallInProgress
 from langgraph_idem_saver.middleware import IdempotencyMiddleware
 
 CRASH_EXIT_CODE = 137
@@ -89,14 +89,24 @@ async def main(db: str, effects: Path, thread: str, mode: str, durability: str, 
 
     model = CrashingModel(messages=iter([]), crash_on_answer=crash == "after_tools")
     middleware = [IdempotencyMiddleware(verify={"charge": charged})] if mode == "ours" else []
-    async with AsyncSqliteSaver.from_conn_string(db) as saver:
+    opener: Any = AsyncSqliteSaver
+    if db.startswith(("postgresql:", "postgres:")) or "dbname=" in db:  # a DSN
+        from langgraph_idem_saver import AsyncPostgresSaver
+
+        opener = AsyncPostgresSaver
+    async with opener.from_conn_string(db) as saver:
         agent = create_agent(model, tools=[charge], middleware=middleware, checkpointer=saver)
         config = {"configurable": {"thread_id": thread}}
-        state = await agent.aget_state(config)
-        payload = None if state.values else {"messages": [("user", "pay")]}
-        if state.values and not state.next:
-            payload = {"messages": [("user", "pay")]}  # never started: send it again
-        out = await agent.ainvoke(payload, config, durability=durability)  # type: ignore[arg-type]
+        for attempt in range(60):  # concurrent resumers: wait out another's live claim
+            state = await agent.aget_state(config)
+            if state.values and not state.next:
+                break  # finished (by this or another resumer)
+            payload = None if state.next else {"messages": [("user", "pay")]}
+            try:
+                await agent.ainvoke(payload, config, durability=durability)  # type: ignore[arg-type]
+            except ToolCallInProgress:
+                await asyncio.sleep(0.2 + 0.05 * attempt)
+        out = (await agent.aget_state(config)).values
     print(json.dumps([str(m.content) for m in out["messages"]]))
 
 

@@ -9,6 +9,7 @@ one, with the stock agent (no middleware) through the same harness as the contro
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter as Tally
@@ -25,6 +26,7 @@ from langchain.agents.middleware import (
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.types import Command
+from pg_server import fresh_dsn
 
 from langgraph_idem_saver import NOT_APPLIED, CallStatus, ConfigError
 from langgraph_idem_saver.middleware import IdempotencyMiddleware
@@ -218,20 +220,16 @@ async def test_tool_call_limit_composes(saver: Any) -> None:
 # --- real crashes --------------------------------------------------------------------------
 
 
+def worker_cmd(tmp: Path, mode: str, durability: str, crash: str, db: str | None) -> list[str]:
+    database = db or str(tmp / "agent.db")
+    return [sys.executable, str(WORKER), database, str(tmp / "fx"), "t", mode, durability, crash]
+
+
 def run_worker(
-    tmp: Path, mode: str, durability: str, crash: str, calls: int
+    tmp: Path, mode: str, durability: str, crash: str, calls: int, db: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**__import__("os").environ, "CALLS": str(calls)}
-    cmd = [
-        sys.executable,
-        str(WORKER),
-        str(tmp / "agent.db"),
-        str(tmp / "fx"),
-        "t",
-        mode,
-        durability,
-        crash,
-    ]
+    env = {**os.environ, "CALLS": str(calls)}
+    cmd = worker_cmd(tmp, mode, durability, crash, db)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -259,3 +257,42 @@ def test_the_stock_agent_charges_twice_in_the_same_harness(tmp_path: Path) -> No
     assert run_worker(tmp_path, "stock", "sync", "after_effect", 1).returncode == 137
     assert run_worker(tmp_path, "stock", "sync", "none", 1).returncode == 0
     assert Tally((tmp_path / "fx").read_text().splitlines()) == {"inv-1": 2}
+
+
+@pytest.mark.parametrize("durability", ["sync", "exit"])
+def test_crash_and_resume_on_postgres(tmp_path: Path, pg_server_dsn: str, durability: str) -> None:
+    db = fresh_dsn(pg_server_dsn)
+    assert run_worker(tmp_path, "ours", durability, "after_effect", 3, db).returncode == 137
+    resumed = run_worker(tmp_path, "ours", durability, "none", 3, db)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert Tally((tmp_path / "fx").read_text().splitlines()) == {"inv-1": 1, "inv-2": 1, "inv-3": 1}
+
+
+@pytest.mark.parametrize("resumers", [2, 8])
+def test_concurrent_resumers_charge_once(
+    tmp_path: Path, backend: str, resumers: int, request: pytest.FixtureRequest
+) -> None:
+    """After a crash, several processes resume the thread at once."""
+    db = fresh_dsn(request.getfixturevalue("pg_server_dsn")) if backend == "postgres" else None
+    assert run_worker(tmp_path, "ours", "sync", "after_effect", 3, db).returncode == 137
+    env = {**os.environ, "CALLS": "3"}
+    procs = [
+        subprocess.Popen(
+            worker_cmd(tmp_path, "ours", "sync", "none", db),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(resumers)
+    ]
+    try:
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * resumers, [e[-1500:] for _, e in outs]
+    assert Tally((tmp_path / "fx").read_text().splitlines()) == {"inv-1": 1, "inv-2": 1, "inv-3": 1}
+    assert all(json.loads(o)[-1] == "all charged" for o, _ in outs)
