@@ -153,6 +153,9 @@ async def aadopt_orphans(
         for e in matching:
             if e.key in durable or (e.adopted_by or "") in durable:
                 continue  # its message exists: a sibling's (or an earlier) call
+            # noted before the write: a sibling task of this process that reads the
+            # entry right after it must already see it as adopted here, not as an orphan
+            _note_adopted_here(intent.tool_call_id)
             adopted = await engine.lg(
                 batch,
                 batch.ledger.aadopt(
@@ -164,7 +167,6 @@ async def aadopt_orphans(
             )
             if adopted is None:
                 continue  # another resumer adopted it first
-            _note_adopted_here(intent.tool_call_id)
             taken.add(e.key)
             plan.entry, plan.ledger_key = adopted, adopted.key
             engine.counters.bump("adopted")
