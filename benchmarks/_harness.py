@@ -19,14 +19,17 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
+from langgraph.graph import END, START, StateGraph
+from typing_extensions import TypedDict
 
 perf_ns = time.perf_counter_ns
 
@@ -312,6 +315,95 @@ async def check_latest(
             assert got == want, (lab, kind, got, want)
             assert len(tup.pending_writes) == 2, (lab, tup.pending_writes)
             assert len(tup.checkpoint["channel_values"]["messages"]) == window
+
+
+# --------------------------------------------------------------------------------------
+# DeltaChannel threads (the "delta" rows)
+# --------------------------------------------------------------------------------------
+
+# Never reached (nor is LangGraph's 5,000-superstep bound): the latest checkpoint stores
+# no value and a load walks back to the first checkpoint, so the walk is as long as the
+# thread - the worst case of a DeltaChannel thread, and the one that shows how a saver's
+# get_delta_channel_history grows with the chain.
+DELTA_NO_SNAPSHOT = 10**9
+DELTA_STEPS = (100, 1000)
+
+
+def _extend(state: list[Any], writes: Sequence[list[Any]]) -> list[Any]:
+    """A cheap batching-invariant reducer, so the replay does not hide the saver's cost."""
+    out = list(state)
+    for w in writes:
+        out.extend(w)
+    return out
+
+
+class DeltaLoopState(TypedDict):
+    messages: Annotated[list[Any], DeltaChannel(_extend, snapshot_frequency=DELTA_NO_SNAPSHOT)]
+    count: int
+
+
+def build_delta_graph(steps: int) -> Any:
+    """One node looping ``steps`` supersteps, each appending a ~200-byte AI message to a
+    ``DeltaChannel``: a thread of ``steps`` checkpoints storing each message once."""
+
+    def step(state: DeltaLoopState) -> dict[str, Any]:
+        c = state.get("count", 0) + 1
+        return {
+            "count": c,
+            "messages": [AIMessage(content=f"step {c}: " + "x" * 180, id=f"m-{c}")],
+        }
+
+    g = StateGraph(DeltaLoopState)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    g.add_conditional_edges("step", lambda s: "step" if s["count"] < steps else END, ["step", END])
+    return g
+
+
+async def populate_delta_threads(saver: Any) -> dict[int, Any]:
+    """A ``delta-<steps>`` thread for each of ``DELTA_STEPS`` on ``saver``: their graphs."""
+    graphs = {}
+    for steps in DELTA_STEPS:
+        graph = build_delta_graph(steps).compile(checkpointer=saver)
+        cfg = {"configurable": {"thread_id": f"delta-{steps}"}, "recursion_limit": steps + 10}
+        await graph.ainvoke({"messages": [], "count": 0}, cfg, durability="async")
+        graphs[steps] = graph
+    return graphs
+
+
+def delta_specs(graphs_of: dict[str, dict[int, Any]]) -> list[tuple[str, str, Prepare]]:
+    """(key, title, prepare) of the delta rows: ``graph.aget_state`` of each thread's
+    latest checkpoint (``aget_tuple``, ``aget_delta_channel_history`` over the whole
+    thread, the replay), checking the whole conversation came back."""
+    specs: list[tuple[str, str, Prepare]] = []
+    for steps in DELTA_STEPS:
+
+        def prepare(lab: str, steps: int = steps) -> Callable[[], Awaitable[Any]]:
+            graph = graphs_of[lab][steps]
+            cfg = {"configurable": {"thread_id": f"delta-{steps}"}}
+
+            async def run() -> None:
+                state = await graph.aget_state(cfg)
+                assert len(state.values["messages"]) == steps, (lab, steps)
+
+            return run
+
+        title = f"DeltaChannel load: aget_state latest ({steps:,}-step thread)"
+        specs.append((f"delta_load_{steps}", title, prepare))
+    return specs
+
+
+def print_delta_flatness(by_key: dict[str, Any]) -> None:
+    """How each column's DeltaChannel load grows from the short thread to the long one."""
+    short, long_ = (by_key.get(f"delta_load_{n}") for n in DELTA_STEPS)
+    if short and long_:
+        r_off = long_.value("official") / short.value("official")
+        r_ours = long_.value("ours") / short.value("ours")
+        print(
+            f"DeltaChannel load {DELTA_STEPS[1]:,}/{DELTA_STEPS[0]:,} steps: "
+            f"official {r_off:.2f}x, ours {r_ours:.2f}x (a {DELTA_STEPS[1] // DELTA_STEPS[0]}x "
+            "longer walk; the messages returned grow as much)"
+        )
 
 
 # --------------------------------------------------------------------------------------

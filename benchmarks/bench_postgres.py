@@ -19,6 +19,8 @@ Rows:
   cost the same on both), and ``alist(limit=10)`` on the 5,000-checkpoint thread.
 * ``concurrency``: a pool of 8 connections; 1 worker vs 8 workers (each on its own
   thread) doing aput + aget_tuple; throughput and the 8-vs-1 scaling of each saver.
+* ``delta``: ``graph.aget_state`` of the latest checkpoint of a 100- and a 1,000-step
+  DeltaChannel thread (no snapshot: the whole chain is walked and replayed).
 
 Usage::
 
@@ -50,12 +52,15 @@ from _harness import (
     aput_prepare,
     aput_writes_prepare,
     check_latest,
+    delta_specs,
     env_base,
     fmt_us,
     interleaved,
     package_version,
     perf_ns,
+    populate_delta_threads,
     populate_read_threads,
+    print_delta_flatness,
     print_long_short,
     print_populate,
     print_targets,
@@ -290,6 +295,35 @@ async def bench_reads(base: str, prof: Profile) -> tuple[list[Row], dict[str, An
     return rows, pop
 
 
+async def bench_delta(base: str, prof: Profile) -> list[Row]:
+    """Load the latest state of a 100- and a 1,000-step DeltaChannel thread (no snapshot:
+    the whole thread is walked). Official: a paged scan of the namespace's checkpoints by
+    id, then a writes query; ours: one recursive statement along the parent ids."""
+    backends = {lab: Backend(lab, cls, base, "delta") for lab, cls in CLASSES.items()}
+    for b in backends.values():
+        await b.__aenter__()
+    rows = []
+    try:
+        graphs = {lab: await populate_delta_threads(b.saver) for lab, b in backends.items()}
+        for b in backends.values():
+            async with await psycopg.AsyncConnection.connect(b.dsn, autocommit=True) as conn:
+                await conn.execute("ANALYZE")
+        for key, title, prep in delta_specs(graphs):
+            samples = await interleaved(
+                list(backends),
+                prep,
+                max(1, prof.warmup // 5),
+                prof.read_rounds,
+                max(2, prof.read_per_round // 10),
+                prof.budget_s,
+            )
+            rows.append(Row.from_samples(key, title, samples))
+    finally:
+        for b in backends.values():
+            await b.__aexit__(None, None, None)
+    return rows
+
+
 async def run_workers(saver: Any, workers: int, total_ops: int, prof: Profile, tag: str) -> float:
     """``workers`` coroutines, each on its own thread, sharing ``total_ops`` steps of
     aput + aget_tuple; returns steps per second."""
@@ -430,7 +464,7 @@ def env_info() -> dict[str, Any]:
     }
 
 
-ALL_BENCHES = ("aput", "writes", "reads", "concurrency")
+ALL_BENCHES = ("aput", "writes", "reads", "concurrency", "delta")
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -468,6 +502,9 @@ async def main_async(args: argparse.Namespace) -> int:
     if "concurrency" in only:
         step(f"concurrency (pool of {prof.conc_workers})")
         rows += await bench_concurrency(base, prof)
+    if "delta" in only:
+        step("DeltaChannel threads (100 and 1,000 steps) + loads")
+        rows += await bench_delta(base, prof)
     elapsed = time.perf_counter() - t_start
 
     print(
@@ -478,6 +515,7 @@ async def main_async(args: argparse.Namespace) -> int:
     by_key = {r.key: r for r in rows}
     print_populate(extra)
     print_long_short(by_key)
+    print_delta_flatness(by_key)
     if c := by_key.get(f"conc_{prof.conc_workers}"):
         print(
             f"pool scaling {prof.conc_workers} workers / 1 worker: "

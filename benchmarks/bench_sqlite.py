@@ -43,6 +43,7 @@ from _harness import (
     aput_writes_prepare,
     bench_tmpdir,
     check_latest,
+    delta_specs,
     env_base,
     fmt_us,
     interleaved,
@@ -50,7 +51,9 @@ from _harness import (
     load_summary,
     package_version,
     perf_ns,
+    populate_delta_threads,
     populate_read_threads,
+    print_delta_flatness,
     print_long_short,
     print_populate,
     print_targets,
@@ -537,6 +540,32 @@ async def bench_chat(classes: dict[str, type], tmp: str, prof: Profile) -> list[
     ]
 
 
+async def bench_delta(classes: dict[str, type], tmp: str, prof: Profile) -> list[Row]:
+    """Load the latest state of a 100- and a 1,000-step DeltaChannel thread (no snapshot:
+    the whole thread is walked). Official: two statements, streaming and decoding every
+    ancestor's checkpoint; ours: one recursive statement that reads no checkpoint blob."""
+    backends = {lab: Backend(lab, cls, tmp, "delta") for lab, cls in classes.items()}
+    for b in backends.values():
+        await b.__aenter__()
+    rows = []
+    try:
+        graphs = {lab: await populate_delta_threads(b.saver) for lab, b in backends.items()}
+        for key, title, prep in delta_specs(graphs):
+            samples = await interleaved(
+                list(backends),
+                prep,
+                prof.warmup // 5,
+                prof.read_rounds,
+                max(2, prof.read_per_round // 10),
+                prof.budget_s,
+            )
+            rows.append(Row.from_samples(key, title, samples))
+    finally:
+        for b in backends.values():
+            await b.__aexit__(None, None, None)
+    return rows
+
+
 # --------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------
@@ -613,7 +642,7 @@ def env_info(ours_cls: type) -> dict:
     }
 
 
-ALL_BENCHES = ("aput", "writes", "reads", "graph", "chat")
+ALL_BENCHES = ("aput", "writes", "reads", "graph", "chat", "delta")
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -650,6 +679,9 @@ async def main_async(args: argparse.Namespace) -> int:
         if "chat" in only:
             step(f"{prof.chat_turns}-turn chat")
             rows += await bench_chat(classes, tmp, prof)
+        if "delta" in only:
+            step("DeltaChannel threads (100 and 1,000 steps) + loads")
+            rows += await bench_delta(classes, tmp, prof)
     elapsed = time.perf_counter() - t_start
     load_after = os.getloadavg()
 
@@ -666,6 +698,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 f"after wal_checkpoint {d['bytes_after_wal_checkpoint']}"
             )
     print_long_short(by_key)
+    print_delta_flatness(by_key)
     print(f"connection pragmas: {PRAGMAS}")
     print_targets(targets)
     print(load_summary(elapsed, prof.name, load_before, load_after))

@@ -21,9 +21,11 @@ from langgraph_idem_saver.errors import (
     ConnectionClosedError,
     CorruptRecordError,
     DatabaseLockedError,
+    DatabasePermissionError,
     IdemSaverError,
     LedgerStateError,
     NotADatabaseError,
+    ReadOnlyDatabaseError,
     SchemaVersionError,
     SerializationError,
 )
@@ -31,8 +33,8 @@ from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.middleware import IdempotencyMiddleware
-    from langgraph_idem_saver.postgres import AsyncPostgresSaver
-    from langgraph_idem_saver.sqlite import AsyncSqliteSaver
+    from langgraph_idem_saver.postgres import AsyncPostgresSaver, PostgresSaver
+    from langgraph_idem_saver.sqlite import AsyncSqliteSaver, SqliteSaver
     from langgraph_idem_saver.task import RecordedFailureError, idempotent_task
     from langgraph_idem_saver.tool_node import (
         NOT_APPLIED,
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "AsyncSqliteSaver": "langgraph_idem_saver.sqlite",
     "AsyncPostgresSaver": "langgraph_idem_saver.postgres",
+    "SqliteSaver": "langgraph_idem_saver.sqlite",
+    "PostgresSaver": "langgraph_idem_saver.postgres",
     "IdempotentToolNode": "langgraph_idem_saver.tool_node",
     "NOT_APPLIED": "langgraph_idem_saver.tool_node",
     "IdempotencyConflict": "langgraph_idem_saver.tool_node",
@@ -60,13 +64,53 @@ _LAZY = {
 }
 
 
+POSTGRES_EXTRA = "pip install 'langgraph-idem-saver[postgres]'"
+_POSTGRES_MODULES = ("psycopg", "psycopg_pool")
+# optional extras: the modules each needs, and the lazy names that need them
+_EXTRAS = {
+    "langgraph_idem_saver.postgres": _POSTGRES_MODULES,
+    "langgraph_idem_saver.middleware": ("langchain",),
+}
+
+
 def __getattr__(name: str) -> Any:
+    """Import a lazily loaded name on first use (PEP 562)."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'langgraph_idem_saver' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if module.startswith("langgraph_idem_saver.postgres") and (
+            missing.startswith("psycopg") or not missing
+        ):
+            # the Postgres backend is an optional extra: say which one, not just "psycopg"
+            raise ImportError(
+                f"{name} needs the PostgreSQL extra (psycopg 3 and psycopg-pool), which is "
+                f"not installed: {POSTGRES_EXTRA}  [{type(exc).__name__}: {exc}]",
+                name=exc.name,
+            ) from exc
+        raise
+    value = getattr(imported, name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazily loaded ones included (they are not in globals()
+    until first used)."""
+    return sorted({*globals(), *_LAZY})
+
+
+def _installed(modules: tuple[str, ...]) -> bool:
+    """Whether an extra's packages can be found (without importing them)."""
+    from importlib.util import find_spec
+
+    try:
+        return all(find_spec(m) is not None for m in modules)
+    except (ImportError, ValueError):  # a module in sys.modules without a __spec__
+        return False
 
 
 __all__ = [
@@ -78,6 +122,7 @@ __all__ = [
     "ConnectionClosedError",
     "CorruptRecordError",
     "DatabaseLockedError",
+    "DatabasePermissionError",
     "IdemSaverError",
     "IdempotencyConflict",
     "IdempotencyMiddleware",
@@ -87,12 +132,19 @@ __all__ = [
     "NoLedgerError",
     "NotADatabaseError",
     "NotAppliedError",
+    "PostgresSaver",
+    "ReadOnlyDatabaseError",
     "RecordedFailureError",
     "SchemaVersionError",
     "SerializationError",
+    "SqliteSaver",
     "ToolCallInProgress",
     "ToolCallLedger",
     "UnknownToolOutcome",
     "idempotent_task",
 ]
+# `from langgraph_idem_saver import *` works without the optional extras; their names stay
+# in dir() and, when used, raise an ImportError naming the extra
+_missing = {module for module, needs in _EXTRAS.items() if not _installed(needs)}
+__all__ = [n for n in __all__ if _LAZY.get(n) not in _missing]
 __version__ = "0.1.0"

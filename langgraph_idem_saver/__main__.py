@@ -1,6 +1,7 @@
 """``python -m langgraph_idem_saver`` / ``idem-saver``: the command line.
 
-``demo [--dir DIR]`` runs the crash-and-resume demonstration; every other command
+``demo [--db PATH]`` runs the crash-and-resume demonstration (keeping its database,
+``./idem-demo.db`` by default, for the other commands to inspect); every other command
 inspects or maintains a database (see :mod:`langgraph_idem_saver.cli`).
 """
 

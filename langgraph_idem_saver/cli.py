@@ -7,7 +7,8 @@ Point it at a SQLite file or a PostgreSQL DSN with ``--db`` (or ``$IDEM_SAVER_DB
 
 Commands
 --------
-``demo [--dir DIR]``            the crash-and-resume demonstration (no database needed)
+``demo [--db PATH]``            the crash-and-resume demonstration; keeps its database
+                                (default ./idem-demo.db, overwritten on each run)
 ``threads``                     every thread: checkpoints, last update, status, unknown outcomes
 ``history THREAD``              a thread's checkpoints, newest first
 ``show THREAD [--checkpoint ID]``  the decoded state (messages: role, content, tool calls)
@@ -31,8 +32,12 @@ i.e. a resume would run something, as after a crash or ``interrupt_before`` - el
 ``done``. Exact for ``StateGraph`` and ``create_react_agent`` graphs; ``unknown`` when the
 checkpoint does not record its updated channels (or cannot be decoded).
 
-Read commands open SQLite read-only (``mode=ro``) and PostgreSQL sessions read-only: they
-never create or change a database. Only ``resolve`` and ``prune --apply`` write.
+Read commands open SQLite read-only (``mode=ro``; ``immutable=1`` when the directory is
+not writable, where a WAL database cannot be opened ``mode=ro``) and PostgreSQL sessions
+read-only: they never create or change a database, and work on a read-only file or in a
+read-only directory. (Like any SQLite reader, a ``mode=ro`` read of a WAL database may
+leave the ``-wal``/``-shm`` files SQLite keeps beside it.) Only ``resolve`` and ``prune
+--apply`` write.
 
 Exit codes: ``0`` ok; ``1`` refused or not found (missing file, unknown thread, checkpoint
 or entry, an entry that is not an unknown outcome or changed, a server that cannot be
@@ -91,9 +96,16 @@ from langgraph_idem_saver.errors import (
     IdemSaverError,
     LedgerStateError,
     NotADatabaseError,
+    ReadOnlyDatabaseError,
     SchemaVersionError,
 )
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry
+from langgraph_idem_saver.sqlite.files import (
+    SqliteTarget,
+    error_kind,
+    open_error,
+    read_only_uris,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -591,6 +603,9 @@ class PostgresInspector:
             "%(t)s::text[], %(ns)s::text[], %(id)s::text[]))"
         )
         async with self.conn.transaction(), self.conn.cursor(row_factory=tuple_row) as cur:
+            # the threads' locks first, as the saver's deletes take them: an aput writing a
+            # delta meanwhile never loses its base (sql.THREAD_LOCK_SPACE)
+            await cur.execute(sql.LOCK_THREADS, arrays)
             await cur.execute(f"DELETE FROM idem_writes WHERE {target}", arrays)
             writes = cur.rowcount
             await cur.execute(f"DELETE FROM idem_checkpoints WHERE {target}", arrays)
@@ -729,20 +744,36 @@ async def _open_sqlite(target: str, *, write: bool) -> AsyncIterator[SqliteInspe
         raise CliError(f"cannot read {target}: {exc.strerror or exc}") from None
     if header != SQLITE_MAGIC:
         raise CliError(f"{target} is not a SQLite database", EXIT_USAGE)
-    uri = path.resolve().as_uri() + ("?mode=rw" if write else "?mode=ro")
-    try:
-        conn = await aiosqlite.connect(uri, uri=True, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise CliError(f"cannot open {target}: {exc}") from None
-    try:
+    # never creates the file; reads: mode=ro, or immutable=1 where mode=ro cannot open it
+    where = SqliteTarget(str(path.resolve()), read_only=not write)
+    uris = [(path.resolve().as_uri() + "?mode=rw", False)] if write else read_only_uris(path)
+    immutable = False
+    for attempt, (uri, immutable) in enumerate(uris, 1):  # noqa: B007 (used after the loop)
+        try:
+            conn = await aiosqlite.connect(uri, uri=True, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise CliError(f"cannot open {target}: {exc}") from None
         try:
             async with conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' "
                 "AND name = 'idem_saver_migrations'"
             ) as cur:
                 ours = await cur.fetchone()
+            break
         except sqlite3.DatabaseError as exc:
+            await conn.close()
+            if error_kind(exc) in ("readonly", "cantopen"):
+                if attempt < len(uris):
+                    continue  # mode=ro cannot read this WAL database here: immutable=1 next
+                raise open_error(where, exc) from None
             raise CliError(f"{target} is not a usable SQLite database: {exc}", EXIT_USAGE) from None
+    if immutable and Path(f"{path}-wal").exists():
+        print(
+            f"idem-saver: note: {target}-wal cannot be read from this read-only directory; "
+            "showing the database without its latest transactions",
+            file=sys.stderr,
+        )
+    try:
         if ours is None:
             raise CliError(
                 f"{target} is a SQLite database without langgraph-idem-saver tables "
@@ -750,15 +781,13 @@ async def _open_sqlite(target: str, *, write: bool) -> AsyncIterator[SqliteInspe
                 EXIT_USAGE,
             )
         saver = AsyncSqliteSaver(conn)
+        saver._target = where
         try:
             await saver.setup()
-        except sqlite3.OperationalError as exc:
-            if "readonly" in str(exc):
-                raise CliError(
-                    f"{target} needs a schema upgrade; open it once with the application "
-                    f"(read commands never write) [{exc}]"
-                ) from None
-            raise CliError(f"cannot open {target}: {exc}") from None
+        except ReadOnlyDatabaseError as exc:
+            if write:
+                raise
+            raise CliError(f"{exc} (read commands never write)") from None
         yield SqliteInspector(saver, path)
     finally:
         await conn.close()
@@ -805,7 +834,7 @@ async def _open_postgres(dsn: str, *, write: bool) -> AsyncIterator[PostgresInsp
         saver = AsyncPostgresSaver(conn)
         try:
             await saver.setup()
-        except psycopg.errors.ReadOnlySqlTransaction:
+        except (psycopg.errors.ReadOnlySqlTransaction, ReadOnlyDatabaseError):
             raise CliError(
                 f"{shown} needs a schema upgrade; open it once with the application "
                 "(read commands never write)"
@@ -1672,7 +1701,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"idem-saver {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    sub.add_parser("demo", help="crash a ReAct agent mid tool batch and resume it (no --db needed)")
+    sub.add_parser(
+        "demo",
+        help="crash a ReAct agent mid tool batch and resume it; keeps its database "
+        "(demo --db PATH, default ./idem-demo.db, overwritten on each run)",
+    )
     p = sub.add_parser("threads", parents=[common], help="threads: status, updates, unknowns")
     p.add_argument("--limit", type=int, default=0, help="show the N most recently updated")
 

@@ -1,10 +1,16 @@
-"""The crash-and-resume demonstration: ``python -m langgraph_idem_saver demo``.
+"""The crash-and-resume demonstration: ``python -m langgraph_idem_saver demo [--db PATH]``.
 
-A scripted ReAct agent (no API key: the "LLM" is :class:`ScriptedModel`) pays three
-invoices in one tools step, on embedded SQLite. A child process really dies in the middle
-of that step, right after the second card charge went through. A fresh process resumes
-the thread. We do it twice - with LangGraph's stock ``ToolNode`` and with
-``IdempotentToolNode`` - and print how many times each card was charged, and the ledger.
+A LangChain 1.x ``create_agent`` agent (no API key: the "LLM" is :class:`ScriptedModel`)
+pays three invoices with three parallel tool calls, on embedded SQLite. A child process
+really dies in the middle of them, right after the second card charge went through. A
+fresh process resumes the thread. We do it twice - the stock agent (thread
+``invoices-stock``) and the same agent with ``IdempotencyMiddleware`` (thread
+``invoices-idempotent``) - and print how many times each card was charged, and the ledger.
+
+Both threads are kept in one SQLite database, ``./idem-demo.db`` by default (``--db PATH``
+to choose another), so the ``idem-saver`` commands printed at the end can show what
+happened. Each run of the demo overwrites that database (and refuses a file that holds
+anything but the demo's two threads).
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
+import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -29,6 +38,8 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import Field
 
 CRASH_EXIT_CODE = 77
+DEFAULT_DB = "idem-demo.db"
+THREADS = {"stock": "invoices-stock", "idempotent": "invoices-idempotent"}
 INVOICES = ["inv-1", "inv-2", "inv-3"]
 PROVIDER_DELAY = {"inv-1": 0.0, "inv-2": 0.3, "inv-3": 1.0}
 
@@ -87,10 +98,18 @@ class ScriptedModel(BaseChatModel):
 
 async def _child(node_kind: str, phase: str, db: str, effects: str) -> None:
     from langchain_core.tools import tool
-    from langgraph.prebuilt import ToolNode, create_react_agent
 
-    from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode
-    from langgraph_idem_saver.tool_node import NOT_APPLIED
+    from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver
+
+    try:
+        from langchain.agents import create_agent
+
+        from langgraph_idem_saver.middleware import IdempotencyMiddleware
+    except ImportError as exc:
+        raise SystemExit(
+            "the demo builds its agent with LangChain's create_agent: "
+            "pip install 'langgraph-idem-saver[agents]'"
+        ) from exc
 
     effects_file = Path(effects)
     crash = phase == "run"
@@ -115,17 +134,16 @@ async def _child(node_kind: str, phase: str, db: str, effects: str) -> None:
             return f"charged {args['invoice']}: ${args['amount']}"
         return NOT_APPLIED
 
-    node: ToolNode
-    if node_kind == "stock":
-        node = ToolNode([charge])
-    else:
-        node = IdempotentToolNode([charge], verify={"charge": verify_charge})
+    middleware = (
+        [] if node_kind == "stock" else [IdempotencyMiddleware(verify={"charge": verify_charge})]
+    )
     model = ScriptedModel(
         calls=[{"invoice": inv, "amount": 100 * (i + 1)} for i, inv in enumerate(INVOICES)]
     )
-    config: RunnableConfig = {"configurable": {"thread_id": "invoices"}}
+    thread_id = THREADS[node_kind]
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
     async with AsyncSqliteSaver.from_conn_string(db) as saver:
-        agent = create_react_agent(model, node, checkpointer=saver, version="v1")
+        agent = create_agent(model, tools=[charge], middleware=middleware, checkpointer=saver)
         if phase == "run":
             await agent.ainvoke({"messages": [HumanMessage("pay my three invoices")]}, config)
         else:
@@ -134,7 +152,7 @@ async def _child(node_kind: str, phase: str, db: str, effects: str) -> None:
         if node_kind != "stock":
             rows = [
                 [e.tool_name, json.loads(e.args)["invoice"], e.status.value, e.attempts]
-                for e in await saver.alist_entries("invoices")
+                for e in await saver.alist_entries(thread_id)
             ]
             print("LEDGER " + json.dumps(rows), flush=True)
 
@@ -169,15 +187,17 @@ def _run_child(node_kind: str, phase: str, db: Path, effects: Path) -> tuple[int
     return proc.returncode, ledger
 
 
-def run_demo(workdir: Path) -> dict[str, Any]:
-    """Run both variants; return charges per invoice and the ledger rows."""
+def run_demo(db: Path, workdir: Path) -> dict[str, Any]:
+    """Run both variants on ``db`` (one thread each); return charges per invoice and the
+    ledger rows. ``workdir`` holds the "payment provider's" records of charges."""
     results: dict[str, Any] = {}
-    for kind, title in (("stock", "LangGraph ToolNode"), ("idempotent", "IdempotentToolNode")):
-        db, effects = workdir / f"{kind}.db", workdir / f"{kind}.effects"
-        print(f"\n== {title} ==")
+    titles = (("stock", "create_agent"), ("idempotent", "create_agent + IdempotencyMiddleware"))
+    for kind, title in titles:
+        effects = workdir / f"{kind}.effects"
+        print(f"\n== {title} (thread {THREADS[kind]}) ==")
         print("  1. a process runs the agent: it asks to charge inv-1, inv-2, inv-3 at once")
         code, _ = _run_child(kind, "run", db, effects)
-        print(f"     child exit code: {code} (killed mid tool batch)")
+        print(f"     child exit code: {code} (killed mid tool calls)")
         print("  2. a fresh process resumes the thread from the checkpoint")
         _, ledger = _run_child(kind, "resume", db, effects)
         charges = Counter(effects.read_text().split())
@@ -191,11 +211,11 @@ def run_demo(workdir: Path) -> dict[str, Any]:
 def print_report(results: dict[str, Any]) -> None:
     stock, ours = results["stock"]["charges"], results["idempotent"]["charges"]
     print("\n== Cards charged per invoice (each should be charged exactly once) ==")
-    print(f"  {'invoice':<10}{'ToolNode':>10}{'IdempotentToolNode':>22}")
+    print(f"  {'invoice':<10}{'stock':>10}{'with the middleware':>22}")
     for inv in INVOICES:
         print(f"  {inv:<10}{stock[inv]:>10}{ours[inv]:>22}")
     print(f"  {'total':<10}{sum(stock.values()):>10}{sum(ours.values()):>22}")
-    print("\n== The ledger after the resume (IdempotentToolNode) ==")
+    print("\n== The ledger after the resume (IdempotencyMiddleware) ==")
     print(f"  {'tool':<8}{'invoice':<10}{'status':<11}{'attempts':>8}")
     for tool_name, invoice, status, attempts in results["idempotent"]["ledger"]:
         print(f"  {tool_name:<8}{invoice:<10}{status:<11}{attempts:>8}")
@@ -208,22 +228,119 @@ def print_report(results: dict[str, Any]) -> None:
     )
 
 
+def cli_prefix() -> str:
+    """How to run ``idem-saver`` from here: the command itself when it is on PATH (and
+    is this installation's), else the script beside this Python, else ``python -m``."""
+    bindir = Path(sys.executable).parent  # not resolved: a venv's python is a symlink
+    script = bindir / ("idem-saver.exe" if os.name == "nt" else "idem-saver")
+    on_path = shutil.which("idem-saver")
+    if on_path and script.exists() and Path(on_path).resolve() == script.resolve():
+        return "idem-saver"
+    if script.exists():
+        return shlex.quote(_shown(script))
+    return f"{shlex.quote(_shown(Path(sys.executable)))} -m langgraph_idem_saver"
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the current directory when it is inside it."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+def inspect_commands(db: str) -> list[str]:
+    """The ``idem-saver`` commands that show what the demo left in ``db``."""
+    prefix, where = cli_prefix(), shlex.quote(db)
+    ours = THREADS["idempotent"]
+    return [
+        f"{prefix} threads --db {where}",
+        f"{prefix} ledger {ours} --db {where}",
+        f"{prefix} history {ours} --db {where}",
+    ]
+
+
+def print_next_steps(db: str) -> None:
+    print(
+        f"\n== See it with the command line ==\n"
+        f"The database is kept in {db} (the next run of the demo overwrites it). Try:"
+    )
+    for command in inspect_commands(db):
+        print(f"  {command}")
+
+
+class DemoError(Exception):
+    """Why the demo refuses to run (printed as one line, exit code 2)."""
+
+
+def prepare_db(db: Path) -> None:
+    """Remove the previous run's database, after checking that it is one: never delete a
+    file the demo did not write."""
+    if db.is_dir():
+        raise DemoError(f"{db} is a directory; --db takes a file path")
+    if not db.parent.is_dir():
+        raise DemoError(f"directory {db.parent} does not exist (create it, or pick another --db)")
+    if db.exists() and db.stat().st_size > 0:
+        threads = _demo_threads(db)
+        if threads is None or not threads <= set(THREADS.values()):
+            raise DemoError(
+                f"{db} exists and is not a database this demo wrote; the demo overwrites its "
+                "database on each run, so pass another --db PATH"
+            )
+    if not os.access(db.parent, os.W_OK):
+        raise DemoError(f"directory {db.parent} is not writable (pick another --db)")
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        try:
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        except OSError as exc:
+            raise DemoError(f"cannot remove the previous {db}{suffix}: {exc}") from None
+
+
+def _demo_threads(db: Path) -> set[str] | None:
+    """The thread ids in ``db`` (read-only), or None when it is not one of our databases."""
+    try:
+        conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            rows = conn.execute(
+                "SELECT thread_id FROM idem_checkpoints UNION SELECT thread_id FROM idem_tool_calls"
+            ).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return {str(r[0]) for r in rows}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="idem-saver demo", description=__doc__)
-    parser.add_argument("--dir", help="keep the databases here (default: a temp dir)")
+    parser = argparse.ArgumentParser(
+        prog="idem-saver demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--db",
+        default=DEFAULT_DB,
+        metavar="PATH",
+        help=f"the SQLite database to keep the demo's threads in (default: ./{DEFAULT_DB}); "
+        "overwritten on each run",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         node_kind, phase, db, effects = args.child
         asyncio.run(_child(node_kind, phase, db, effects))
         return 0
-    if args.dir:
-        workdir = Path(args.dir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        print_report(run_demo(workdir))
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            print_report(run_demo(Path(tmp)))
+    db = Path(args.db).expanduser()
+    try:
+        prepare_db(db)
+    except DemoError as exc:
+        print(f"idem-saver demo: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"Database: {args.db} (overwritten on each run of the demo; --db PATH for another)")
+    with tempfile.TemporaryDirectory() as provider:
+        print_report(run_demo(db, Path(provider)))
+    print_next_steps(args.db)
     return 0
 
 

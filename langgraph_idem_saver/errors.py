@@ -16,7 +16,9 @@ class IdemSaverError(Exception):
 
 
 class ConfigError(IdemSaverError, ValueError):
-    """A ``RunnableConfig`` lacks a required key or holds one of the wrong type.
+    """A value we were given cannot be used: a ``RunnableConfig`` lacks a required key or
+    holds one of the wrong type, or a database path cannot be a database file (its
+    directory does not exist, it is a directory, a malformed DSN).
 
     Subclasses ``ValueError`` so code written against LangGraph's savers (which raise
     ``KeyError``/``ValueError`` here) keeps catching it.
@@ -41,7 +43,37 @@ class SchemaVersionError(IdemSaverError):
 
 
 class NotADatabaseError(IdemSaverError):
-    """The file or server we were pointed at is not a database we can use."""
+    """The file we were pointed at is not a SQLite database (or is damaged beyond use).
+
+    Only for the file's *contents*: a path we may not open or write raises
+    :class:`DatabasePermissionError`, a path that cannot be a database file
+    :class:`ConfigError`.
+    """
+
+
+class DatabasePermissionError(IdemSaverError, PermissionError):
+    """The operating system denies this process access the database needs (to the file
+    or to its directory).
+
+    Not retryable: fix the permissions, or open the database another way. Subclasses
+    ``PermissionError`` so code that handles OS permission errors handles this one too;
+    ``path`` is the file concerned (None when unknown).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class ReadOnlyDatabaseError(DatabasePermissionError):
+    """The database can be read but not written: a read-only file, a directory in which
+    SQLite cannot create its ``-wal``/``-shm``/``-journal`` files, a read-only file
+    system, a connection opened read-only (``mode=ro``, ``immutable=1``), or a read-only
+    PostgreSQL session.
+
+    Raised when the saver opens the database if that can be seen then, otherwise by the
+    first write, which has then written nothing.
+    """
 
 
 class DatabaseLockedError(IdemSaverError):
@@ -52,7 +84,9 @@ class DatabaseLockedError(IdemSaverError):
 
 
 class ConnectionClosedError(IdemSaverError):
-    """The saver's connection was closed (or lost) before or during the call."""
+    """The saver's connection was closed (or lost) before or during the call, or could
+    not be made (a PostgreSQL server that cannot be reached, a database that does not
+    exist)."""
 
 
 class CorruptRecordError(IdemSaverError):

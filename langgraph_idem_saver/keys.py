@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from langgraph_idem_saver.errors import ConfigError, SerializationError
+from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair
 
 __all__ = [
     "KeyContext",
@@ -67,15 +68,23 @@ def canonical_args(args: Any, *, tool_name: str = "?", tool_call_id: str = "?") 
     """The canonical JSON text of model-emitted tool arguments.
 
     Sorted keys, no whitespace, UTF-8 kept as is, and NaN/Infinity refused, so that two
-    processes always agree on the text (and on its hash). Arguments that JSON cannot
-    represent faithfully raise :class:`SerializationError` *before* the tool runs: a key
-    we could not recompute after a crash would make the ledger useless for that call.
+    processes always agree on the text (and on its hash). Lone surrogates are written as
+    ``\\uXXXX`` escapes (see :func:`_as_serialized`), so the stored text reads back exactly.
+    Arguments that JSON cannot represent faithfully raise :class:`SerializationError`
+    *before* the tool runs: a key we could not recompute after a crash would make the
+    ledger useless for that call.
     """
     try:
         text = json.dumps(
             args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
-        return _as_serialized(text)
+        canonical = _as_serialized(text)
+        if canonical is not text and has_split_pair(text):
+            raise ValueError(
+                "a high surrogate directly followed by a low one (two code points) reads "
+                "back from JSON as one character"
+            )
+        return canonical
     except (TypeError, ValueError, RecursionError) as exc:
         raise SerializationError(
             f"arguments of tool call {tool_call_id!r} to {tool_name!r} are not canonical "
@@ -85,17 +94,15 @@ def canonical_args(args: Any, *, tool_name: str = "?", tool_call_id: str = "?") 
 
 
 def _as_serialized(text: str) -> str:
-    """``text`` with lone surrogates replaced by ``?``, as LangGraph's serializer stores
-    them (msgpack ``OPT_REPLACE_SURROGATES``).
+    """JSON ``text`` with each lone surrogate written as a ``\\uXXXX`` escape.
 
-    A model's arguments can carry lone surrogates (cf. CVE-2025-64439); after a resume the
-    same call is read back from a checkpoint with them replaced, and must hash the same.
+    A model's arguments can carry lone surrogates (cf. CVE-2025-64439). Our savers store
+    them exactly (:mod:`langgraph_idem_saver.surrogates`), so after a resume the call read
+    back from the checkpoint has the same text and the same hash; the escapes keep the
+    stored text valid UTF-8 that ``json.loads`` reads back exactly. Text without lone
+    surrogates is returned unchanged: keys of ordinary arguments are as before.
     """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
+    return escape_surrogates(text)
 
 
 def storable_call_id(tool_call_id: str, tool_name: str = "?") -> str:

@@ -15,7 +15,7 @@ import json
 import random
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -25,9 +25,11 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.errors import (
     ConfigError,
@@ -36,6 +38,7 @@ from langgraph_idem_saver.errors import (
     SerializationError,
 )
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair, lossless
 
 T = TypeVar("T")
 
@@ -117,11 +120,28 @@ def checkpoint_id_of(config: RunnableConfig) -> str | None:
     return _storable(cid, "checkpoint_id")
 
 
+def text_of(value: str, what: str) -> str:
+    """``value`` if it is text a database can hold (no lone surrogates); a
+    :class:`ConfigError` otherwise, before anything is written (SQLite's and psycopg's
+    drivers would raise a raw ``UnicodeEncodeError`` mid-call). For the ids of writes
+    and channels, which LangGraph makes and ``_storable``'s other limits do not apply to.
+    """
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{what} {value!r} is not valid text (lone surrogate): {exc}") from exc
+    return value
+
+
 def encode_metadata(metadata: CheckpointMetadata) -> str:
     """Metadata as canonical JSON text (sorted keys), the form filters compare against.
 
-    UTF-8 text when possible; ``\\u`` escapes when the metadata holds lone surrogates
-    (which UTF-8 cannot carry), so such strings still round-trip exactly.
+    UTF-8 text, with lone surrogates (which UTF-8 cannot carry) as ``\\uXXXX`` escapes, so
+    such strings round-trip exactly. A high surrogate directly followed by a low one
+    cannot (JSON reads the two escapes back as one character): :class:`SerializationError`
+    before anything is written.
     """
     try:
         text = json.dumps(
@@ -132,11 +152,14 @@ def encode_metadata(metadata: CheckpointMetadata) -> str:
             f"checkpoint metadata must be JSON-serializable (str/int/float/bool/None, "
             f"lists and dicts of them): {exc}"
         ) from exc
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = json.dumps(metadata, ensure_ascii=True, sort_keys=True, separators=(",", ":"))
-    return text
+    escaped = escape_surrogates(text)
+    if escaped is not text and has_split_pair(text):
+        raise SerializationError(
+            "checkpoint metadata holds a high surrogate directly followed by a low one "
+            "(two code points), which JSON cannot store exactly (it would read back as one "
+            "character); nothing was written"
+        )
+    return escaped
 
 
 def metadata_matches(metadata: dict[str, Any], filter: dict[str, Any]) -> bool:
@@ -199,17 +222,39 @@ def make_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> Runna
     }
 
 
+class _LosslessSerde:
+    """The ``serde`` attribute of our savers: whatever sets it (``__init__``, LangGraph's
+    ``with_allowlist``, a user) gets LangGraph's ``JsonPlusSerializer`` in its lossless
+    variant, so lone surrogates are stored exactly instead of as ``?`` (see
+    :mod:`langgraph_idem_saver.surrogates`); other serializers are kept as given. Read on
+    the class, it is the default serializer, as on LangGraph's savers."""
+
+    default: SerializerProtocol = lossless(JsonPlusSerializer())
+
+    def __get__(self, obj: object, owner: type | None = None) -> SerializerProtocol:
+        if obj is None:
+            return self.default
+        found: SerializerProtocol = obj.__dict__.get("_idem_serde", self.default)
+        return found
+
+    def __set__(self, obj: object, value: SerializerProtocol) -> None:
+        obj.__dict__["_idem_serde"] = lossless(value)
+
+
 class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
     """Shared behaviour of :class:`AsyncSqliteSaver` and :class:`AsyncPostgresSaver`."""
 
     loop: asyncio.AbstractEventLoop | None
 
     def __init__(self, *, serde: SerializerProtocol | None = None) -> None:
-        super().__init__(serde=serde)
+        super().__init__(serde=serde)  # sets self.serde, made lossless (_LosslessSerde)
         try:
             self.loop = asyncio.get_running_loop()
         except RuntimeError:
             self.loop = None
+
+    # the serializer of checkpoints, writes and ledger results: see _LosslessSerde
+    serde = _LosslessSerde()
 
     def _remember_loop(self) -> None:
         """Record the loop of the first async call, for savers built outside a loop."""
@@ -488,6 +533,14 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         self._run_sync(self.aprune(thread_ids, strategy=strategy))
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """The backend's one-statement ``aget_delta_channel_history``, for ``graph.invoke``
+        and ``get_state`` from a worker thread (the inherited default would walk the
+        chain with one ``get_tuple``, hence one loop hop, per ancestor)."""
+        return self._run_sync(self.aget_delta_channel_history(config=config, channels=channels))
 
 
 def checkpoints_to_keep(

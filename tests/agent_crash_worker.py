@@ -111,5 +111,9 @@ async def main(db: str, effects: Path, thread: str, mode: str, durability: str, 
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from process_guard import exit_with_parent
+
+    exit_with_parent()  # never outlive the test that started us (tests/process_guard.py)
     db, effects, thread, mode, durability, crash = sys.argv[1:7]
     asyncio.run(main(db, Path(effects), thread, mode, durability, crash))

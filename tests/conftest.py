@@ -20,12 +20,42 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without an editable install
     sys.path.insert(0, str(REPO_ROOT))
 
-from pg_server import afresh_dsn, pg_dsn, pg_server_dsn  # noqa: E402, F401  (fixtures)
+# fixtures, and the helper to make fresh schemas
+from pg_server import afresh_dsn, pg_dsn, pg_server_dsn, server_tmp_dir  # noqa: E402, F401
+
+# --- Hypothesis profiles ------------------------------------------------------------
+#
+# ``ci`` (chosen when the CI environment variable is set, as .ci/run does): derandomized,
+# so every run tries the same examples and a red build is red again on a re-run, with
+# the reproduction blob printed. ``dev`` (the default locally): random, so local runs
+# keep exploring, and failures are replayed from .hypothesis/. ``explore`` (pick it
+# with HYPOTHESIS_PROFILE=explore): ten times the examples, random, for a deliberate
+# bug hunt. A failure found anywhere is pinned as an ``@example`` of its test.
+# Tests state their budget relative to ``settings.default.max_examples``. Each profile
+# derives from Hypothesis' own "default" (with CI set, Hypothesis would otherwise start
+# from its built-in "ci" profile and derandomize everything).
+_BASE = settings.get_profile("default")
+settings.register_profile(
+    "ci",
+    _BASE,
+    max_examples=40,
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    database=None,
+)
+settings.register_profile("dev", _BASE, max_examples=40, deadline=None, print_blob=True)
+settings.register_profile("explore", _BASE, max_examples=400, deadline=None, print_blob=True)
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or (
+    "ci" if os.environ.get("CI") else "dev"
+)
+settings.load_profile(HYPOTHESIS_PROFILE)
 
 # The single list of backends: every saver and ledger test runs on each.
 BACKENDS: list[str] = ["sqlite", "postgres"]

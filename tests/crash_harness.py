@@ -239,4 +239,7 @@ async def main(scenario: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from process_guard import exit_with_parent
+
+    exit_with_parent()  # never outlive the test that started us (tests/process_guard.py)
     print(json.dumps(asyncio.run(main(json.loads(sys.argv[1])))))

@@ -7,7 +7,15 @@
   stopped and deleted at exit. As root, pgserver runs the server as its own unprivileged
   ``pgserver`` user (created on first use), so nothing to do by hand there either. The
   throwaway server runs with ``fsync=off``: tests don't need durability, and it makes
-  them several times faster.
+  them several times faster. Its data directory is ``$TMPDIR/idem-saver-pg-*`` (every
+  server the tests and notebooks start has ``idem-`` in its ``-D`` path, so a leftover
+  is easy to spot: ``pgrep -af 'pginstall/bin/postgres' | grep idem-``).
+* Nothing is left running: pgserver stops the server at a normal exit (also after a
+  failure or Ctrl-C); a watchdog process (``process_guard.watch_postgres``) stops it when
+  pytest is killed instead (SIGTERM, SIGKILL); and at exit, child processes a failed test
+  left behind are ended (``process_guard.end_leftover_children``).
+* :func:`throwaway_server` - another such server, for a test that must own one (restart
+  it, say); watched the same way.
 * :func:`fresh_dsn` / :func:`afresh_dsn` - a new empty schema on that server and a DSN
   whose ``search_path`` is that schema alone: every saver built from it sees only its own
   tables, so tests never see each other's rows (and it costs a few ms, not a
@@ -21,13 +29,16 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import shutil
 import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from process_guard import end_leftover_children, mark_test_run, watch_postgres
 
 ENV_DSN = "IDEM_SAVER_PG_DSN"
 SCHEMA_PREFIX = "idem_test_"
@@ -60,14 +71,21 @@ def server_dsn() -> str:
         if env:
             _dsn = env
             return _dsn
-        import pgserver
-
-        pgdata = tempfile.mkdtemp(prefix="idem-saver-pg-")
-        _server = pgserver.get_server(pgdata, cleanup_mode="delete")
+        _server = throwaway_server("idem-saver-pg-")
         dsn = str(_server.get_uri())
         _tune_throwaway_server(dsn)
         _dsn = dsn
         return _dsn
+
+
+def throwaway_server(prefix: str) -> Any:
+    """Start a pgserver server in a new ``$TMPDIR/<prefix>*`` directory (``prefix`` should
+    start with ``idem-``): stopped and deleted when this process exits, however it exits."""
+    import pgserver
+
+    pgdata = tempfile.mkdtemp(prefix=prefix)
+    watch_postgres(pgdata)  # before the server exists: never a moment without a watch
+    return pgserver.get_server(pgdata, cleanup_mode="delete")  # type: ignore[attr-defined]
 
 
 def _tune_throwaway_server(dsn: str) -> None:
@@ -143,6 +161,8 @@ def drop_created_schemas() -> None:
 
 
 atexit.register(drop_created_schemas)
+atexit.register(end_leftover_children)
+mark_test_run()  # the processes the tests start know whose they are
 
 
 @pytest.fixture(scope="session")
@@ -152,6 +172,17 @@ def pg_server_dsn() -> Iterator[str]:
         pytest.skip(f"no PostgreSQL: set {ENV_DSN} or install pgserver")
     yield server_dsn()
     drop_created_schemas()
+
+
+@pytest.fixture
+def server_tmp_dir() -> Iterator[Path]:
+    """A temp dir for a test that starts PostgreSQL servers (set TMPDIR to it), outside
+    pytest's ``tmp_path``: every pytest that starts chmods ``pytest-of-<user>`` back to
+    0700, and as root pgserver runs the server as its own ``pgserver`` user, who must
+    still reach the data directory then. Removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="idem-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

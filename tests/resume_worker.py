@@ -272,4 +272,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from process_guard import exit_with_parent
+
+    exit_with_parent()  # never outlive the test that started us (tests/process_guard.py)
     main()

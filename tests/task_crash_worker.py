@@ -86,5 +86,9 @@ async def main(
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from process_guard import exit_with_parent
+
+    exit_with_parent()  # never outlive the test that started us (tests/process_guard.py)
     db, effects, thread, mode, durability, crash, shape = sys.argv[1:8]
     asyncio.run(main(db, Path(effects), thread, mode, durability, crash, shape))

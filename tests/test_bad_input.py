@@ -10,17 +10,18 @@ runs on SQLite *and* Postgres through the same assertions, including the ledger 
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_child import Db, cfg
-from langchain_core.messages import ToolMessage
+from fault_child import Db, Tripwire, cfg
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from pg_server import afresh_dsn
 from tool_node_helpers import Counter, ai_calls, tool_graph
 
@@ -34,7 +35,9 @@ from langgraph_idem_saver.errors import (
     SchemaVersionError,
     SerializationError,
 )
+from langgraph_idem_saver.keys import args_hash, canonical_args
 from langgraph_idem_saver.ledger import CallIntent, CallStatus
+from langgraph_idem_saver.surrogates import LOSSLESS_TYPE, LosslessJsonPlusSerializer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -441,7 +444,7 @@ def echo_tools(effects: Counter) -> list[Any]:
         if surrogates:
             text = "result \ud800 lone \udfff"
             return text, {"text": text, "list": ["\udc80"]}
-        return "big", os.urandom(size // 2).hex()
+        return "big", random.Random(size).randbytes(size // 2).hex()
 
     return [echo, produce]
 
@@ -493,9 +496,18 @@ async def test_tool_args_with_lone_surrogates_are_stored_and_replayed(db: Db) ->
         assert effects.calls == [payload]
         [entry] = await saver.alist_entries("t")
         assert entry.status is CallStatus.COMPLETED
+        # stored losslessly: valid UTF-8 text with the surrogates as JSON escapes
+        assert b"\\ud800" in entry.args and b"\\udfff" in entry.args
+        assert json.loads(entry.args) == {"payload": payload}
+        assert entry.args_hash == args_hash(canonical_args({"payload": payload}))
+        # the call as the checkpoint holds it (what a resume reads) keeps its surrogates
+        state = await graph.aget_state(cfg("t"))
+        [checkpointed] = [m for m in state.values["messages"] if m.type == "ai"]
+        assert checkpointed.tool_calls[0]["args"] == {"payload": payload}
         again = await rerun_tool_step(graph, "t")
         assert len(effects) == 1
         assert again["messages"][-1].content == out["messages"][-1].content
+        assert [e.key for e in await saver.alist_entries("t")] == [entry.key]
 
 
 async def test_tool_call_id_with_lone_surrogate_is_typed_and_runs_nothing(db: Db) -> None:
@@ -519,9 +531,8 @@ async def test_tool_call_id_with_lone_surrogate_is_typed_and_runs_nothing(db: Db
 
 
 async def test_tool_result_with_lone_surrogates_replays_what_was_checkpointed(db: Db) -> None:
-    """The serializer decides how unpaired surrogates are stored (LangGraph's msgpack
-    replaces them); the ledger must replay exactly what the checkpoint holds, with the
-    serializer's own type (no fallback format)."""
+    """A result with unpaired surrogates is checkpointed and recorded exactly (the
+    serializer's lossless variant, not ``?``), and the replay is that exact result."""
     effects = Counter()
     async with db.open() as saver:
         graph = tool_graph(IdempotentToolNode(echo_tools(effects)), saver)
@@ -532,9 +543,11 @@ async def test_tool_result_with_lone_surrogates_replays_what_was_checkpointed(db
         )
         state = await graph.aget_state(cfg("t"))
         checkpointed = state.values["messages"][-1]
+        assert checkpointed.content == "result \ud800 lone \udfff"
+        assert checkpointed.artifact == {"text": "result \ud800 lone \udfff", "list": ["\udc80"]}
         [entry] = await saver.alist_entries("t")
         assert entry.result_type is not None
-        assert entry.result_type.split("+")[0].removeprefix("zlib:") == "msgpack"
+        assert entry.result_type.split("+")[0].removeprefix("zlib:") == LOSSLESS_TYPE
         again = await rerun_tool_step(graph, "t")
         replayed = again["messages"][-1]
         assert len(effects) == 1
@@ -738,3 +751,303 @@ async def test_checkpoint_blob_disagreeing_with_its_row_is_corrupt_record(db: Db
         else:
             assert tup is not None
         await assert_seed_intact(saver)
+
+
+# ------------------------------------------------------------------- lone surrogates
+#
+# Any str a user stores comes back exactly (LangGraph's serializer alone would store
+# "\ud800" as "?"), or is refused with a typed error before anything is written.
+
+SURROGATE_VALUES: dict[str, Any] = {
+    "messages": [
+        HumanMessage("hi \ud800 there", id="h1"),
+        AIMessage(
+            "",
+            id="a1",
+            tool_calls=[
+                {"name": "echo", "args": {"p": "\udfff"}, "id": "call-1", "type": "tool_call"}
+            ],
+        ),
+        ToolMessage("done \udc80", tool_call_id="call-1", artifact={"\ud800": ["\udbff"]}),
+    ],
+    "text": "lone \ud800 high, \udfff low, and é",
+    "keyed": {"\ud800": 1, "ok": {"\udfff": ["\ud83d\ude00"]}},
+    "pair_as_two_code_points": "\ud83d\ude00",
+    "plain": {"ascii": [1, 2.5, None, True]},
+}
+
+
+async def put_surrogates(saver: Any, thread: str = "s") -> Any:
+    versions = {ch: saver.get_next_version(None, None) for ch in SURROGATE_VALUES}
+    cp = generate_checkpoint(channel_values=SURROGATE_VALUES, channel_versions=versions)
+    return await saver.aput(cfg(thread), cp, {"source": "input", "step": 0}, versions)
+
+
+async def test_lone_surrogates_in_checkpoint_values_round_trip(db: Db) -> None:
+    async with db.open() as saver:
+        await seed(saver)
+        stored = await put_surrogates(saver)
+        # a second checkpoint appending to the message list (stored as a delta)
+        more = [*SURROGATE_VALUES["messages"], HumanMessage("again \udfff", id="h2")]
+        first = await saver.aget_tuple(stored)
+        assert first is not None
+        old_versions = first.checkpoint["channel_versions"]
+        versions = {"messages": saver.get_next_version(old_versions["messages"], None)}
+        cp = generate_checkpoint(
+            channel_values={**SURROGATE_VALUES, "messages": more},
+            channel_versions={**old_versions, **versions},
+        )
+        second = await saver.aput(stored, cp, {"source": "loop", "step": 1}, versions)
+    async with db.open() as saver:  # a fresh saver: nothing cached
+        first = await saver.aget_tuple(stored)
+        assert first is not None
+        assert first.checkpoint["channel_values"] == SURROGATE_VALUES
+        latest = await saver.aget_tuple(cfg("s"))
+        assert latest is not None and latest.config == second
+        assert latest.checkpoint["channel_values"]["messages"] == more
+        listed = [t.checkpoint["channel_values"] async for t in saver.alist(cfg("s"))]
+        assert listed == [{**SURROGATE_VALUES, "messages": more}, SURROGATE_VALUES]
+        await assert_seed_intact(saver)
+    types = {t.removeprefix("zlib:") for (t,) in await db.query("SELECT type FROM idem_blobs")}
+    assert LOSSLESS_TYPE in types, "values with surrogates use the lossless format"
+    assert "msgpack" in types, "the others keep LangGraph's format"
+
+
+def test_the_lossless_serializer_keeps_langgraphs_bytes_for_ordinary_values() -> None:
+    """The hot path is LangGraph's own encoding: byte-identical output, same type."""
+    ours, theirs = LosslessJsonPlusSerializer(), JsonPlusSerializer()
+    for value in (
+        {"plain": SURROGATE_VALUES["plain"]},
+        [HumanMessage("no surrogates: é 😀", id="x")],
+        "text",
+        {"n": 1, "nested": {"a": ("t", 2)}},
+    ):
+        assert ours.dumps_typed(value) == theirs.dumps_typed(value)
+        assert ours.loads_typed(theirs.dumps_typed(value)) == theirs.loads_typed(
+            theirs.dumps_typed(value)
+        )
+    # and LangGraph's serializer changes what ours keeps
+    assert theirs.loads_typed(theirs.dumps_typed("a\ud800")) == "a?"
+    assert ours.loads_typed(ours.dumps_typed("a\ud800")) == "a\ud800"
+    assert ours.dumps_typed("a\ud800")[0] == LOSSLESS_TYPE
+
+
+async def test_lone_surrogates_with_encryption_and_allowlist_copies(db: Db) -> None:
+    """An EncryptedSerializer around JsonPlusSerializer stores surrogates exactly too, and
+    LangGraph's ``with_allowlist`` keeps the lossless variant."""
+    serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+    async with db.open(serde=serde) as saver:
+        assert isinstance(saver.serde, EncryptedSerializer)
+        assert isinstance(saver.serde.serde, LosslessJsonPlusSerializer)
+        stored = await put_surrogates(saver)
+        tup = await saver.aget_tuple(stored)
+        assert tup is not None and tup.checkpoint["channel_values"] == SURROGATE_VALUES
+    async with db.open() as saver:
+        saver.serde = JsonPlusSerializer(allowed_msgpack_modules=None)  # set after init
+        assert isinstance(saver.serde, LosslessJsonPlusSerializer)
+        clone = saver.with_allowlist([("my_app.models", "Invoice")])
+        assert isinstance(clone.serde, LosslessJsonPlusSerializer)
+        assert clone.serde.loads_typed(clone.serde.dumps_typed(["\ud800"])) == ["\ud800"]
+
+
+async def test_strict_allowlist_applies_to_the_lossless_format(db: Db, tmp_path: Path) -> None:
+    """A value stored in the lossless format is revived by LangGraph's own rules: under
+    strict msgpack a non-allowlisted type is not constructed."""
+    tripwire = tmp_path / "tripped"
+    values = {"v": {"t": Tripwire(str(tripwire)), "s": "\ud800"}}
+    tripwire.unlink()  # building the value tripped it once
+    async with db.open() as saver:
+        stored = await put_values_with(saver, "t", values)
+    async with db.open(serde=JsonPlusSerializer(allowed_msgpack_modules=None)) as saver:
+        tup = await saver.aget_tuple(stored)
+        assert tup is not None
+        assert tup.checkpoint["channel_values"]["v"]["s"] == "\ud800"
+        assert not isinstance(tup.checkpoint["channel_values"]["v"]["t"], Tripwire)
+        assert not tripwire.exists(), "strict mode revived a non-allowlisted type"
+
+
+async def put_values_with(saver: Any, thread: str, values: dict[str, Any]) -> Any:
+    versions = {ch: saver.get_next_version(None, None) for ch in values}
+    cp = generate_checkpoint(channel_values=values, channel_versions=versions)
+    return await saver.aput(cfg(thread), cp, {"step": 1}, versions)
+
+
+SURROGATE_METADATA: dict[str, Any] = {
+    "source": "input",
+    "step": 0,
+    "user": "x\ud800y",
+    "\udfff": ["\ud800", {"\udbff": "é"}],
+    "nul": "a\x00b",  # LangGraph strips NUL from top-level strings (as its savers do)
+    "nested_nul": ["a\x00b"],
+    "a\x00b": "nul-key",
+}
+
+
+async def test_lone_surrogates_in_metadata_round_trip(db: Db) -> None:
+    """Metadata comes back as LangGraph's InMemorySaver keeps it (with a serializer that
+    can hold surrogate keys): surrogates exact."""
+    memory: Any = InMemorySaver(serde=LosslessJsonPlusSerializer())
+    async with db.open() as saver:
+        await seed(saver)
+        cp = generate_checkpoint()
+        stored = await saver.aput(cfg("m"), cp, dict(SURROGATE_METADATA), {})
+        await memory.aput(cfg("m"), cp, dict(SURROGATE_METADATA), {})
+        want = (await memory.aget_tuple(cfg("m"))).metadata
+        assert want["user"] == "x\ud800y" and want["\udfff"] == SURROGATE_METADATA["\udfff"]
+        tup = await saver.aget_tuple(stored)
+        assert tup is not None and tup.metadata == want
+        [listed] = [t.metadata async for t in saver.alist(cfg("m"))]
+        assert listed == want
+        await assert_seed_intact(saver)
+
+
+async def test_metadata_json_cannot_hold_is_serialization_error(db: Db) -> None:
+    """A high surrogate directly followed by a low one (two code points) reads back
+    from JSON as one character: refused before anything is written."""
+    async with db.open() as saver:
+        await seed(saver)
+        before = await db.snapshot()
+        with pytest.raises(SerializationError, match="nothing was written"):
+            await saver.aput(cfg("m"), generate_checkpoint(), {"text": "\ud83d\ude00"}, {})
+        assert await db.snapshot() == before
+        await assert_seed_intact(saver)
+
+
+async def test_lone_surrogates_in_pending_writes_round_trip(db: Db) -> None:
+    async with db.open() as saver:
+        stored = await seed(saver)
+        writes = [("a", "w\ud800"), ("b", {"\udfff": [HumanMessage("m \udc80", id="w")]})]
+        await saver.aput_writes(stored, writes, "task-2")
+        tup = await saver.aget_tuple(stored)
+        assert tup is not None
+        assert [w for w in tup.pending_writes if w[0] == "task-2"] == [
+            ("task-2", "a", "w\ud800"),
+            ("task-2", "b", {"\udfff": [HumanMessage("m \udc80", id="w")]}),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("task_id", "channel", "task_path"),
+    [("t\ud800", "c", ""), ("task", "c\udfff", ""), ("task", "c", "p\ud800")],
+    ids=["task-id", "channel", "task-path"],
+)
+async def test_write_ids_with_lone_surrogates_are_config_error(
+    db: Db, task_id: str, channel: str, task_path: str
+) -> None:
+    """Ids of writes are ids: refused like thread ids, never a raw driver error."""
+    async with db.open() as saver:
+        stored = await seed(saver)
+        before = await db.snapshot()
+        with pytest.raises(ConfigError, match="surrogate"):
+            await saver.aput_writes(stored, [(channel, "v")], task_id, task_path)
+        assert await db.snapshot() == before
+        await assert_seed_intact(saver)
+
+
+@pytest.mark.parametrize("where", ["channel", "checkpoint-id"])
+async def test_checkpoint_ids_with_lone_surrogates_are_config_error(db: Db, where: str) -> None:
+    """A channel name or checkpoint id a database cannot hold: ConfigError on both
+    backends before anything is written, never a raw UnicodeEncodeError."""
+    async with db.open() as saver:
+        await seed(saver)
+        before = await db.snapshot()
+        values = {"c\ud800" if where == "channel" else "c": 1}
+        versions = {ch: saver.get_next_version(None, None) for ch in values}
+        cp = generate_checkpoint(channel_values=values, channel_versions=versions)
+        if where == "checkpoint-id":
+            cp["id"] = "id-\udfff"
+        with pytest.raises(ConfigError, match="surrogate"):
+            await saver.aput(cfg("t"), cp, {"step": 0}, versions)
+        assert await db.snapshot() == before
+        await assert_seed_intact(saver)
+
+
+async def test_ledger_args_and_results_with_lone_surrogates_round_trip(db: Db) -> None:
+    """Through the ledger API: canonical args and a result holding surrogates read back
+    exactly from a fresh saver."""
+    args = {"to": "\ud800@example.com", "\udfff": ["é", "\udbff"]}
+    result = ToolMessage("sent \ud800", tool_call_id="call-s", artifact={"\udc80": 1})
+    canon = canonical_args(args)
+    intent = make_intent(
+        "t", "k-s", args=canon.encode("utf-8"), args_hash=args_hash(canon), tool_call_id="call-s"
+    )
+    async with db.open() as saver:
+        [claim] = await saver.aclaim([intent], owner="h:1:s", lease_seconds=60)
+        assert claim.claimed
+        type_, data = saver.serde.dumps_typed(result)
+        await saver.afinish(
+            "t",
+            "k-s",
+            owner="h:1:s",
+            status=CallStatus.COMPLETED,
+            result_type=type_,
+            result=data,
+        )
+    async with db.open() as saver:
+        entry = await saver.aget_entry("t", "k-s")
+        assert entry is not None
+        assert json.loads(entry.args) == args
+        assert entry.args_hash == args_hash(canonical_args(args))
+        assert entry.result_type is not None and entry.result is not None
+        replayed = saver.serde.loads_typed((entry.result_type, entry.result))
+        assert (replayed.content, replayed.artifact) == (result.content, result.artifact)
+
+
+async def test_tool_args_json_cannot_hold_are_refused_before_the_tool_runs(db: Db) -> None:
+    """Arguments with a surrogate pair split into two code points cannot be stored as
+    canonical JSON exactly: SerializationError, and nothing runs or is recorded."""
+    effects = Counter()
+    async with db.open() as saver:
+        graph = tool_graph(IdempotentToolNode(echo_tools(effects)), saver)
+        with pytest.raises(SerializationError, match="nothing was run"):
+            await graph.ainvoke(
+                {"messages": [ai_calls(("echo", {"payload": "\ud83d\ude00"}, "call-p"))]},
+                cfg("t"),
+                durability="sync",
+            )
+        assert len(effects) == 0
+        assert await saver.alist_entries("t") == []
+
+
+@pytest.mark.parametrize(
+    "flt",
+    [
+        {"\ud800": []},  # what CI once hit on SQLite: a raw UnicodeEncodeError
+        {"\ud800": None},
+        {"\udfff": ["\ud800", {"\udbff": "é"}]},
+        {"user": "x\ud800y"},
+        {"user": "x\udfffy"},
+        {"user": ["x\ud800y"]},
+        {"user": {"\ud800": 1}},
+        {"\ud800\x00": "x"},
+        {"nul": "a\x00b"},
+        {"nul": "ab"},
+        {"nested_nul": ["a\x00b"]},
+        {"nested_nul": ["ab"]},
+        {"a\x00b": "nul-key"},
+        {"a": "nul-key"},
+        {"source": "input", "\udfff": ["\ud800", {"\udbff": "é"}]},
+        {"\ud83d\ude00": "pair"},
+    ],
+)
+async def test_filters_with_surrogates_and_nul_match_like_in_memory(
+    db: Db, flt: dict[str, Any]
+) -> None:
+    """Filter keys and values no SQL text can hold are matched exactly (by the Python
+    check on the stored metadata, which holds them): what InMemorySaver matches, never
+    a driver error, on both backends. (The reference keeps its metadata with our lossless
+    serializer: LangGraph's would refuse the surrogate keys.)"""
+    memory: Any = InMemorySaver(serde=LosslessJsonPlusSerializer())
+    metadatas: list[dict[str, Any]] = [SURROGATE_METADATA, {"source": "loop", "user": "x?y"}, {}]
+    async with db.open() as saver:
+        for i, md in enumerate(metadatas):
+            cp = generate_checkpoint()
+            await saver.aput(cfg(f"f{i}"), cp, {**md, "i": i}, {})
+            await memory.aput(cfg(f"f{i}"), cp, {**md, "i": i}, {})
+        before = await db.snapshot()
+        want = sorted([t.metadata["i"] async for t in memory.alist(None, filter=flt)])
+        got = sorted([t.metadata["i"] async for t in saver.alist(None, filter=flt)])
+        assert got == want
+        got_one = [t.metadata["i"] async for t in saver.alist(cfg("f0"), filter=flt, limit=1)]
+        assert got_one == [i for i in want if i == 0]
+        assert await db.snapshot() == before

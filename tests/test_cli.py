@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import os
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -32,6 +33,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.prebuilt import create_react_agent
 from tool_node_helpers import ai_calls, cfg, intent_for, plant_completed, tool_graph
+from unprivileged import listing, make_writable_again, os_refuses_write, run_unprivileged
 
 from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode
 from langgraph_idem_saver.cli import (
@@ -408,6 +410,100 @@ def test_read_commands_change_nothing(sqlite_db: Facts, capsys: pytest.CaptureFi
     assert digest(sqlite_db.target) == before
 
 
+# --- read-only files and directories ----------------------------------------------------
+
+READ_COMMANDS = [
+    ["threads"],
+    ["history", "t-done"],
+    ["show", "t-done"],
+    ["ledger", "t-done"],
+    ["pending"],
+    ["stats"],
+]
+# runs cli.main for each command (argv[2], JSON) on database argv[1]: one process for all
+CLI_CHILD = r"""
+import contextlib, io, json, sys
+from langgraph_idem_saver.cli import main
+results = []
+for argv in json.loads(sys.argv[2]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*argv, "--db", sys.argv[1], "--json"])
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def cli_unprivileged(db: Path, commands: list[list[str]]) -> list[tuple[int, Any, str]]:
+    """Run CLI commands on ``db`` in a child process that obeys file permissions (as root:
+    without root's power to override them, see tests/unprivileged.py)."""
+    proc = run_unprivileged(["python", "-c", CLI_CHILD, str(db), json.dumps(commands)])
+    assert proc.returncode == 0, proc.stderr
+    return [
+        (code, json.loads(out) if code == 0 else out, err)
+        for code, out, err in json.loads(proc.stdout)
+    ]
+
+
+def assert_reads_work(facts: Facts, results: list[tuple[int, Any, str]]) -> None:
+    for argv, (code, _, err) in zip(READ_COMMANDS, results, strict=True):
+        assert code == 0, (argv, err)
+    threads, history, show, ledger, pending, stats = (out for _, out, _ in results)
+    assert {t["thread_id"] for t in threads["threads"]} >= {"t-done", "t-pending", "t-unknown"}
+    assert history["total"] == facts.checkpoints["t-done"]
+    assert show["checkpoint_id"] == facts.done_head
+    assert sorted(e["key"] for e in ledger["entries"]) == sorted(facts.done_keys)
+    assert [e["key"] for e in pending["entries"]] == [facts.unknown_key]
+    assert stats["threads"] == 3
+
+
+@pytest.fixture
+def ro_home(tmp_path: Path) -> Iterator[Path]:
+    """A directory for read-only copies, made writable again for pytest to remove."""
+    yield tmp_path
+    make_writable_again(tmp_path)
+
+
+def test_read_commands_on_a_read_only_file(sqlite_db: Facts, ro_home: Path) -> None:
+    db = ro_home / "agent.sqlite"
+    shutil.copyfile(sqlite_db.target, db)
+    db.chmod(0o444)
+    assert os_refuses_write(db)  # the OS really refuses the child the write
+    before = digest(str(db))
+
+    assert_reads_work(sqlite_db, cli_unprivileged(db, READ_COMMANDS))
+    assert digest(str(db)) == before
+    # mode=ro: a WAL reader may leave SQLite's companions, never another database
+    assert {p.name for p in ro_home.iterdir()} <= {db.name, f"{db.name}-wal", f"{db.name}-shm"}
+
+    [(code, out, err), (prune_code, _, prune_err)] = cli_unprivileged(
+        db, [["resolve", sqlite_db.unknown_key, "--rerun"], ["prune", "--keep-latest", "--apply"]]
+    )
+    assert (code, out, prune_code) == (1, "", 1)
+    for message in (err, prune_err):
+        assert "read-only" in message and str(db) in message and message.count("\n") == 1
+    assert digest(str(db)) == before
+
+
+def test_read_commands_in_a_read_only_directory(sqlite_db: Facts, ro_home: Path) -> None:
+    directory = ro_home / "ro"
+    directory.mkdir()
+    db = directory / "agent.sqlite"
+    shutil.copyfile(sqlite_db.target, db)
+    directory.chmod(0o555)
+    assert os_refuses_write(directory)
+    before = listing(directory)
+
+    # mode=ro cannot open a WAL database here; immutable=1 reads it, creating nothing
+    assert_reads_work(sqlite_db, cli_unprivileged(db, READ_COMMANDS))
+    assert listing(directory) == before
+
+    [(code, out, err)] = cli_unprivileged(db, [["resolve", sqlite_db.unknown_key, "--rerun"]])
+    assert (code, out) == (1, "")
+    assert f"directory {directory} is not writable" in err and str(db) in err
+    assert listing(directory) == before
+
+
 # --- resolve ------------------------------------------------------------------------------
 
 
@@ -672,12 +768,91 @@ def test_demo_is_still_delegated(
 
     seen: list[list[str]] = []
     monkeypatch.setattr(demo, "main", lambda argv: seen.append(list(argv)) or 0)
-    assert entry.main(["demo", "--dir", "somewhere"]) == 0
-    assert seen == [["--dir", "somewhere"]]
+    assert entry.main(["demo", "--db", "somewhere.db"]) == 0
+    assert seen == [["--db", "somewhere.db"]]
     monkeypatch.undo()
     with pytest.raises(SystemExit) as exit_info:
         entry.main(["demo", "--help"])
-    assert exit_info.value.code == 0 and "--dir" in capsys.readouterr().out
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert exit_info.value.code == 0 and "--db PATH" in help_text
+    assert "idem-demo.db" in help_text and "overwritten on each run" in help_text
+
+
+def test_demo_keeps_its_database_and_the_commands_it_prints_work(tmp_path: Path) -> None:
+    """The whole demo in a fresh directory (~10 s: four agent processes), then every
+    ``idem-saver`` command it prints, run as printed, from the same directory."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "langgraph_idem_saver", "demo"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "idem-demo.db").is_file()
+    assert "Database: idem-demo.db (overwritten on each run" in proc.stdout
+    tail = proc.stdout.split("== See it with the command line ==", 1)[1]
+    assert "kept in idem-demo.db (the next run of the demo overwrites it)" in tail
+    commands = [line.strip() for line in tail.splitlines() if line.startswith("  ")]
+    assert len(commands) == 3
+    assert commands[0].endswith(" threads --db idem-demo.db")
+    assert commands[1].endswith(" ledger invoices-idempotent --db idem-demo.db")
+    assert commands[2].endswith(" history invoices-idempotent --db idem-demo.db")
+    outputs = []
+    for command in commands:
+        run = subprocess.run(
+            shlex.split(command),
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "COLUMNS": "200"},
+            timeout=120,
+        )
+        assert run.returncode == 0, (command, run.stderr)
+        outputs.append(run.stdout)
+    threads, ledger, history = outputs
+    assert "invoices-stock" in threads and "invoices-idempotent" in threads
+    assert ledger.count("completed") == 3 and "inv-2" in ledger
+    assert "5 checkpoint(s)" in history
+
+
+def test_demo_overwrites_only_its_own_database(tmp_path: Path) -> None:
+    from langgraph_idem_saver.demo import DemoError, prepare_db
+
+    previous = tmp_path / "idem-demo.db"
+
+    async def write(path: Path, thread_id: str) -> None:
+        async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
+            await fill_one(saver, thread_id)
+
+    asyncio.run(write(previous, "invoices-idempotent"))
+    prepare_db(previous)  # a previous run's database: removed, with its companions
+    assert list(tmp_path.iterdir()) == []
+
+    someone_elses = tmp_path / "app.db"
+    asyncio.run(write(someone_elses, "customer-42"))
+    before = digest(str(someone_elses))
+    with pytest.raises(DemoError, match="not a database this demo wrote"):
+        prepare_db(someone_elses)
+    assert digest(str(someone_elses)) == before
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a database")
+    with pytest.raises(DemoError, match="not a database this demo wrote"):
+        prepare_db(notes)
+    assert notes.read_text() == "not a database"
+    with pytest.raises(DemoError, match="is a directory"):
+        prepare_db(tmp_path)
+    with pytest.raises(DemoError, match="does not exist"):
+        prepare_db(tmp_path / "missing" / "idem-demo.db")
+
+
+async def fill_one(saver: Any, thread_id: str) -> None:
+    """One checkpoint in ``thread_id``."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    await saver.aput(cfg(thread_id), empty_checkpoint(), {}, {})
 
 
 # --- at scale -----------------------------------------------------------------------------

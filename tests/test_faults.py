@@ -16,7 +16,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import psycopg
 import pytest
 from fault_child import Db, cfg
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-from pg_server import afresh_dsn
+from pg_server import afresh_dsn, throwaway_server
 from psycopg_pool import AsyncConnectionPool
 
 from langgraph_idem_saver import AsyncSqliteSaver
@@ -395,10 +394,7 @@ async def test_pg_backend_terminated_during_finish_with_a_pool(pg: str) -> None:
 @pytest.fixture(scope="module")
 def own_pg_server() -> Iterator[Any]:
     """A second throwaway server, ours to restart (the session's is shared)."""
-    import pgserver
-
-    pgdata = tempfile.mkdtemp(prefix="idem-fault-pg-")
-    server = pgserver.get_server(pgdata, cleanup_mode="delete")
+    server = throwaway_server("idem-fault-pg-")  # watched: stopped even if pytest is killed
     try:
         yield server
     finally:

@@ -4,11 +4,21 @@ The notebooks are committed without outputs (see ``notebooks/README.md``); this 
 what keeps them working. Each one runs in its own kernel, started from *this* Python (the
 venv pytest runs in), whatever kernelspecs the machine has or lacks, with its working
 directory in a temp dir and matplotlib on the non-interactive Agg backend.
+
+Nothing a notebook starts may outlive it: the kernel is shut down after the run (a
+``KernelManager`` passed to nbclient is not nbclient's to stop: left alone, the kernel
+lived on and later ended through its parent poller's ``os._exit``, skipping the exit
+hook that stops notebook 04's PostgreSQL server), the kernel's temp files (``TMPDIR``)
+go to a directory of the test's own (``server_tmp_dir``), and afterwards no PostgreSQL
+runs from there - also when the kernel is killed outright.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +30,12 @@ import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
+from process_guard import postgres_processes
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 CELL_TIMEOUT = 120  # seconds, per cell
+STOP_TIMEOUT = 30  # seconds for a notebook's server to be gone once its kernel is
 
 
 class ThisPythonKernelManager(KernelManager):
@@ -59,19 +71,71 @@ def test_notebooks_are_committed_without_outputs() -> None:
     )
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def notebook_client(
+    path: Path, tmp_path: Path, tmp_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, KernelManager]:
+    """A client for ``path`` whose kernel runs in ``tmp_path``, with TMPDIR ``tmp_dir``
+    (where the notebooks' temp dirs land, PostgreSQL data included)."""
     monkeypatch.setenv("MPLBACKEND", "Agg")  # inherited by the kernel: no display needed
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # the notebooks need no API key
-    nb: Any = nbformat.read(path, as_version=4)
+    monkeypatch.delenv("IDEM_SAVER_PG_DSN", raising=False)  # notebook 04 starts its own
+    monkeypatch.setenv("TMPDIR", str(tmp_dir))
+    km = ThisPythonKernelManager()
     client = nbclient.NotebookClient(
-        nb,
-        km=ThisPythonKernelManager(),
+        nbformat.read(path, as_version=4),
+        km=km,
         timeout=CELL_TIMEOUT,
         resources={"metadata": {"path": str(tmp_path)}},  # the kernel's cwd
         allow_errors=False,
     )
+    return client, km
+
+
+def postgres_left(under: Path) -> list[str]:
+    """PostgreSQL processes still running from a data directory under ``under``, once
+    they have had STOP_TIMEOUT seconds to go."""
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while (procs := postgres_processes(under)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [f"{p.pid} {' '.join(p.cmdline())}" for p in procs if p.is_running()]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(
+    path: Path, tmp_path: Path, server_tmp_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, km = notebook_client(path, tmp_path, server_tmp_dir, monkeypatch)
     try:
         client.execute()
     except nbclient.exceptions.CellExecutionError as exc:
         pytest.fail(f"{path.name} failed:\n{exc}", pytrace=False)
+    finally:
+        if km.has_kernel:
+            km.shutdown_kernel()  # graceful: the kernel's exit hooks run
+    assert not postgres_left(server_tmp_dir), f"{path.name} left PostgreSQL running"
+
+
+def test_notebook_04_server_is_stopped_when_its_kernel_is_killed(
+    tmp_path: Path, server_tmp_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL runs no exit hook: the notebook's watchdog process stops the server."""
+    path = NOTEBOOKS_DIR / "04_postgres_workers.ipynb"
+    client, km = notebook_client(path, tmp_path, server_tmp_dir, monkeypatch)
+    cells = client.nb.cells
+    last = next(i for i, c in enumerate(cells) if "pgserver.get_server(" in c.source)
+    try:
+        with client.setup_kernel():
+            for index in range(last + 1):
+                client.execute_cell(cells[index], index)
+            started = postgres_processes(server_tmp_dir)
+            assert started, "the notebook started no PostgreSQL server under its temp dir"
+            pgdata = next(Path(a) for a in started[0].cmdline() if "pgdata" in a)
+            os.kill(km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            assert not postgres_left(server_tmp_dir), "the server outlived its killed kernel"
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while pgdata.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not pgdata.exists(), "the watchdog deletes the data directory"
+    finally:
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)

@@ -12,6 +12,10 @@ their writes; copy every namespace, checkpoint, write and blob; keep only the ne
 checkpoint per namespace). Blobs are never garbage-collected in the reference, so the
 surviving checkpoints' ``channel_values`` must stay exactly as they were.
 
+Values and metadata include lone surrogates, which our savers keep exactly; the reference
+keeps them too (it uses our lossless serializer: LangGraph's would store ``?``). The
+example budget is relative to the Hypothesis profile (tests/conftest.py).
+
 Ordering contract of ``list`` (that of LangGraph's SQLite and Postgres savers): newest
 ``checkpoint_id`` first across all namespaces of the thread, then ``limit``.
 """
@@ -29,6 +33,8 @@ from hypothesis import strategies as st
 from langgraph.checkpoint.base import WRITES_IDX_MAP, CheckpointTuple
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.memory import InMemorySaver
+
+from langgraph_idem_saver.surrogates import LosslessJsonPlusSerializer
 
 # The special channels whose writes replace earlier ones (negative idx).
 ERROR, INTERRUPT, RESUME = "__error__", "__interrupt__", "__resume__"
@@ -124,22 +130,28 @@ CHANNELS = ["messages", "count", "flag"]
 RUN_IDS = ["run-a", "run-b", "run-c"]
 SOURCES = ["input", "loop", "update", "fork"]
 
+# lone surrogates: our savers keep them exactly (so does the reference's serializer)
+SURROGATES = ["\ud800", "a\udfffb"]
 json_scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-(2**40), 2**40),
     st.text(max_size=8),
+    st.sampled_from(SURROGATES),
 )
 values = st.recursive(
     json_scalars,
     lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.one_of(st.text(max_size=4), st.sampled_from(SURROGATES)), inner, max_size=3
+        ),
     ),
     max_leaves=6,
 )
 filter_values = st.one_of(
     st.integers(0, 4),
-    st.sampled_from([*SOURCES, *RUN_IDS, "zoë", "x", "xy", "a.b c"]),
+    st.sampled_from([*SOURCES, *RUN_IDS, "zoë", "x", "xy", "a.b c", "x\ud800y"]),
     st.none(),  # matches an absent key too, as InMemorySaver's `==` does
     st.booleans(),
     st.lists(st.text(max_size=3), max_size=2),
@@ -158,7 +170,7 @@ op_put = st.tuples(
     st.fixed_dictionaries(
         {"source": st.sampled_from(SOURCES), "run_id": st.sampled_from(RUN_IDS)},
         optional={
-            "user": st.sampled_from(["alice", "zoë", "a.b c", "x\x00y"]),
+            "user": st.sampled_from(["alice", "zoë", "a.b c", "x\x00y", "x\ud800y"]),
             "score": st.integers(0, 4),
             "tags": st.lists(st.text(max_size=3), max_size=2),
             "nested": st.dictionaries(st.text(max_size=3), json_scalars, max_size=2),
@@ -383,16 +395,16 @@ class Harness:
 async def run_model(factory: SaverFactory, ops: list[tuple[Any, ...]]) -> list[Any]:
     """Run ``ops`` on a fresh saver and the reference; returns the final checkpoints."""
     async with factory() as ours:
-        harness = Harness(ours, ReferenceSaver())
+        harness = Harness(ours, ReferenceSaver(serde=LosslessJsonPlusSerializer()))
         for op in ops:
             await harness.apply(op)
         await harness.check_state()
         return await harness._all_checkpoints()
 
 
+# three times the profile's budget (tests/conftest.py): operation sequences are long
 @settings(
-    max_examples=120,
-    deadline=None,
+    max_examples=3 * settings.default.max_examples,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(ops=operations)
@@ -478,7 +490,7 @@ def test_model_exercises_every_operation(saver_factory: SaverFactory) -> None:
 async def run_bulk(factory: SaverFactory) -> dict[str, int]:
     """Hundreds of checkpoints per thread: ``list`` must page through them exactly."""
     async with factory() as ours:
-        ref = ReferenceSaver()
+        ref = ReferenceSaver(serde=LosslessJsonPlusSerializer())
         savers = (ours, ref)
         for tid in ("bulk-a", "bulk-b"):
             for ns in ("", "child:1"):

@@ -25,7 +25,9 @@ not, any row factory, any ``prepare_threshold`` including ``None`` for pgbouncer
   long conversation stores each message about once instead of once per turn. A read
   follows such a delta's chain (at most ``MAX_CHAIN`` primary-key probes) in the same
   statement; ``aput`` checks, in its one statement, that the version a delta extends is
-  still stored, and writes the value whole (a second statement) when it is not.
+  still stored, and writes the value whole (a second statement) when it is not. Deletes
+  and prunes hold a per-thread advisory lock that this check takes shared, so a delete
+  running at the same time never removes a base under a new delta (sql.THREAD_LOCK_SPACE).
 * **Safe migrations.** ``setup()`` (also run on first use) applies migrations in one
   transaction under an advisory lock: no ``CREATE INDEX CONCURRENTLY``, so it works on a
   plain connection, inside or outside a transaction, and concurrent workers don't race.
@@ -55,7 +57,7 @@ import json
 import math
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, cast
 
@@ -67,6 +69,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -79,6 +82,7 @@ from langgraph_idem_saver.errors import (
     ConnectionClosedError,
     CorruptRecordError,
     LedgerStateError,
+    ReadOnlyDatabaseError,
     SchemaVersionError,
     SerializationError,
 )
@@ -99,6 +103,7 @@ from langgraph_idem_saver.saver_base import (
     encode_versions,
     make_config,
     metadata_matches,
+    text_of,
     thread_id_of,
 )
 
@@ -184,6 +189,10 @@ class AsyncPostgresSaver(IdemSaverBase):
             )
         except psycopg.OperationalError as exc:
             raise ConnectionClosedError(f"cannot connect to PostgreSQL: {exc}") from exc
+        except psycopg.ProgrammingError as exc:  # the DSN itself is malformed
+            # libpq may quote the whole DSN back, password included: never repeat it
+            why = str(exc).replace(conn_string, "<the connection string>").strip()
+            raise ConfigError(f"bad PostgreSQL connection string: {why}") from None
         async with conn:
             if pipeline:
                 async with conn.pipeline() as pipe:
@@ -313,6 +322,12 @@ class AsyncPostgresSaver(IdemSaverBase):
                     "AsyncConnectionPool, which replaces lost connections"
                 )
             return ConnectionClosedError(f"the PostgreSQL connection was lost ({exc}); {hint}")
+        if sqlstate == "25006":  # read_only_sql_transaction
+            where = f"database {conn.info.dbname!r}" if conn is not None else "the database"
+            return ReadOnlyDatabaseError(
+                f"PostgreSQL refused a write to {where}: {exc} (a read-only session - "
+                "default_transaction_read_only - or a hot standby); nothing was written"
+            )
         if sqlstate == "54000":  # program_limit_exceeded: e.g. an id too long to index
             return ConfigError(
                 f"a value is too large for PostgreSQL to index ({exc}); use a shorter thread "
@@ -628,10 +643,15 @@ class AsyncPostgresSaver(IdemSaverBase):
         checkpoint_id = checkpoint_id_of(config)
         if checkpoint_id is None:
             raise ConfigError("put_writes needs config['configurable']['checkpoint_id']")
+        text_of(task_id, "task_id")
+        text_of(task_path, "task_path")
         # one row per idx; a repeated special write (idx < 0) replaces the earlier one
         by_idx: dict[int, tuple[str, str, bytes]] = {}
         for idx, (channel, value) in enumerate(writes):
-            by_idx[WRITES_IDX_MAP.get(channel, idx)] = (channel, *self._dump(value))
+            by_idx[WRITES_IDX_MAP.get(channel, idx)] = (
+                text_of(channel, "channel"),
+                *self._dump(value),
+            )
         if not by_idx:
             return
         params: list[Any] = []
@@ -647,13 +667,16 @@ class AsyncPostgresSaver(IdemSaverBase):
     # --- thread maintenance ----------------------------------------------------------
 
     async def adelete_thread(self, thread_id: str) -> None:
-        """Delete a thread's checkpoints, writes, blobs and ledger entries (one statement)."""
+        """Delete a thread's checkpoints, writes, blobs and ledger entries: one statement,
+        under the thread's lock (so an aput writing a delta at the same time either
+        committed before and is deleted too, or finds its base gone and writes whole)."""
         tid = str(thread_id)
 
         async def delete(cur: Cursor) -> None:
+            await cur.execute(sql.LOCK_THREADS, {"threads": [tid]})
             await cur.execute(sql.DELETE_THREAD, {"t": tid})
 
-        await self._run(delete)
+        await self._run(delete, tx=True, pipeline=True)
         self._deltas.forget([tid])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -663,7 +686,13 @@ class AsyncPostgresSaver(IdemSaverBase):
             return
 
         async def delete(cur: Cursor) -> None:
-            await cur.execute(sql.DELETE_RUNS, {"runs": ids})
+            await cur.execute(sql.SELECT_THREADS_OF_RUNS, {"runs": ids})
+            locked = [r[0] for r in await cur.fetchall()]
+            if not locked:
+                return
+            # the threads' locks before anything is deleted: see sql.THREAD_LOCK_SPACE
+            await cur.execute(sql.LOCK_THREADS, {"threads": locked})
+            await cur.execute(sql.DELETE_RUNS, {"runs": ids, "threads": locked})
             threads = [r[0] for r in await cur.fetchall()]
             if threads:
                 await cur.execute(sql.COLLECT_BLOBS, {"threads": threads})
@@ -693,15 +722,20 @@ class AsyncPostgresSaver(IdemSaverBase):
         if not threads:
             return
 
+        # Both run under the threads' locks (sql.THREAD_LOCK_SPACE), taken first: no aput
+        # writing a delta is then half-way between checking its base and committing.
         async def delete(cur: Cursor) -> None:
+            await cur.execute(sql.LOCK_THREADS, {"threads": threads})
             await cur.execute(sql.PRUNE_DELETE, {"threads": threads})
 
         async def keep_latest(cur: Cursor) -> None:
+            await cur.execute(sql.LOCK_THREADS, {"threads": threads})
             for thread_id in threads:
                 await cur.execute(sql.SELECT_HEADS, (thread_id,))
                 keep_ns: list[str] = []
                 keep_ids: list[str] = []
-                for ns, head_id, parent_id, counters in await cur.fetchall():
+                heads = await cur.fetchall()
+                for ns, head_id, parent_id, counters in heads:
                     keep = [head_id]
                     if counters:  # a DeltaChannel: keep the ancestors it replays from
                         await cur.execute(sql.SELECT_LINEAGE, (thread_id, ns))
@@ -714,12 +748,19 @@ class AsyncPostgresSaver(IdemSaverBase):
                     keep_ns += [ns] * len(keep)
                     keep_ids += keep
                 await cur.execute(
-                    sql.PRUNE_KEEP, {"thread": thread_id, "keep_ns": keep_ns, "keep_ids": keep_ids}
+                    sql.PRUNE_KEEP,
+                    {
+                        "thread": thread_id,
+                        "head_ns": [h[0] for h in heads],
+                        "head_ids": [h[1] for h in heads],
+                        "keep_ns": keep_ns,
+                        "keep_ids": keep_ids,
+                    },
                 )
             await cur.execute(sql.COLLECT_BLOBS, {"threads": threads})
 
         if strategy == "delete":
-            await self._run(delete)
+            await self._run(delete, tx=True, pipeline=True)
         else:
             await self._run(keep_latest, tx=True)
         self._deltas.forget(threads)
@@ -855,6 +896,115 @@ class AsyncPostgresSaver(IdemSaverBase):
             return await cur.fetchall()
 
         return [self.entry_of(r) for r in await self._run(read)]
+
+    # --- DeltaChannel history ----------------------------------------------------------
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Per requested channel: the writes on the parent chain since the nearest
+        ancestor that stores the channel's value, and that value (``seed``, absent when
+        the walk reaches the root without one) - exactly what LangGraph's default
+        returns, in ONE statement (one round trip) whatever the chain's length.
+
+        LangGraph calls this whenever it loads a thread with a ``DeltaChannel``. Its
+        default walks the chain with one ``aget_tuple`` (one round trip, every channel
+        value and write decoded) per ancestor. Here one recursive statement
+        (``sql.delta_history_sql``) follows the parent ids by primary key, stops each
+        channel at its seed, and returns only the requested channels' writes and seeds.
+        (LangGraph's own Postgres saver pages the namespace by checkpoint id instead,
+        which misses a parent whose id sorts after its child's - ids are only ordered
+        within one process.)
+        """
+        wanted = list(dict.fromkeys(channels))
+        if not wanted:
+            return {}
+        thread_id = _text(thread_id_of(config), "thread_id")
+        ns = _text(checkpoint_ns_of(config), "checkpoint_ns")
+        checkpoint_id = checkpoint_id_of(config)
+        # a channel name PostgreSQL text cannot hold has nothing stored: no writes, no seed
+        walking = [ch for ch in wanted if _clean_str(ch)]
+        result: dict[str, DeltaChannelHistory] = {ch: {"writes": []} for ch in wanted}
+        if not walking:
+            return result
+        params: dict[str, Any] = {"thread_id": thread_id, "ns": ns}
+        params.update((f"c{i}", ch) for i, ch in enumerate(walking))
+        if checkpoint_id:
+            params["checkpoint_id"] = _text(checkpoint_id, "checkpoint_id")
+        query = sql.delta_history_sql(len(walking), bool(checkpoint_id))
+
+        async def read(cur: Cursor) -> list[TupleRow]:
+            await cur.execute(query, params)
+            return await cur.fetchall()
+
+        target: TupleRow | None = None
+        chain: dict[str, list[TupleRow]] = {}  # checkpoint id -> its chain rows
+        # checkpoint id -> (task_id, idx) -> write; (checkpoint id, channel) -> depth -> blob.
+        # Keyed so that a chain that loops (its rows repeat) yields each row once.
+        writes: dict[str, dict[tuple[str, int], TupleRow]] = {}
+        blobs: dict[tuple[str, str], dict[int, TupleRow]] = {}
+        for row in await self._run(read):
+            kind, cid = row[0], row[1]
+            if kind == 0 and row[3]:
+                target = row
+            elif kind == 0:
+                chain.setdefault(cid, []).append(row)
+            elif kind == 1:
+                writes.setdefault(cid, {})[(row[7], row[8])] = row
+            else:
+                blobs.setdefault((cid, row[9]), {})[row[8]] = row
+        if target is None:
+            return result
+        # re-walk from the target: the chain rows of the channels' walks, nearest first
+        walk: list[tuple[str, set[str], list[str]]] = []  # (id, walking, seeded)
+        remaining = "1" * len(walking)
+        seen = {target[1]}
+        parent: str | None = target[2]
+        while parent is not None and "1" in remaining and parent not in seen:
+            seen.add(parent)
+            # one row per ancestor; more only when a corrupt chain loops back
+            rows = [r for r in chain.get(parent, ()) if r[4] == remaining]
+            if not rows:  # the parent is gone (pruned, deleted)
+                break
+            flags = list(zip(walking, remaining, rows[0][5], strict=True))
+            walk.append(
+                (
+                    parent,
+                    {ch for ch, w, _ in flags if w == "1"},
+                    [ch for ch, w, s in flags if w == "1" and s == "1"],
+                )
+            )
+            remaining = "".join("1" if w == "1" and s == "0" else "0" for _, w, s in flags)
+            parent = rows[0][2]
+        for cid, walking_here, seeded_here in reversed(walk):
+            where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}
+            # writes_sort_key order, as get_tuple returns them
+            for *_, _path, task_id, _idx, channel, wtype, data, _ in sorted(
+                writes.get(cid, {}).values(), key=lambda w: (w[6], w[7], w[8])
+            ):
+                if channel in walking_here:
+                    value = self._load(
+                        wtype, data, "pending write", task_id=task_id, channel=channel, **where
+                    )
+                    result[channel]["writes"].append((task_id, channel, value))
+            for channel in seeded_here:
+                stored = [
+                    (r[10], r[11], r[6], r[12])  # type, blob, version, base_version
+                    for _, r in sorted(blobs.get((cid, channel), {}).items())
+                ]
+                if not stored:  # the chain saw it in this same statement
+                    raise CorruptRecordError(
+                        "channel value",
+                        location={**where, "channel": channel},
+                        cause=LookupError("the seed's blob vanished within one statement"),
+                    )
+                btype, blob, _, base_version = stored[0]
+                if base_version is None:
+                    seed = self._load(btype, blob, "channel value", channel=channel, **where)
+                else:
+                    seed, _ = self._resolve(stored, channel=channel, **where)
+                result[channel]["seed"] = seed
+        return result
 
 
 # --- helpers -----------------------------------------------------------------------
@@ -994,8 +1144,12 @@ def _metadata_filter(filter: dict[str, Any], params: dict[str, Any]) -> list[str
     for n, (key, value) in enumerate(filter.items()):
         if not isinstance(key, str):
             raise ConfigError(f"metadata filter keys must be str, got {type(key).__name__}")
+        if not _clean_str(key):
+            # stored metadata holds such keys sanitized (U+FFFD), where two keys can
+            # collide: narrowing by one could drop a real match. The exact check decides.
+            continue
         k, v = f"fk{n}", f"fv{n}"
-        params[k] = _sanitize(key)
+        params[k] = key
         if value is None:
             clauses.append(f"COALESCE(metadata -> %({k})s, 'null'::jsonb) = 'null'::jsonb")
         elif isinstance(value, (bool, int, float)):

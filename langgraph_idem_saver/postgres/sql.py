@@ -28,6 +28,15 @@ from langgraph_idem_saver.list_deltas import MAX_CHAIN
 # fixed forever: every release must take the same lock).
 MIGRATION_LOCK_KEY = 0x1DE3_5A7E_0C1D_0001
 
+# Per-thread advisory locks, (THREAD_LOCK_SPACE, hashtext(thread_id)) in the two-key
+# space (apart from the bigint migration lock and from other applications' keys). What
+# deletes blobs (delete, prune) holds the thread's lock exclusively for its transaction;
+# an aput that writes a delta holds it shared while it checks that the delta's base is
+# still stored. So no blob is deleted between that check and the delta's commit, and a
+# delete or prune sees every delta committed before it started deleting. Two threads
+# whose ids hash alike merely share a lock. Fixed forever, like MIGRATION_LOCK_KEY.
+THREAD_LOCK_SPACE = 0x1DE3_5A7E
+
 MIGRATIONS: list[list[str]] = [
     # 0: the bookkeeping table itself
     [
@@ -193,18 +202,36 @@ _BLOB_ROW = "(%s, %s, %s, %s, %s, %b, %s)"
 
 # aput when some blob rows are deltas (list_deltas.py): a delta may only be written if
 # the version it extends is still stored (another process may have deleted the thread,
-# or pruned it). The same single statement checks that first; if any base is missing it
-# writes NOTHING and returns the channels concerned, and the saver sends the statement
-# again with those values stored whole. In the common case: one round trip, as above.
-_PUT_WITH_DELTAS = """
+# or pruned it, or be doing so right now). The same single statement checks that first;
+# if any base is missing it writes NOTHING and returns the channels concerned, and the
+# saver sends the statement again with those values stored whole. In the common case:
+# one round trip, as above.
+#
+# The check must hold until the delta is committed, against a delete running at the
+# same time: ``bases`` first takes the thread's lock shared (THREAD_LOCK_SPACE; the
+# uncorrelated sub-select is a one-time filter, evaluated before any row is read, so the
+# lock always comes first) - a delete or prune in progress holds it exclusively, so this
+# waits for it to commit - and then reads the bases FOR KEY SHARE. A locking read sees
+# the latest committed rows, not the statement's snapshot (taken before the wait): a
+# base deleted meanwhile is skipped, i.e. missing. Deleters take the lock before
+# deciding what is garbage, so they see this delta once it is committed. (Nothing that
+# conflicts with KEY SHARE - a delete - runs while the shared lock is held, so the order
+# in which the bases are locked cannot deadlock.)
+_PUT_WITH_DELTAS = f"""
 WITH new_rows (thread_id, checkpoint_ns, channel, version, type, blob, base_version) AS (
-    VALUES {rows}
+    VALUES {{rows}}
+), bases AS (
+    SELECT b.channel FROM new_rows AS r
+    JOIN idem_blobs AS b
+      ON b.thread_id = r.thread_id AND b.checkpoint_ns = r.checkpoint_ns
+     AND b.channel = r.channel AND b.version = r.base_version
+    WHERE (SELECT pg_advisory_xact_lock_shared(
+              {THREAD_LOCK_SPACE}, hashtext((SELECT thread_id FROM new_rows LIMIT 1)))
+          ) IS NOT NULL
+    FOR KEY SHARE OF b
 ), missing AS (
     SELECT r.channel FROM new_rows AS r
-    WHERE r.base_version IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM idem_blobs AS b
-        WHERE b.thread_id = r.thread_id AND b.checkpoint_ns = r.checkpoint_ns
-          AND b.channel = r.channel AND b.version = r.base_version)
+    WHERE r.base_version IS NOT NULL AND r.channel NOT IN (SELECT channel FROM bases)
 ), new_blobs AS (
     INSERT INTO idem_blobs
         (thread_id, checkpoint_ns, channel, version, type, blob, base_version)
@@ -350,6 +377,15 @@ LIST_AFTER = "(checkpoint_id, thread_id, checkpoint_ns) < (%(c_id)s, %(c_thread)
 
 # --- deletion, copy, prune ----------------------------------------------------------
 
+# Every statement below that deletes blobs runs in a transaction that first took the
+# exclusive THREAD_LOCK_SPACE lock of each thread it touches (see _PUT_WITH_DELTAS),
+# in one order (by key), so deleters never deadlock each other either.
+LOCK_THREADS = f"""
+SELECT pg_advisory_xact_lock({THREAD_LOCK_SPACE}, s.h)
+FROM (SELECT DISTINCT hashtext(t) AS h FROM unnest(%(threads)s::text[]) AS t) AS s
+ORDER BY s.h
+"""
+
 DELETE_THREAD = """
 WITH c AS (DELETE FROM idem_checkpoints WHERE thread_id = %(t)s),
      b AS (DELETE FROM idem_blobs WHERE thread_id = %(t)s),
@@ -359,18 +395,30 @@ WITH c AS (DELETE FROM idem_checkpoints WHERE thread_id = %(t)s),
 DELETE FROM idem_tool_calls WHERE thread_id = %(t)s AND scope = %(t)s
 """
 
-# The checkpoints of the runs, with their writes, and the runs' ledger entries; returns
-# the threads touched (whose unreferenced blobs are then collected).
+# The threads that hold checkpoints or thread-scoped ledger entries of these runs: the
+# ones adelete_for_runs locks (LOCK_THREADS) before DELETE_RUNS.
+SELECT_THREADS_OF_RUNS = """
+SELECT thread_id FROM idem_checkpoints WHERE run_id = ANY(%(runs)s)
+UNION
+SELECT thread_id FROM idem_tool_calls WHERE run_id = ANY(%(runs)s) AND scope = thread_id
+"""
+
+# The checkpoints of the runs, with their writes, and the runs' ledger entries, in the
+# (locked) threads found by SELECT_THREADS_OF_RUNS: a run's first checkpoint in another
+# thread committed since then counts as written after the delete. Returns the threads
+# touched (whose unreferenced blobs are then collected).
 DELETE_RUNS = """
 WITH gone AS (
-    DELETE FROM idem_checkpoints WHERE run_id = ANY(%(runs)s)
+    DELETE FROM idem_checkpoints
+    WHERE run_id = ANY(%(runs)s) AND thread_id = ANY(%(threads)s)
     RETURNING thread_id, checkpoint_ns, checkpoint_id
 ), gone_writes AS (
     DELETE FROM idem_writes AS w USING gone AS g
     WHERE w.thread_id = g.thread_id AND w.checkpoint_ns = g.checkpoint_ns
       AND w.checkpoint_id = g.checkpoint_id
 ), gone_calls AS (
-    DELETE FROM idem_tool_calls WHERE run_id = ANY(%(runs)s) AND scope = thread_id
+    DELETE FROM idem_tool_calls
+    WHERE run_id = ANY(%(runs)s) AND scope = thread_id AND thread_id = ANY(%(threads)s)
 )
 SELECT DISTINCT thread_id FROM gone
 """
@@ -467,13 +515,18 @@ SELECT_LINEAGE = """
 SELECT checkpoint_id, parent_checkpoint_id, metadata -> 'counters_since_delta_snapshot'
 FROM idem_checkpoints WHERE thread_id = %s AND checkpoint_ns = %s
 """
-# every checkpoint of the thread but the kept (namespace, id) pairs, with the writes of
-# the checkpoints deleted. Blobs are collected by a second statement (COLLECT_BLOBS),
-# which sees this one's deletions.
+# every checkpoint of the thread older than its namespace's head (as SELECT_HEADS saw
+# it) but the kept (namespace, id) pairs, with the writes of the checkpoints deleted. A
+# checkpoint committed since SELECT_HEADS (a newer head, a new namespace: an aput that
+# wrote no delta does not wait for the thread's lock) is kept, never taken for an old
+# one. Blobs are collected by a second statement (COLLECT_BLOBS), which sees this one's
+# deletions.
 PRUNE_KEEP = """
 WITH gone AS (
     DELETE FROM idem_checkpoints AS c
+    USING unnest(%(head_ns)s::text[], %(head_ids)s::text[]) AS h (ns, id)
     WHERE c.thread_id = %(thread)s
+      AND c.checkpoint_ns = h.ns AND c.checkpoint_id < h.id
       AND (c.checkpoint_ns, c.checkpoint_id) NOT IN (
         SELECT * FROM unnest(%(keep_ns)s::text[], %(keep_ids)s::text[]))
     RETURNING c.checkpoint_ns, c.checkpoint_id
@@ -589,3 +642,138 @@ RETURNING {LEDGER_COLUMNS}
 
 NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = %s AND key = %s"
 NOTE_CONFLICT = "UPDATE idem_tool_calls SET conflicts = conflicts + 1 WHERE scope = %s AND key = %s"
+
+# --- DeltaChannel history (get_delta_channel_history) --------------------------------
+
+# Everything get_delta_channel_history needs, in ONE statement (one round trip), built
+# per number of requested channels (their names are parameters ``c0``, ``c1``, ...).
+#
+# ``chain`` walks the parent chain of the target (the latest of the namespace when no
+# id is given; its row has ``is_target``) by primary key. Per channel ``i``, each row
+# carries ``w{i}``: the channel is still walking there (the checkpoint contributes its
+# writes), and ``s{i}``: its value is stored at that checkpoint (what
+# ``channel_values[ch]`` of its ``aget_tuple`` holds: a blob of the version it names,
+# not ``empty``). That is one primary-key probe per walking channel, as a scalar
+# subquery with LIMIT 1 so the planner cannot turn it into a join of all of a thread's
+# blobs per ancestor (an EXISTS was planned that way: 2.9 s on a 1,000-step thread). A
+# channel stops walking past its seed; the recursion stops when none walks, at the root,
+# or at a parent that is gone. UNION (not UNION ALL) ends a corrupt chain that loops: a
+# revisit repeats an earlier row (the walking set only shrinks), which UNION discards.
+# Booleans rather than channel arrays: measured a quarter cheaper per ancestor.
+#
+# Three kinds of rows come back, as plain columns (cheaper to build and to load than
+# per-ancestor arrays): 0, the chain (``walking``/``seeded``: one '0'/'1' per channel);
+# 1, each ancestor's writes to its walking channels (task_path, task_id, idx, channel,
+# type, data), one primary-key prefix probe per ancestor (LATERAL ... OFFSET 0: a join
+# planned from the CTE's row estimate scanned all of a thread's writes); 2, each seed's
+# blob rows: the value and, for a list delta (list_deltas.py), the versions it extends,
+# by depth, as SELECT_TUPLES follows them (version in the task_path column, depth in
+# idx, base_version in base). The saver re-walks the chain from the target by parent id
+# and sorts each checkpoint's writes by ``writes_sort_key``, so no ORDER BY.
+_DELTA_HISTORY = """
+WITH RECURSIVE target AS (
+    SELECT checkpoint_id, parent_checkpoint_id FROM idem_checkpoints
+    WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s {by_id}
+    ORDER BY checkpoint_id DESC
+    LIMIT 1
+), chain (checkpoint_id, parent_checkpoint_id, is_target, {walking}, {seeded}) AS (
+    SELECT t.checkpoint_id, t.parent_checkpoint_id, TRUE, {all_true}, {all_false}
+    FROM target AS t
+  UNION
+    SELECT c.checkpoint_id, c.parent_checkpoint_id, FALSE, {walking_next}, {probes}
+    FROM chain AS ch
+    CROSS JOIN LATERAL (
+        SELECT a.checkpoint_id, a.parent_checkpoint_id, a.channel_versions
+        FROM idem_checkpoints AS a
+        WHERE a.thread_id = %(thread_id)s AND a.checkpoint_ns = %(ns)s
+          AND a.checkpoint_id = ch.parent_checkpoint_id
+        LIMIT 1
+    ) AS c
+    WHERE {any_walking}
+)
+SELECT 0 AS kind, ch.checkpoint_id, ch.parent_checkpoint_id, ch.is_target,
+    {walking_flags} AS walking, {seeded_flags} AS seeded,
+    NULL::text AS task_path, NULL::text AS task_id, NULL::integer AS idx,
+    NULL::text AS channel, NULL::text AS type, NULL::bytea AS data, NULL::text AS base
+FROM chain AS ch
+UNION ALL
+SELECT 1, ch.checkpoint_id, NULL, NULL, NULL, NULL, w.task_path, w.task_id, w.idx,
+    w.channel, w.type, w.value, NULL
+FROM chain AS ch CROSS JOIN LATERAL (
+    SELECT w.task_path, w.task_id, w.idx, w.channel, w.type, w.value FROM idem_writes AS w
+    WHERE w.thread_id = %(thread_id)s AND w.checkpoint_ns = %(ns)s
+      AND w.checkpoint_id = ch.checkpoint_id AND ({walking_writes})
+    OFFSET 0
+) AS w
+WHERE NOT ch.is_target
+UNION ALL
+SELECT 2, ch.checkpoint_id, NULL, NULL, NULL, NULL, b.version, NULL, b.depth, sv.channel,
+    b.type, b.blob, b.base_version
+FROM chain AS ch
+CROSS JOIN LATERAL ({seed_channels}) AS sv (channel)
+CROSS JOIN LATERAL (
+    SELECT a.channel_versions ->> sv.channel AS version FROM idem_checkpoints AS a
+    WHERE a.thread_id = %(thread_id)s AND a.checkpoint_ns = %(ns)s
+      AND a.checkpoint_id = ch.checkpoint_id
+    LIMIT 1
+) AS cv
+CROSS JOIN LATERAL (
+    WITH RECURSIVE blobs (version, type, blob, base_version, depth) AS (
+        (SELECT bl.version, bl.type, bl.blob, bl.base_version, 0
+         FROM idem_blobs AS bl
+         WHERE bl.thread_id = %(thread_id)s AND bl.checkpoint_ns = %(ns)s
+           AND bl.channel = sv.channel AND bl.version = cv.version
+         LIMIT 1)
+        UNION ALL
+        SELECT bl.version, bl.type, bl.blob, bl.base_version, bs.depth + 1
+        FROM blobs AS bs CROSS JOIN LATERAL (
+            SELECT x.version, x.type, x.blob, x.base_version FROM idem_blobs AS x
+            WHERE x.thread_id = %(thread_id)s AND x.checkpoint_ns = %(ns)s
+              AND x.channel = sv.channel AND x.version = bs.base_version
+            LIMIT 1
+        ) AS bl
+        WHERE bs.base_version IS NOT NULL AND bs.depth < {chain_limit}
+    )
+    SELECT * FROM blobs
+) AS b
+WHERE {any_seeded}
+"""
+_DELTA_PROBE = """CASE WHEN ch.w{i} AND NOT ch.s{i} THEN (
+            SELECT TRUE FROM idem_blobs AS b
+            WHERE b.thread_id = %(thread_id)s AND b.checkpoint_ns = %(ns)s
+              AND b.channel = %(c{i})s AND b.version = c.channel_versions ->> %(c{i})s::text
+              AND b.type <> 'empty'
+            LIMIT 1) IS NOT NULL ELSE FALSE END"""
+
+_delta_history_cache: dict[tuple[int, bool], str] = {}
+
+
+def delta_history_sql(n_channels: int, by_id: bool) -> str:
+    """The history statement for ``n_channels`` channels (parameters thread_id, ns,
+    c0..c{n-1}, and checkpoint_id when ``by_id``), built once per shape."""
+    key = (n_channels, by_id)
+    query = _delta_history_cache.get(key)
+    if query is None:
+        each = range(n_channels)
+
+        def flags(column: str) -> str:
+            return " || ".join(f"CASE WHEN ch.{column}{i} THEN '1' ELSE '0' END" for i in each)
+
+        query = _DELTA_HISTORY.format(
+            by_id="AND checkpoint_id = %(checkpoint_id)s" if by_id else "",
+            walking=", ".join(f"w{i}" for i in each),
+            seeded=", ".join(f"s{i}" for i in each),
+            all_true=", ".join("TRUE" for _ in each),
+            all_false=", ".join("FALSE" for _ in each),
+            walking_next=", ".join(f"ch.w{i} AND NOT ch.s{i}" for i in each),
+            probes=", ".join(_DELTA_PROBE.format(i=i) for i in each),
+            any_walking=" OR ".join(f"(ch.w{i} AND NOT ch.s{i})" for i in each),
+            walking_flags=flags("w"),
+            seeded_flags=flags("s"),
+            walking_writes=" OR ".join(f"(ch.w{i} AND w.channel = %(c{i})s)" for i in each),
+            seed_channels=" UNION ALL ".join(f"SELECT %(c{i})s::text WHERE ch.s{i}" for i in each),
+            any_seeded=" OR ".join(f"ch.s{i}" for i in each),
+            chain_limit=4 * MAX_CHAIN + 1,
+        )
+        _delta_history_cache[key] = query
+    return query

@@ -23,9 +23,10 @@ production:
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, Literal, TypeVar, cast
@@ -38,6 +39,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -47,8 +49,10 @@ from langgraph_idem_saver.errors import (
     ConnectionClosedError,
     CorruptRecordError,
     DatabaseLockedError,
+    IdemSaverError,
     LedgerStateError,
     NotADatabaseError,
+    ReadOnlyDatabaseError,
     SchemaVersionError,
 )
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
@@ -67,9 +71,19 @@ from langgraph_idem_saver.saver_base import (
     encode_versions,
     make_config,
     metadata_matches,
+    text_of,
     thread_id_of,
 )
 from langgraph_idem_saver.sqlite import sql
+from langgraph_idem_saver.sqlite.files import (
+    SqliteTarget,
+    error_kind,
+    open_error,
+    parse_target,
+    read_only_error,
+    read_only_reason,
+    target_of_connection,
+)
 
 T = TypeVar("T")
 Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
@@ -116,10 +130,10 @@ def _metadata_filter(filter: dict[str, Any]) -> tuple[list[str], list[Any]]:
     for key, value in filter.items():
         if not isinstance(key, str):
             raise ConfigError(f"metadata filter keys must be str, got {type(key).__name__}")
-        if value is None or "\x00" in key or (isinstance(value, str) and "\x00" in value):
-            # json_each cuts keys at NUL and None also matches an absent key: these are
-            # left to the exact check in Python, never narrowed (a narrowing must not drop
-            # a real match)
+        if value is None or not _bindable(key) or (isinstance(value, str) and not _bindable(value)):
+            # json_each cuts keys at NUL, SQLite cannot take text with lone surrogates, and
+            # None also matches an absent key: these are left to the exact check in
+            # Python, never narrowed (a narrowing must not drop a real match)
             continue
         exists = "EXISTS (SELECT 1 FROM json_each(metadata) AS j WHERE j.key = ? AND {})"
         if isinstance(value, (bool, int, float)):
@@ -135,11 +149,47 @@ def _metadata_filter(filter: dict[str, Any]) -> tuple[list[str], list[Any]]:
                 text = canonical_json(value)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"metadata filter value for {key!r} is not JSON: {exc}") from exc
+            kind = "object" if isinstance(value, dict) else "array"
+            if not _utf8_ok(text) or _has_number(value):
+                # lone surrogates (not bindable), or numbers and bools, which Python
+                # equates across types ([1] == [True]) and JSON text does not: narrow by
+                # kind only, the exact check decides
+                clauses.append(exists.format("j.type = ?"))
+                params += [key, kind]
+                continue
             clauses.append(
                 exists.format("j.type IN ('object', 'array') AND json(j.value) = json(?)")
             )
             params += [key, text]
     return clauses, params
+
+
+def _utf8_ok(text: str) -> bool:
+    """Whether SQLite can take ``text`` as a bound parameter (no lone surrogates)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _has_number(value: Any) -> bool:
+    """Whether a container holds a bool or number (Python equates ``True == 1 == 1.0``;
+    their JSON texts differ)."""
+    if isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, dict):
+        return any(_has_number(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_number(v) for v in value)
+    return False
+
+
+def _bindable(text: str) -> bool:
+    """Whether ``text`` can narrow a filter in SQL: bindable, and without NUL."""
+    return "\x00" not in text and _utf8_ok(text)
 
 
 class AsyncSqliteSaver(IdemSaverBase):
@@ -174,6 +224,8 @@ class AsyncSqliteSaver(IdemSaverBase):
         self._deltas = ListDeltaEncoder()
         self._group = _GroupCommit(self)
         self._sql = sql
+        # the file behind conn (for errors naming it); found on setup() if not given
+        self._target: SqliteTarget | None = None
 
     @classmethod
     @asynccontextmanager
@@ -185,12 +237,23 @@ class AsyncSqliteSaver(IdemSaverBase):
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 5.0,
     ) -> AsyncIterator[AsyncSqliteSaver]:
-        """Open ``conn_string`` (a path, ``:memory:`` or a ``file:`` URI) for the block."""
+        """Open ``conn_string`` (a path, ``:memory:`` or a ``file:`` URI) for the block.
+
+        Refuses at once, naming the path: a missing directory or a directory
+        (:class:`ConfigError`, nothing created); a database this process cannot write
+        (:class:`ReadOnlyDatabaseError`) unless it is opened read-only on purpose
+        (``file:...?mode=ro``, where writes raise it instead); a file that is not SQLite
+        (:class:`NotADatabaseError`).
+        """
         uri = conn_string.startswith("file:")
-        async with aiosqlite.connect(conn_string, isolation_level=None, uri=uri) as conn:
-            saver = cls(conn, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout)
+        conn = aiosqlite.connect(conn_string, isolation_level=None, uri=uri)
+        saver = cls(conn, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout)
+        saver._target = parse_target(conn_string, uri)
+        try:
             await saver.setup()
             yield saver
+        finally:
+            await conn.close()
 
     # --- plumbing -------------------------------------------------------------------
 
@@ -198,7 +261,11 @@ class AsyncSqliteSaver(IdemSaverBase):
         """Configure the connection and apply pending migrations (idempotent).
 
         Runs automatically on first use. Refuses (``SchemaVersionError``) a database
-        written by a newer release, and (``NotADatabaseError``) a file that is not SQLite.
+        written by a newer release, (``NotADatabaseError``) a file that is not SQLite,
+        (``ConfigError``) a path in a missing directory or naming a directory, and
+        (``ReadOnlyDatabaseError``) a database this process cannot write - unless the
+        connection was opened read-only on purpose (``mode=ro``/``immutable=1``): then
+        reads work and each write raises it.
         """
         if self.is_setup:
             return
@@ -208,6 +275,8 @@ class AsyncSqliteSaver(IdemSaverBase):
         async with self._setup_lock:
             if self.is_setup:
                 return
+            if self._target is None:
+                self._target = target_of_connection(self.conn)
             if not _is_started(self.conn):
                 if not getattr(self.conn, "_running", True):
                     raise ConnectionClosedError(
@@ -217,18 +286,36 @@ class AsyncSqliteSaver(IdemSaverBase):
                 try:
                     await self.conn
                 except sqlite3.Error as exc:
-                    raise NotADatabaseError(f"cannot open SQLite database: {exc}") from exc
+                    # aiosqlite stops its worker thread without waiting: wait here, or it
+                    # may report to a loop that has closed by then
+                    thread = getattr(self.conn, "_thread", None)
+                    if thread is not None and thread.is_alive():
+                        thread.join(1.0)
+                    raise open_error(self._target, exc) from exc
             await self._call(self._setup_sync)
             self.is_setup = True
 
     def _setup_sync(self, conn: sqlite3.Connection) -> None:
+        target = self._target or SqliteTarget(None, None)
+        # before the first read, which may create -wal/-shm files beside the database
+        if target.read_only is False and read_only_reason(target):
+            raise read_only_error(target, at_open=True)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            main = [row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"]
         except sqlite3.DatabaseError as exc:
-            raise NotADatabaseError(f"not a SQLite database: {exc}") from exc
-        if str(mode).lower() not in ("wal", "memory"):
-            conn.execute("PRAGMA journal_mode = WAL")
+            raise open_error(target, exc) from exc
+        if main and main[0]:
+            self._target = target = SqliteTarget(main[0], target.read_only)
+        if str(mode).lower() not in ("wal", "memory") and not target.read_only:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                # a connection that cannot write cannot switch to WAL; it may still
+                # read, unless it was meant to write
+                if error_kind(exc) != "readonly" or target.read_only is False:
+                    raise
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
 
         def schema_version(c: sqlite3.Connection) -> int:
@@ -237,7 +324,7 @@ class AsyncSqliteSaver(IdemSaverBase):
             row = c.execute(sql.SELECT_SCHEMA_VERSION).fetchone()
             found = -1 if row[0] is None else int(row[0])
             if found > sql.SCHEMA_VERSION:
-                raise SchemaVersionError(found, sql.SCHEMA_VERSION, "this SQLite database")
+                raise SchemaVersionError(found, sql.SCHEMA_VERSION, f"SQLite database {where}")
             return found
 
         def migrate(c: sqlite3.Connection) -> None:
@@ -247,10 +334,24 @@ class AsyncSqliteSaver(IdemSaverBase):
                         c.execute(statement)
                 c.execute(sql.INSERT_MIGRATION, (version,))
 
+        where = target.shown
         # a current database is only read: opening a saver must not need the write lock
         # (another process may hold it for a while); migrations take it and re-check
-        if _read_tx(conn, schema_version) < sql.SCHEMA_VERSION:
-            _write_tx(conn, migrate)
+        found = _read_tx(conn, schema_version)
+        if found < sql.SCHEMA_VERSION:
+            try:
+                _write_tx(conn, migrate)
+            except sqlite3.OperationalError as exc:
+                if error_kind(exc) != "readonly":
+                    raise
+                why = read_only_reason(target) or f"SQLite refused the write ({exc})"
+                raise ReadOnlyDatabaseError(
+                    f"SQLite database {where} is at schema version {found} and this release "
+                    f"needs {sql.SCHEMA_VERSION}; upgrading it is a write, and {why}. Open it "
+                    "read-write once (e.g. with the application) to upgrade it; nothing was "
+                    "written",
+                    path=target.path,
+                ) from exc
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Ship ``fn`` to the aiosqlite worker thread: one hand-off, typed errors."""
@@ -262,8 +363,10 @@ class AsyncSqliteSaver(IdemSaverBase):
             )
         try:
             return cast(T, await conn._execute(lambda: fn(conn._conn)))  # type: ignore[no-untyped-call]
+        except IdemSaverError:
+            raise
         except (ValueError, sqlite3.Error) as exc:
-            typed = _typed_error(exc, self.busy_timeout)
+            typed = _typed_error(exc, self.busy_timeout, self._target)
             if typed is exc:
                 raise
             raise typed from exc
@@ -444,6 +547,9 @@ class AsyncSqliteSaver(IdemSaverBase):
         thread_id = thread_id_of(config)
         ns = checkpoint_ns_of(config)
         parent_id = checkpoint_id_of(config)
+        text_of(checkpoint["id"], "checkpoint id")
+        for channel in new_versions:  # ids too: a raw UnicodeEncodeError otherwise
+            text_of(channel, "channel")
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
         blobs = self._deltas.encode(self.serde, thread_id, ns, values, new_versions)
@@ -500,6 +606,8 @@ class AsyncSqliteSaver(IdemSaverBase):
         checkpoint_id = checkpoint_id_of(config)
         if checkpoint_id is None:
             raise ConfigError("put_writes needs config['configurable']['checkpoint_id']")
+        text_of(task_id, "task_id")
+        text_of(task_path, "task_path")
         rows = [
             (
                 thread_id,
@@ -508,7 +616,7 @@ class AsyncSqliteSaver(IdemSaverBase):
                 task_id,
                 task_path,
                 WRITES_IDX_MAP.get(channel, idx),
-                channel,
+                text_of(channel, "channel"),
                 *self.serde.dumps_typed(value),
             )
             for idx, (channel, value) in enumerate(writes)
@@ -684,6 +792,115 @@ class AsyncSqliteSaver(IdemSaverBase):
 
         return await self._write(update, before_tool_runs=before_tool_runs)
 
+    # --- DeltaChannel history ----------------------------------------------------------
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Per requested channel: the writes on the parent chain since the nearest
+        ancestor that stores the channel's value, and that value (``seed``, absent when
+        the walk reaches the root without one) - exactly what LangGraph's default
+        returns, in one worker hand-off whatever the chain's length.
+
+        LangGraph calls this whenever it loads a thread with a ``DeltaChannel``. Its
+        default walks the chain with one ``aget_tuple`` per ancestor, each decoding every
+        channel value and write of that checkpoint. Here one recursive statement walks
+        the chain (read lazily: it stops once every channel has its seed, or at an id
+        seen before), one more fetches just the requested channels' writes of the
+        ancestors each channel's walk visited, and each seed is one primary-key read
+        (plus its list-delta bases); all in one read transaction.
+        """
+        wanted = list(dict.fromkeys(channels))
+        if not wanted:
+            return {}
+        thread_id = thread_id_of(config)
+        ns = checkpoint_ns_of(config)
+        # a name SQLite text cannot hold (a lone surrogate) has nothing stored
+        walking = [ch for ch in wanted if _encodable(ch)]
+        paths = [sql.delta_path(ch) for ch in walking]
+        params: dict[str, Any] = {
+            "thread_id": thread_id,
+            "ns": ns,
+            "checkpoint_id": checkpoint_id_of(config),
+        }
+        for i, (ch, path) in enumerate(zip(walking, paths, strict=True)):
+            params[f"c{i}"] = ch
+            if path is not None:
+                params[f"p{i}"] = path
+        chain_sql = sql.delta_chain_sql(tuple(p is not None for p in paths))
+
+        def read(conn: sqlite3.Connection) -> dict[str, DeltaChannelHistory]:
+            result: dict[str, DeltaChannelHistory] = {ch: {"writes": []} for ch in wanted}
+            if not walking:
+                return result
+            walked: list[str] = []  # ancestor ids, nearest first
+            visits: dict[int, int] = {}  # channel index -> ancestors its walk visited
+            seeds: dict[str, tuple[str, str]] = {}  # channel -> (checkpoint id, version)
+            remaining = dict(enumerate(walking))
+            rows = conn.execute(chain_sql, params)
+            try:
+                target = rows.fetchone()
+                if target is None:
+                    return result
+                seen = {target[0]}
+                for row in rows:
+                    if row[0] in seen:  # a chain that loops: stop where it repeats
+                        break
+                    seen.add(row[0])
+                    walked.append(row[0])
+                    for i in [i for i in remaining if row[i + 1] is not None]:
+                        seeds[remaining.pop(i)] = (row[0], row[i + 1])
+                        visits[i] = len(walked)
+                    if not remaining:
+                        break
+            finally:
+                rows.close()
+            for i in remaining:
+                visits[i] = len(walked)
+            if walked:
+                oldest_first = walked[::-1]
+                args: dict[str, Any] = {
+                    "thread_id": thread_id,
+                    "ns": ns,
+                    "chain": json.dumps(oldest_first),
+                }
+                for i, ch in enumerate(walking):
+                    args[f"c{i}"] = ch
+                    args[f"f{i}"] = len(walked) - visits[i]
+                writes = conn.execute(sql.delta_writes_sql(len(walking)), args).fetchall()
+                # oldest checkpoint first, each in writes_sort_key order (get_tuple's)
+                writes.sort(key=lambda w: (w[0], w[1], w[2], w[3]))
+                for pos, _path, task_id, _idx, channel, wtype, value in writes:
+                    value = decode_typed(
+                        self.serde, wtype, value, "pending write", thread_id=thread_id,
+                        checkpoint_ns=ns, checkpoint_id=oldest_first[pos], task_id=task_id,
+                        channel=channel,
+                    )  # fmt: skip
+                    result[channel]["writes"].append((task_id, channel, value))
+            for ch, (checkpoint_id, version) in seeds.items():
+                where = {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": checkpoint_id,
+                }
+
+                def fetch(v: str, ch: str = ch) -> Any:
+                    return conn.execute(sql.SELECT_BLOB, (thread_id, ns, ch, v)).fetchone()
+
+                row = fetch(version)
+                if row is None:  # the chain statement saw it in this same transaction
+                    raise CorruptRecordError(
+                        "channel value",
+                        location={**where, "channel": ch, "version": version},
+                        cause=LookupError("the seed's blob vanished within one read"),
+                    )
+                result[ch]["seed"], _ = resolve_value(
+                    self.serde, row[0], row[1], row[2], fetch, channel=ch, **where
+                )
+            return result
+
+        return await self._run(lambda conn: _read_tx(conn, read))
+
 
 _Pending = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]", bool]
 
@@ -745,8 +962,12 @@ class _GroupCommit:
             if not future.done():
                 if ok:
                     future.set_result(value)
-                elif isinstance(value, (ValueError, sqlite3.Error)):
-                    future.set_exception(_typed_error(value, self._saver.busy_timeout))
+                elif isinstance(value, (ValueError, sqlite3.Error)) and not isinstance(
+                    value, IdemSaverError
+                ):
+                    future.set_exception(
+                        _typed_error(value, self._saver.busy_timeout, self._saver._target)
+                    )
                 else:
                     future.set_exception(value)
 
@@ -766,8 +987,11 @@ def _in_savepoint(
     return True, result
 
 
-def _typed_error(exc: ValueError | sqlite3.Error, busy_timeout: float) -> Exception:
-    """The package's exception for an aiosqlite/sqlite3 failure (the original otherwise)."""
+def _typed_error(
+    exc: ValueError | sqlite3.Error, busy_timeout: float, target: SqliteTarget | None = None
+) -> Exception:
+    """The package's exception for an aiosqlite/sqlite3 failure (the original otherwise);
+    ``target`` names the database in the message."""
     msg = str(exc)
     if isinstance(exc, ValueError):
         if "closed" in msg or "no active connection" in msg:
@@ -780,9 +1004,28 @@ def _typed_error(exc: ValueError | sqlite3.Error, busy_timeout: float) -> Except
             f"the SQLite database stayed locked by another writer for more than "
             f"busy_timeout={busy_timeout}s ({msg}); nothing was written, retry"
         )
-    if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in msg or "malformed" in msg):
-        return NotADatabaseError(f"the SQLite file is not a usable database: {msg}")
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return exc
+    target = target or SqliteTarget(None, None)
+    kind = error_kind(exc)
+    if kind == "readonly":
+        return read_only_error(target, exc)
+    if kind == "notadb":
+        where = f" {target.path}" if target.path else ""
+        return NotADatabaseError(f"the SQLite file{where} is not a usable database: {msg}")
+    if kind == "cantopen" and target.path is not None:
+        # a file beside the database (-journal, -wal) could not be created or opened
+        return read_only_error(target, exc) if read_only_reason(target) else open_error(target, exc)
     return exc
+
+
+def _encodable(text: str) -> bool:
+    """Whether SQLite can bind ``text`` (UTF-8 cannot carry lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_started(conn: aiosqlite.Connection) -> bool:

@@ -349,3 +349,91 @@ WHERE scope = ? AND key = ? AND status = ? AND attempts = ? AND owner = ?
 
 NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = ? AND key = ?"
 NOTE_CONFLICT = "UPDATE idem_tool_calls SET conflicts = conflicts + 1 WHERE scope = ? AND key = ?"
+
+# --- DeltaChannel history (get_delta_channel_history) --------------------------------
+
+# The parent chain of a target checkpoint (the latest of the namespace when no id is
+# given), target first, nearest ancestor next; per requested channel ``i`` a column
+# ``s{i}``: the version of its value stored at that checkpoint, or NULL - what
+# ``channel_values[ch]`` of the checkpoint's ``aget_tuple`` holds (a blob of the version
+# the checkpoint names, not ``empty``). SQLite yields recursive rows lazily, so the
+# saver stops reading (and the recursion stops) once every channel has its seed, or at
+# an id seen before (a corrupt chain that loops). CROSS JOIN pins the join order: each
+# step is one primary-key probe, never a scan of the thread. The channel's version is
+# read with json_extract (the cheapest per row) when its name is plain ASCII, which a
+# JSON path can quote as is; any other name is matched through json_each (stored
+# versions escape non-ASCII keys, which json_extract's path would not match).
+_DELTA_CHAIN = """
+WITH RECURSIVE chain (checkpoint_id, parent_checkpoint_id, channel_versions) AS (
+    SELECT checkpoint_id, parent_checkpoint_id, channel_versions FROM idem_checkpoints
+    WHERE thread_id = :thread_id AND checkpoint_ns = :ns
+      AND checkpoint_id = COALESCE(:checkpoint_id, (
+          SELECT MAX(checkpoint_id) FROM idem_checkpoints
+          WHERE thread_id = :thread_id AND checkpoint_ns = :ns))
+  UNION ALL
+    SELECT c.checkpoint_id, c.parent_checkpoint_id, c.channel_versions
+    FROM chain AS ch CROSS JOIN idem_checkpoints AS c
+      ON c.thread_id = :thread_id AND c.checkpoint_ns = :ns
+     AND c.checkpoint_id = ch.parent_checkpoint_id
+)
+SELECT ch.checkpoint_id{columns}
+FROM chain AS ch
+"""
+_DELTA_SEED = """,
+    (SELECT b.version FROM idem_blobs AS b
+     WHERE b.thread_id = :thread_id AND b.checkpoint_ns = :ns AND b.channel = :c{i}
+       AND b.version = {version} AND b.type <> 'empty') AS s{i}"""
+_VERSION_BY_PATH = "json_extract(ch.channel_versions, :p{i})"
+_VERSION_BY_KEY = "(SELECT v.value FROM json_each(ch.channel_versions) AS v WHERE v.key = :c{i})"
+
+_delta_chain_cache: dict[tuple[bool, ...], str] = {}
+
+
+def delta_path(channel: str) -> str | None:
+    """The JSON path of ``channel``'s key, or None when json_extract cannot address it."""
+    if channel.isascii() and channel.isprintable() and '"' not in channel and "\\" not in channel:
+        return f'$."{channel}"'
+    return None
+
+
+def delta_chain_sql(by_path: tuple[bool, ...]) -> str:
+    """The chain statement for these channels (``by_path[i]``: channel ``i`` has a
+    ``delta_path``), built once per shape. Parameters: thread_id, ns, checkpoint_id
+    (None: the latest), and per channel ``c{i}`` (its name) and ``p{i}`` (its path)."""
+    query = _delta_chain_cache.get(by_path)
+    if query is None:
+        columns = "".join(
+            _DELTA_SEED.format(
+                i=i, version=(_VERSION_BY_PATH if path else _VERSION_BY_KEY).format(i=i)
+            )
+            for i, path in enumerate(by_path)
+        )
+        query = _delta_chain_cache[by_path] = _DELTA_CHAIN.format(columns=columns)
+    return query
+
+
+# The writes of the walked ancestors to the channels still walking there, in one
+# statement: ``:chain`` is the JSON array of ancestor ids, oldest first; channel ``i``
+# (``:c{i}``, bound as is: no JSON round trip for its name) contributes the writes of
+# positions ``:f{i}`` on (the ancestors its walk visited). Each ancestor is a
+# primary-key prefix probe. No ORDER BY: sorting the rows (values included) in SQLite
+# costs more than the saver's sort by (position, task_path, task_id, idx), which is
+# ``writes_sort_key`` within each checkpoint.
+_DELTA_WRITES = """
+SELECT a.key, w.task_path, w.task_id, w.idx, w.channel, w.type, w.value
+FROM json_each(:chain) AS a
+CROSS JOIN idem_writes AS w
+  ON w.thread_id = :thread_id AND w.checkpoint_ns = :ns AND w.checkpoint_id = a.value
+WHERE {channels}
+"""
+
+_delta_writes_cache: dict[int, str] = {}
+
+
+def delta_writes_sql(n_channels: int) -> str:
+    """The writes statement for ``n_channels`` channels, built once per count."""
+    query = _delta_writes_cache.get(n_channels)
+    if query is None:
+        channels = " OR ".join(f"(w.channel = :c{i} AND a.key >= :f{i})" for i in range(n_channels))
+        query = _delta_writes_cache[n_channels] = _DELTA_WRITES.format(channels=channels)
+    return query

@@ -1,0 +1,151 @@
+"""A test run leaves nothing running, however it ends (tests/process_guard.py).
+
+Each case runs a real pytest (or a real process tree) in a subprocess and ends it the
+way it happens in practice: Ctrl-C (SIGINT), a CI timeout or ``kill`` (SIGTERM), the OOM
+killer (SIGKILL), a failing test. Then nothing it started may still run: not the
+session's PostgreSQL server (the notebook's is covered in test_notebooks.py), not a
+child process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from process_guard import postgres_processes
+
+TESTS_DIR = Path(__file__).resolve().parent
+DEADLINE = 60  # seconds for a server to start, or for anything to be gone
+
+
+def wait_for(predicate: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def ended(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie waiting for init to reap it has)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def run_pytest(where: Path, test_source: str) -> subprocess.Popen[str]:
+    """Start pytest on one test file, with tests/pg_server.py loaded as a plugin (its
+    fixtures and exit hooks, as tests/conftest.py loads them), in and with TMPDIR
+    ``where``."""
+    (where / "test_inner.py").write_text(textwrap.dedent(test_source))
+    env = {**os.environ, "TMPDIR": str(where), "PYTHONPATH": str(TESTS_DIR)}
+    env.pop("IDEM_SAVER_PG_DSN", None)  # the inner run starts its own throwaway server
+    plugins = ["-p", "pg_server", "-p", "no:cacheprovider"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", *plugins, str(where / "test_inner.py")],
+        cwd=where,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name
+)
+def test_the_session_server_stops_when_pytest_is_interrupted_or_killed(
+    server_tmp_dir: Path, sig: signal.Signals
+) -> None:
+    ready = server_tmp_dir / "ready"
+    proc = run_pytest(
+        server_tmp_dir,
+        f"""
+        import time
+        from pathlib import Path
+
+        def test_waits(pg_server_dsn):
+            Path({str(ready)!r}).write_text(pg_server_dsn)
+            time.sleep(120)
+        """,
+    )
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, "pytest never got a server")
+        assert ready.exists(), proc.communicate()[0]
+        started = postgres_processes(server_tmp_dir)
+        assert started, "the server runs from a data directory under TMPDIR"
+        assert all("idem-" in " ".join(p.cmdline()) for p in started), "named idem-*"
+        proc.send_signal(sig)
+        proc.wait(DEADLINE)
+        wait_for(lambda: not postgres_processes(server_tmp_dir), f"the server outlived {sig.name}")
+        wait_for(
+            lambda: not list(server_tmp_dir.glob("idem-saver-pg-*")),
+            "its data directory is deleted",
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_children_a_failed_test_left_running_are_ended_at_exit(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    proc = run_pytest(
+        tmp_path,
+        f"""
+        import subprocess, sys
+        from pathlib import Path
+
+        def test_leaks_a_child():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+            Path({str(pid_file)!r}).write_text(str(child.pid))
+            assert False, "fails with its child still running"
+        """,
+    )
+    out, _ = proc.communicate(timeout=DEADLINE)
+    assert proc.returncode == 1, out
+    child = int(pid_file.read_text())
+    assert ended(child), out
+    assert f"ended child processes left running:\n  {child} " in out
+
+
+@pytest.mark.parametrize("when", ["running", "starting"])
+def test_a_child_script_exits_when_its_parent_is_killed(tmp_path: Path, when: str) -> None:
+    """What crash_harness.py, resume_worker.py, fault_child.py and subagent_harness.py
+    do first (process_guard.exit_with_parent): a grandchild orphaned by SIGKILL ends,
+    whether its guard was already watching or the parent died while it was starting."""
+    watching = tmp_path / "watching"
+    grandchild = (
+        f"import sys, time; time.sleep({0.5 if when == 'starting' else 0}); "
+        f"sys.path.insert(0, {str(TESTS_DIR)!r}); "
+        "from process_guard import exit_with_parent; exit_with_parent(); "
+        f"open({str(watching)!r}, 'w').close(); time.sleep(120)"
+    )
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            f"p = subprocess.Popen([sys.executable, '-c', {grandchild!r}]); "
+            "print(p.pid, flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = psutil.Process(int(parent.stdout.readline()))
+    if when == "running":
+        wait_for(watching.exists, "the child never started its guard")
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(DEADLINE)
+    parent.stdout.close()
+    wait_for(lambda: ended(child.pid), "the orphaned child lived on")
+    assert when == "running" or not watching.exists(), "it ended as soon as it started"
