@@ -166,7 +166,14 @@ async def aadopt_orphans(
                 ),
             )
             if adopted is None:
-                continue  # another resumer adopted it first
+                # Someone adopted it first. A call of this process (a sibling task) is
+                # another call: look further. Another process resuming the same lost call
+                # is this call: follow its entry (wait for it, replay, or settle it), never
+                # claim the call afresh.
+                latest = await engine.lg(batch, batch.ledger.aget_entry(batch.scope, e.key))
+                if latest is None or _adopted_here(latest.adopted_by):
+                    continue
+                adopted = latest
             taken.add(e.key)
             plan.entry, plan.ledger_key = adopted, adopted.key
             engine.counters.bump("adopted")
