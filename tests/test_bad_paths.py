@@ -382,9 +382,10 @@ print(json.dumps(report))
 """
 
 
-def test_star_import_without_the_postgres_extra() -> None:
+def run_report(code: str) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter; what it printed, as JSON."""
     proc = subprocess.run(
-        [sys.executable, "-c", NO_POSTGRES],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
@@ -392,7 +393,12 @@ def test_star_import_without_the_postgres_extra() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
+
+
+def test_star_import_without_the_postgres_extra() -> None:
+    report = run_report(NO_POSTGRES)
     assert "AsyncSqliteSaver" in report["star"] and "IdempotentToolNode" in report["star"]
     assert "AsyncPostgresSaver" not in report["star"]
     kind, message = report["error"]
@@ -444,16 +450,7 @@ print(json.dumps(report))
 
 
 def test_star_import_without_the_agents_extra() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", NO_LANGCHAIN],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    report = run_report(NO_LANGCHAIN)
     assert "IdempotentToolNode" in report["star"] and "idempotent_task" in report["star"]
     assert "IdempotencyMiddleware" not in report["star"]
     kind, message = report["error"]
