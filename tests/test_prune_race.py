@@ -33,6 +33,11 @@ from langgraph_idem_saver import AsyncSqliteSaver, CorruptRecordError
 from langgraph_idem_saver.postgres import AsyncPostgresSaver
 
 DURATION = 3.0  # seconds of concurrent writing, pruning and deleting per backend
+# ...and at least this much work whatever the machine's load (a loaded CI box may give a
+# role only a few turns in DURATION): each writer's puts, each maintainer's actions
+MIN_PUTS_PER_WRITER = 24
+ACTIONS = ["keep_latest", "old_runs", "delete_thread", "prune_delete", "run"]
+MIN_ROUNDS_PER_MAINTAINER = 2  # every action this many times, in a seeded order
 KEPT = [f"kept-{i}" for i in range(3)]  # pruned (keep_latest) and their old runs deleted
 DOOMED = [f"doomed-{i}" for i in range(2)]  # also deleted whole, again and again
 RUN_LENGTH = 6  # checkpoints per run id (adelete_for_runs deletes whole runs)
@@ -90,7 +95,7 @@ async def writer(saver: Any, thread_id: str, deadline: float, tally: Tally) -> N
     version = None
     parent = config(thread_id)
     step = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or step < MIN_PUTS_PER_WRITER:
         step += 1
         items = [*items, f"{thread_id}:{step}"]
         version = saver.get_next_version(version, None)
@@ -113,8 +118,13 @@ async def maintainer(saver: Any, seed: int, deadline: float, tally: Tally) -> No
     """Prune and delete at random (seeded): keep_latest and old runs on every thread,
     whole deletion (adelete_thread, prune "delete", the current run) on the doomed."""
     rng = random.Random(seed)
-    while time.monotonic() < deadline:
-        action = rng.choice(["keep_latest", "old_runs", "delete_thread", "prune_delete", "run"])
+    done = 0
+    while time.monotonic() < deadline or done < MIN_ROUNDS_PER_MAINTAINER * len(ACTIONS):
+        # a seeded shuffle of every action per round: each kind is certain to run
+        if done % len(ACTIONS) == 0:
+            order = rng.sample(ACTIONS, len(ACTIONS))
+        action = order[done % len(ACTIONS)]
+        done += 1
         if action == "keep_latest":
             await saver.aprune(rng.sample(KEPT + DOOMED, 2), strategy="keep_latest")
         elif action == "old_runs":
@@ -204,13 +214,7 @@ async def test_deletes_and_prunes_racing_writes_leave_every_checkpoint_readable(
     assert not corrupt and not tally.corrupt_reads, summary
     # the race was really run: writes, deltas and every kind of deletion happened
     assert tally.puts > 50 and deltas > 0, summary
-    assert set(tally.maintenance) == {
-        "keep_latest",
-        "old_runs",
-        "delete_thread",
-        "prune_delete",
-        "run",
-    }, summary
+    assert set(tally.maintenance) == set(ACTIONS), summary
     # nothing deletes a kept thread's newest checkpoint: keep_latest keeps the head it
     # found and anything written since, and only older runs are deleted there
     assert all(tally.last[t] in survivors[t] for t in KEPT), summary
