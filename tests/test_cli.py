@@ -239,6 +239,7 @@ def test_threads_status_counts_and_unknowns(
     assert set(doc["threads"][0]) == {
         "thread_id",
         "checkpoints",
+        "subgraph_checkpoints",
         "last_checkpoint_id",
         "updated_at",
         "status",
