@@ -98,11 +98,7 @@ async def _open_sqlite(target: str, *, write: bool) -> AsyncIterator[Db]:
         except sqlite3.Error as exc:
             raise CliError(f"cannot open {target}: {exc}") from None
         try:
-            async with conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' "
-                "AND name = 'idem_saver_migrations'"
-            ) as cur:
-                ours = await cur.fetchone()
+            ours = await AsyncSqliteSaver.ais_idem_database(conn)
             break
         except sqlite3.DatabaseError as exc:
             await conn.close()
@@ -118,7 +114,7 @@ async def _open_sqlite(target: str, *, write: bool) -> AsyncIterator[Db]:
             file=sys.stderr,
         )
     try:
-        if ours is None:
+        if not ours:
             raise CliError(
                 f"{target} is a SQLite database without langgraph-idem-saver tables "
                 "(idem_saver_migrations missing): wrong file?",
@@ -166,9 +162,7 @@ async def _open_postgres(dsn: str, *, write: bool) -> AsyncIterator[Db]:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(f"cannot connect to PostgreSQL at {shown}: {first}") from None
     async with conn:
-        cur = await conn.execute("SELECT to_regclass('idem_saver_migrations') IS NOT NULL")
-        row = await cur.fetchone()
-        if not row or not next(iter(row.values())):
+        if not await AsyncPostgresSaver.ais_idem_database(conn):
             raise CliError(
                 f"no langgraph-idem-saver tables in {shown} (idem_saver_migrations not on the "
                 "search_path): wrong database or schema?",

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from psycopg import AsyncCursor
-from psycopg.rows import TupleRow
+from psycopg import AsyncConnection, AsyncCursor
+from psycopg.rows import TupleRow, tuple_row
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.inspect_types import (
@@ -36,6 +36,7 @@ from langgraph_idem_saver.postgres import sql
 T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 
+IS_IDEM_DATABASE = "SELECT to_regclass('idem_saver_migrations') IS NOT NULL"
 THREAD_SUMMARIES = """
 WITH t AS (
     SELECT thread_id,
@@ -134,6 +135,16 @@ async def _fetch(host: _Host, query: str, params: dict[str, Any] | None = None) 
 
 class PostgresInspection:
     """Read-side methods of :class:`AsyncPostgresSaver` (see the module docstring)."""
+
+    @staticmethod
+    async def ais_idem_database(conn: AsyncConnection[Any]) -> bool:
+        """Whether our tables are on ``conn``'s search path, read before a saver's
+        ``setup()`` (which would create them): how a tool tells our database (or schema)
+        from another without changing it, in a read-only session too."""
+        async with conn.cursor(row_factory=tuple_row) as cur:
+            await cur.execute(IS_IDEM_DATABASE)
+            row = await cur.fetchone()
+        return bool(row and row[0])
 
     async def athread_summaries(self: _Host) -> list[ThreadSummary]:
         """Every thread (also those with ledger entries only), with its counts and the

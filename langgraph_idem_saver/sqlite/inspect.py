@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import aiosqlite
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.inspect_types import (
@@ -35,6 +36,9 @@ from langgraph_idem_saver.sqlite.files import SqliteTarget
 
 T = TypeVar("T")
 
+IS_IDEM_DATABASE = (
+    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idem_saver_migrations'"
+)
 THREAD_SUMMARIES = """
 WITH t AS (
     SELECT thread_id, SUM(checkpoint_ns = '') AS root, SUM(checkpoint_ns <> '') AS sub,
@@ -116,6 +120,15 @@ class _Host(Protocol):
 
 class SqliteInspection:
     """Read-side methods of :class:`AsyncSqliteSaver` (see the module docstring)."""
+
+    @staticmethod
+    async def ais_idem_database(conn: aiosqlite.Connection) -> bool:
+        """Whether ``conn``'s database holds our tables, read before a saver's ``setup()``
+        (which would create them): how a tool tells our file from another SQLite file
+        without changing either. ``sqlite3`` errors propagate, so a caller opening
+        read-only can tell "cannot read it this way" from "not ours"."""
+        async with conn.execute(IS_IDEM_DATABASE) as cur:
+            return await cur.fetchone() is not None
 
     async def athread_summaries(self: _Host) -> list[ThreadSummary]:
         """Every thread (also those with ledger entries only), with its counts and the
