@@ -77,17 +77,18 @@ class DeletedCounts:
     blobs: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class StorageCounts:
-    """Row counts of every table, the schema version and the size on disk."""
+    """Row counts of every table (ledger entries by state: ``inspection.astats``), the
+    schema version, and the size on disk (None where the backend cannot tell)."""
 
-    threads: int = 0
-    checkpoints: int = 0
-    blobs: int = 0
-    writes: int = 0
-    ledger_entries: int = 0  # by state: ``inspection.astats``
-    schema_version: int | None = None
-    size_bytes: int | None = None
+    threads: int
+    checkpoints: int
+    blobs: int
+    writes: int
+    ledger_entries: int
+    schema_version: int | None
+    size_bytes: int | None
 
 
 def parse_metadata(text: Any) -> dict[str, Any]:

@@ -421,7 +421,7 @@ def test_threads_and_history_count_the_same_checkpoints(
 ) -> None:
     """A graph with a subgraph: ``threads`` counts the root checkpoints that ``history``
     lists, and shows the subgraph's apart (a new user saw 8 against 3)."""
-    from langgraph.graph import END, START, StateGraph
+    from langgraph.graph import START, StateGraph
     from typing_extensions import TypedDict
 
     class State(TypedDict):
@@ -430,16 +430,9 @@ def test_threads_and_history_count_the_same_checkpoints(
     def bump(state: State) -> State:
         return {"n": state["n"] + 1}
 
-    child = StateGraph(State)
-    child.add_node("a", bump)
-    child.add_node("b", bump)
-    child.add_edge(START, "a")
-    child.add_edge("a", "b")
-    child.add_edge("b", END)
-    parent = StateGraph(State)
-    parent.add_node("child", child.compile())
+    child = StateGraph(State).add_sequence([("a", bump), ("b", bump)]).add_edge(START, "a")
+    parent = StateGraph(State).add_sequence([("child", child.compile())])
     parent.add_edge(START, "child")
-    parent.add_edge("child", END)
 
     async def run_graph() -> None:
         async with open_backend(backend_of(fresh.target), fresh.target) as saver:

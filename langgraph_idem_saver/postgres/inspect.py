@@ -16,20 +16,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import TupleRow, tuple_row
 
+from langgraph_idem_saver import inspect_types
 from langgraph_idem_saver.errors import CorruptRecordError
-from langgraph_idem_saver.inspect_types import (
-    CheckpointHistory,
-    CheckpointNode,
-    CheckpointRow,
-    DeletedCounts,
-    StorageCounts,
-    ThreadSummary,
-    checked_keys,
-    checked_limit,
-    checked_text,
-    parse_metadata,
-    thread_summaries,
-)
 from langgraph_idem_saver.list_deltas import ListDeltaEncoder
 from langgraph_idem_saver.postgres import sql
 
@@ -146,7 +134,7 @@ class PostgresInspection:
             row = await cur.fetchone()
         return bool(row and row[0])
 
-    async def athread_summaries(self: _Host) -> list[ThreadSummary]:
+    async def athread_summaries(self: _Host) -> list[inspect_types.ThreadSummary]:
         """Every thread (also those with ledger entries only), with its counts and the
         state of its latest root checkpoint; decodes nothing else."""
         rows = []
@@ -157,26 +145,34 @@ class PostgresInspection:
                 type_, data = None, None
             rows.append((thread_id, root, sub, head, type_, data, *flags))
         ledger = dict(await _fetch(self, LEDGER_PER_THREAD))
-        return thread_summaries(self.serde, rows, ledger)
+        return inspect_types.thread_summaries(self.serde, rows, ledger)
 
     async def athread_exists(self: _Host, thread_id: str) -> bool:
         """Whether the thread has a checkpoint or a ledger entry."""
-        [(found,)] = await _fetch(self, THREAD_EXISTS, {"t": checked_text(thread_id, "thread_id")})
+        [(found,)] = await _fetch(
+            self, THREAD_EXISTS, {"t": inspect_types.checked_text(thread_id, "thread_id")}
+        )
         return bool(found)
 
     async def acheckpoint_history(
         self: _Host, thread_id: str, checkpoint_ns: str = "", limit: int | None = None
-    ) -> CheckpointHistory:
+    ) -> inspect_types.CheckpointHistory:
         """One namespace's checkpoints, newest first (at most ``limit``), and their total."""
         params: dict[str, Any] = {
-            "t": checked_text(thread_id, "thread_id"),
-            "ns": checked_text(checkpoint_ns, "checkpoint_ns"),
-            "limit": checked_limit(limit),
+            "t": inspect_types.checked_text(thread_id, "thread_id"),
+            "ns": inspect_types.checked_text(checkpoint_ns, "checkpoint_ns"),
+            "limit": inspect_types.checked_limit(limit),
         }
         [(total,)] = await _fetch(self, COUNT_NAMESPACE, params)
         rows = await _fetch(self, HISTORY, params)
-        return CheckpointHistory(
-            int(total), [CheckpointRow(r[0], r[1], parse_metadata(r[2]), int(r[3])) for r in rows]
+        return inspect_types.CheckpointHistory(
+            int(total),
+            [
+                inspect_types.CheckpointRow(
+                    r[0], r[1], inspect_types.parse_metadata(r[2]), int(r[3])
+                )
+                for r in rows
+            ],
         )
 
     async def acheckpoint_ids_with_prefix(
@@ -184,11 +180,11 @@ class PostgresInspection:
     ) -> list[str]:
         """Checkpoint ids of one namespace that start with ``prefix`` (sorted)."""
         params = {
-            "t": checked_text(thread_id, "thread_id"),
-            "ns": checked_text(checkpoint_ns, "checkpoint_ns"),
+            "t": inspect_types.checked_text(thread_id, "thread_id"),
+            "ns": inspect_types.checked_text(checkpoint_ns, "checkpoint_ns"),
             "n": len(prefix),
-            "prefix": checked_text(prefix, "prefix"),
-            "limit": checked_limit(limit),
+            "prefix": inspect_types.checked_text(prefix, "prefix"),
+            "limit": inspect_types.checked_limit(limit),
         }
         return [r[0] for r in await _fetch(self, CHECKPOINT_IDS_WITH_PREFIX, params)]
 
@@ -199,30 +195,30 @@ class PostgresInspection:
         thread, or any), oldest first."""
         params: dict[str, Any] = {
             "n": len(prefix),
-            "prefix": checked_text(prefix, "prefix"),
-            "limit": checked_limit(limit),
+            "prefix": inspect_types.checked_text(prefix, "prefix"),
+            "limit": inspect_types.checked_limit(limit),
         }
         query = ENTRY_KEYS_WITH_PREFIX
         if thread_id is not None:
-            params["t"] = checked_text(thread_id, "thread_id")
+            params["t"] = inspect_types.checked_text(thread_id, "thread_id")
             query = ENTRY_KEYS_OF_THREAD_WITH_PREFIX
         return [(r[0], r[1]) for r in await _fetch(self, query, params)]
 
     async def acheckpoint_nodes(
         self: _Host, thread_ids: Sequence[str] | None = None
-    ) -> list[CheckpointNode]:
+    ) -> list[inspect_types.CheckpointNode]:
         """Every checkpoint of these threads (or all) with its parent, metadata and
         pending-write count: what planning a prune needs, no value decoded."""
         if thread_ids is None:
             rows = await _fetch(self, CHECKPOINT_NODES)
         else:
-            threads = [checked_text(t, "thread_id") for t in thread_ids]
+            threads = [inspect_types.checked_text(t, "thread_id") for t in thread_ids]
             rows = await _fetch(self, CHECKPOINT_NODES_OF_THREADS, {"threads": threads})
-        return [CheckpointNode(r[0], r[1], r[2], r[3], r[4], int(r[5])) for r in rows]
+        return [inspect_types.CheckpointNode(r[0], r[1], r[2], r[3], r[4], int(r[5])) for r in rows]
 
     async def adelete_checkpoints(
         self: _Host, keys: Sequence[tuple[str, str, str]]
-    ) -> DeletedCounts:
+    ) -> inspect_types.DeletedCounts:
         """Delete these checkpoints with their pending writes, and the blobs no remaining
         checkpoint needs; ledger entries stay. One transaction, under the threads' locks
         (``sql.THREAD_LOCK_SPACE``): an ``aput`` writing a delta meanwhile keeps its base.
@@ -230,9 +226,9 @@ class PostgresInspection:
         What ``idem-saver prune --before`` applies; the saver's retention methods are
         the way to prune from code.
         """
-        rows = checked_keys(keys)
+        rows = inspect_types.checked_keys(keys)
         if not rows:
-            return DeletedCounts(0, 0, 0)
+            return inspect_types.DeletedCounts(0, 0, 0)
         params = {
             "t": [k[0] for k in rows],
             "ns": [k[1] for k in rows],
@@ -240,25 +236,25 @@ class PostgresInspection:
             "threads": sorted({k[0] for k in rows}),
         }
 
-        async def delete(cur: Cursor) -> DeletedCounts:
+        async def delete(cur: Cursor) -> inspect_types.DeletedCounts:
             await cur.execute(sql.LOCK_THREADS, params)
             await cur.execute(DELETE_WRITES_OF, params)
             writes = cur.rowcount
             await cur.execute(DELETE_CHECKPOINTS, params)
             checkpoints = cur.rowcount
             await cur.execute(sql.COLLECT_BLOBS, params)
-            return DeletedCounts(checkpoints, writes, cur.rowcount)
+            return inspect_types.DeletedCounts(checkpoints, writes, cur.rowcount)
 
         deleted = await self._run(delete, tx=True)
         self._deltas.forget(params["threads"])
         return deleted
 
-    async def astorage_counts(self: _Host) -> StorageCounts:
+    async def astorage_counts(self: _Host) -> inspect_types.StorageCounts:
         """Rows of each table, schema version, bytes on disk (the tables with their
         indexes and TOAST)."""
         [(*counts, version, size)] = await _fetch(self, TABLE_COUNTS)
         threads, checkpoints, blobs, writes, entries = (int(n) for n in counts)
-        return StorageCounts(
+        return inspect_types.StorageCounts(
             threads,
             checkpoints,
             blobs,

@@ -231,13 +231,15 @@ class SqliteInspection:
     async def astorage_counts(self: _Host) -> StorageCounts:
         """Rows of each table, schema version, bytes on disk (the file and its ``-wal``;
         None for an in-memory database)."""
-        row = await self._run(lambda conn: conn.execute(TABLE_COUNTS).fetchone())
-        c = StorageCounts(*row)
+        threads, checkpoints, blobs, writes, entries, version = await self._run(
+            lambda conn: conn.execute(TABLE_COUNTS).fetchone()
+        )
         path = self._target.path if self._target is not None else None
+        size = None
         if path is not None:
             files = (Path(path), Path(f"{path}-wal"))
-            c.size_bytes = sum(p.stat().st_size for p in files if p.exists())
-        return c
+            size = sum(p.stat().st_size for p in files if p.exists())
+        return StorageCounts(threads, checkpoints, blobs, writes, entries, version, size)
 
 
 __all__ = ["SqliteInspection"]
