@@ -218,3 +218,23 @@ async def test_is_idem_database_tells_ours_from_another(
             assert not await type(saver).ais_idem_database(conn)
             cur = await conn.execute("SELECT to_regclass('idem_checkpoints') IS NULL")
             assert (await cur.fetchone()) == (True,)
+
+
+async def test_a_read_only_sqlite_uri_is_known_to_the_saver(tmp_path: Any) -> None:
+    """The CLI opens SQLite files as ``mode=ro`` URIs and lets the saver find that out
+    from the connection (``sqlite.files.target_of_connection``, which reads what
+    aiosqlite closed over): if aiosqlite stops keeping it, this fails, not the CLI."""
+    import aiosqlite
+
+    from langgraph_idem_saver import AsyncSqliteSaver
+    from langgraph_idem_saver.errors import ReadOnlyDatabaseError
+
+    path = tmp_path / "app.sqlite"
+    async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
+        await chain(saver, "t1", 1)
+    async with aiosqlite.connect(f"{path.as_uri()}?mode=ro", uri=True) as conn:
+        assert await AsyncSqliteSaver.ais_idem_database(conn)
+        reader = AsyncSqliteSaver(conn)
+        assert [s.thread_id for s in await reader.athread_summaries()] == ["t1"]
+        with pytest.raises(ReadOnlyDatabaseError, match="opened read-only"):
+            await chain(reader, "t2", 1)
