@@ -66,7 +66,8 @@ def stats_of(entries: Iterable[LedgerEntry], *, now: float | None = None) -> Led
         stats.replayed += e.replays
         stats.conflicts += e.conflicts
         if e.status is CallStatus.ISSUED:
-            if e.is_unknown(now):
+            # approved for a re-run: settled, as alist_unknown says; the next resume runs it
+            if e.is_unknown(now) and not e.rerun_approved():
                 stats.unknown += 1
             else:
                 stats.in_progress += 1

@@ -239,6 +239,7 @@ def test_threads_status_counts_and_unknowns(
     assert set(doc["threads"][0]) == {
         "thread_id",
         "checkpoints",
+        "subgraph_checkpoints",
         "last_checkpoint_id",
         "updated_at",
         "status",
@@ -361,6 +362,109 @@ def test_ledger_lists_every_call(filled: Facts, capsys: pytest.CaptureFixture[st
 
     code, out, _ = run(capsys, "--db", filled.target, "ledger", "t-done")
     assert code == 0 and filled.done_keys[0][:12] in out and "completed" in out
+
+
+def backend_of(target: str) -> str:
+    return "postgres" if is_postgres_target(target) else "sqlite"
+
+
+def test_ledger_agent_matches_the_agent_and_paths_under_it(
+    fresh: Facts, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--agent researcher`` lists the calls of ``researcher|tools`` (a new user saw "no
+    ledger entries" there), never those of ``researcher2`` or a mere name prefix."""
+    nested = {**LEDGER_ONLY_CALL, "id": "call_r"}
+    other = {**LEDGER_ONLY_CALL, "id": "call_r2"}
+
+    async def plant() -> list[str]:
+        async with open_backend(backend_of(fresh.target), fresh.target) as saver:
+            keys = []
+            for call, ns in ((nested, "researcher:a|tools:b"), (other, "researcher2:c|tools:d")):
+                entry = await plant_completed(
+                    saver,
+                    intent_for("t-done", call, checkpoint_ns=ns),
+                    ToolMessage("done", tool_call_id=call["id"]),
+                )
+                keys.append(entry.key)
+            return keys
+
+    nested_key, other_key = asyncio.run(plant())
+    for agent in ("researcher", "researcher|tools"):
+        doc = run_json(capsys, fresh.target, "ledger", "t-done", "--agent", agent)
+        assert [(e["key"], e["agent_path"]) for e in doc["entries"]] == [
+            (nested_key, "researcher|tools")
+        ], agent
+    assert (
+        run_json(capsys, fresh.target, "ledger", "t-done", "--agent", "research")["entries"] == []
+    )
+    doc = run_json(capsys, fresh.target, "ledger", "t-done", "--agent", "researcher2")
+    assert [e["key"] for e in doc["entries"]] == [other_key]
+
+    code, out, _ = run(capsys, "--db", fresh.target, "ledger", "t-done", "--agent", "nope")
+    assert code == 0
+    assert "no ledger entries of agent 'nope'" in out
+    assert "researcher|tools" in out and "researcher2|tools" in out, "where the entries are"
+
+
+def test_ledger_table_shows_the_agent_path(
+    filled: Facts, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (["ledger", "t-done"], ["pending"]):
+        code, out, _ = run(capsys, "--db", filled.target, *argv)
+        header = next(line for line in out.splitlines() if " key " in line)
+        assert code == 0 and " agent " in header, argv
+        assert " tools " in out, "the tool node's agent path"
+
+
+def test_threads_and_history_count_the_same_checkpoints(
+    fresh: Facts, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A graph with a subgraph: ``threads`` counts the root checkpoints that ``history``
+    lists, and shows the subgraph's apart (a new user saw 8 against 3)."""
+    from langgraph.graph import START, StateGraph
+    from typing_extensions import TypedDict
+
+    class State(TypedDict):
+        n: int
+
+    def bump(state: State) -> State:
+        return {"n": state["n"] + 1}
+
+    child = StateGraph(State).add_sequence([("a", bump), ("b", bump)]).add_edge(START, "a")
+    parent = StateGraph(State).add_sequence([("child", child.compile())])
+    parent.add_edge(START, "child")
+
+    async def run_graph() -> None:
+        async with open_backend(backend_of(fresh.target), fresh.target) as saver:
+            graph = parent.compile(checkpointer=saver)
+            await graph.ainvoke({"n": 0}, cfg("t-sub"))
+
+    asyncio.run(run_graph())
+    [thread] = [
+        t for t in run_json(capsys, fresh.target, "threads")["threads"] if t["thread_id"] == "t-sub"
+    ]
+    history = run_json(capsys, fresh.target, "history", "t-sub")
+    assert thread["checkpoints"] == history["total"] == len(history["checkpoints"]) == 3
+    assert thread["subgraph_checkpoints"] > 0, "the subgraph's own checkpoints, apart"
+    code, out, _ = run(capsys, "--db", fresh.target, "threads")
+    assert code == 0 and "checkpoints (root)" in out and "subgraph" in out
+    code, out, _ = run(capsys, "--db", fresh.target, "history", "t-sub")
+    assert code == 0 and "3 checkpoint(s) (root)" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["history", "bad\x00id"], ["ledger", "t-\ud800"], ["resolve", "abcdef\x00", "--rerun"]],
+    ids=["nul", "lone-surrogate", "nul-key"],
+)
+def test_ids_a_database_cannot_hold_are_usage_errors(
+    filled: Facts, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """Never a driver error: the saver refuses the id (ConfigError), exit code 2."""
+    code, out, err = run(capsys, "--db", filled.target, *argv)
+    assert (code, out) == (2, "")
+    assert err.startswith("idem-saver: error: ") and err.count("\n") == 1
+    assert "NUL" in err or "lone surrogate" in err
 
 
 def test_pending_lists_unknown_outcomes(filled: Facts, capsys: pytest.CaptureFixture[str]) -> None:

@@ -89,6 +89,7 @@ from langgraph_idem_saver.errors import (
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.postgres import sql
+from langgraph_idem_saver.postgres.inspect import PostgresInspection
 from langgraph_idem_saver.saver_base import (
     IdemSaverBase,
     canonical_json,
@@ -128,7 +129,7 @@ CLAIM_RETRIES = 5
 _LOST_SQLSTATES = ("57P01", "57P02", "57P03")
 
 
-class AsyncPostgresSaver(IdemSaverBase):
+class AsyncPostgresSaver(PostgresInspection, IdemSaverBase):
     """Async PostgreSQL checkpointer and tool-call ledger (see the module docstring).
 
     Args:

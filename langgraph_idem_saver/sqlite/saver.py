@@ -84,6 +84,7 @@ from langgraph_idem_saver.sqlite.files import (
     read_only_reason,
     target_of_connection,
 )
+from langgraph_idem_saver.sqlite.inspect import SqliteInspection
 
 T = TypeVar("T")
 Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
@@ -192,7 +193,7 @@ def _bindable(text: str) -> bool:
     return "\x00" not in text and _utf8_ok(text)
 
 
-class AsyncSqliteSaver(IdemSaverBase):
+class AsyncSqliteSaver(SqliteInspection, IdemSaverBase):
     """Async SQLite checkpointer and tool-call ledger (see the module docstring).
 
     Args:

@@ -1,0 +1,138 @@
+"""The ``idem-saver`` argument parser: every command, its options and their help."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from langgraph_idem_saver.cli.common import ENV_DB, EXIT_USAGE, MIN_KEY_PREFIX, CliError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line (exit 2), like the rest of the CLI."""
+
+    def error(self, message: str) -> Any:
+        raise CliError(f"{message} (see: {self.prog} --help)", EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--db",
+        default=argparse.SUPPRESS,
+        help=f"SQLite file or PostgreSQL DSN (default: ${ENV_DB})",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts"
+    )
+
+    parser = _Parser(
+        prog="idem-saver",
+        description="Inspect and maintain langgraph-idem-saver databases (SQLite or "
+        "PostgreSQL): threads, checkpoints, the tool-call ledger.",
+        epilog="Exit codes: 0 ok, 1 refused or not found, 2 usage or bad input. "
+        "More: python -c 'import langgraph_idem_saver.cli as c; help(c)'",
+    )
+    parser.add_argument("--db", help=f"SQLite file or PostgreSQL DSN (default: ${ENV_DB})")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    from langgraph_idem_saver import __version__
+
+    parser.add_argument("--version", action="version", version=f"idem-saver {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    sub.add_parser(
+        "demo",
+        help="crash a ReAct agent mid tool batch and resume it; keeps its database "
+        "(demo --db PATH, default ./idem-demo.db, overwritten on each run)",
+    )
+    p = sub.add_parser("threads", parents=[common], help="threads: status, updates, unknowns")
+    p.add_argument("--limit", type=int, default=0, help="show the N most recently updated")
+
+    def thread_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("thread", help="thread id")
+        p.add_argument("--ns", default="", help="checkpoint namespace (default: root)")
+
+    p = sub.add_parser("history", parents=[common], help="a thread's checkpoints, newest first")
+    thread_args(p)
+    p.add_argument("--limit", type=int, default=50, help="at most N (default 50; 0 = all)")
+
+    p = sub.add_parser("show", parents=[common], help="a checkpoint's decoded state")
+    thread_args(p)
+    p.add_argument("--checkpoint", help="checkpoint id or unique prefix (default: latest)")
+    p.add_argument("--all", action="store_true", help="include LangGraph's internal channels")
+
+    p = sub.add_parser("diff", parents=[common], help="what changed between two checkpoints")
+    thread_args(p)
+    p.add_argument("--from", dest="from_", help="older checkpoint (default: parent of --to)")
+    p.add_argument("--to", help="newer checkpoint (default: latest)")
+    p.add_argument("--all", action="store_true", help="include LangGraph's internal channels")
+
+    p = sub.add_parser("ledger", parents=[common], help="a thread's recorded tool calls")
+    p.add_argument("thread", help="thread id")
+    p.add_argument(
+        "--agent",
+        help="only this agent and the agents under it (e.g. 'researcher' also lists "
+        "'researcher|tools')",
+    )
+
+    p = sub.add_parser("pending", parents=[common], help="unknown outcomes across all threads")
+    p.add_argument(
+        "--stale",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="also list live claims older than this, with their owner (default 600)",
+    )
+
+    p = sub.add_parser(
+        "resolve",
+        parents=[common],
+        help="settle an unknown outcome",
+        description="Settle an unknown outcome after checking the outside world.",
+    )
+    p.add_argument(
+        "entry", metavar="ENTRY", help=f"ledger key or unique prefix (>= {MIN_KEY_PREFIX})"
+    )
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--completed", action="store_true", help="it happened; needs --result")
+    how.add_argument("--failed", action="store_true", help="it failed; --error says why")
+    how.add_argument("--rerun", action="store_true", help="it did not happen: run it again")
+    how.add_argument(
+        "--retry", action="store_true", help="a failed call's failure was transient: run again"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="settle a claim whose lease still runs (its process, e.g. on another host, is gone)",
+    )
+    p.add_argument("--note", help="why, kept in the entry's audit trail")
+    p.add_argument("--result", help="the tool's answer, replayed to the model")
+    p.add_argument("--error", help="the error replayed to the model")
+    p.add_argument("--thread", help="the entry's thread (when its key is in several)")
+    p.add_argument(
+        "--expect-attempts",
+        type=int,
+        help="refuse unless the entry is still at this attempt (as shown by --json)",
+    )
+
+    p = sub.add_parser(
+        "prune",
+        parents=[common],
+        help="delete old checkpoints (dry run unless --apply)",
+        description="Delete old checkpoints; a dry run unless --apply. Ledger entries are "
+        "never pruned. The latest checkpoint of each namespace is always kept.",
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--keep-latest", action="store_true", help="keep only the latest (the saver's aprune)"
+    )
+    what.add_argument(
+        "--before",
+        metavar="DATE",
+        help="delete checkpoints created before DATE (YYYY-MM-DD[THH:MM], UTC; or 30d, 12h)",
+    )
+    p.add_argument("--thread", nargs="+", action="extend", metavar="T", help="only these threads")
+    p.add_argument("--apply", action="store_true", help="really delete")
+
+    sub.add_parser("stats", parents=[common], help="row counts, ledger states, size")
+    return parser
