@@ -162,6 +162,33 @@ class LedgerRule:
     scopes: tuple[str, str] | None = None
 
 
+# The ledger safety rule (docs/guarantees.md) as SQL both backends run, over
+# ``idem_tool_calls AS l``: settled, untouched since before ``since``, and no checkpoint
+# or pending write of the entry's thread left to replay it. ``{since}``, ``{lo}`` and
+# ``{hi}`` become the backend's parameter markers.
+_REMOVABLE = """l.status <> 'issued' AND l.issued_at < {since}
+  AND COALESCE(l.finished_at, 0) < {since}
+  AND NOT EXISTS (SELECT 1 FROM idem_checkpoints AS c WHERE c.thread_id = l.thread_id)
+  AND NOT EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = l.thread_id)"""
+_THREAD_SCOPED = "l.scope = l.thread_id"
+_NAMED_SCOPES = "l.scope <> l.thread_id AND l.scope BETWEEN {lo} AND {hi}"
+
+
+def ledger_rule_sql(template: str, rule: LedgerRule, marker: str) -> str:
+    """``template`` with ``{which}`` (the rule's scopes) and ``{removable}`` (the safety
+    rule) filled in; ``marker`` is the backend's named parameter (``":{}"``,
+    ``"%({})s"``)."""
+    names = {n: marker.format(n) for n in ("since", "lo", "hi")}
+    which = _THREAD_SCOPED if rule.scopes is None else _NAMED_SCOPES.format(**names)
+    return template.format(which=which, removable=_REMOVABLE.format(**names))
+
+
+def ledger_rule_params(rule: LedgerRule) -> dict[str, Any]:
+    """The parameters :func:`ledger_rule_sql`'s markers name."""
+    lo, hi = rule.scopes or ("", "")
+    return {"since": rule.since, "lo": lo, "hi": hi}
+
+
 @dataclass(frozen=True)
 class Cutoffs:
     """One sweep's limits, all computed from one ``now``."""

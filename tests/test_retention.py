@@ -61,10 +61,10 @@ def at(thread_id: str, checkpoint_id: str) -> dict[str, Any]:
 
 
 async def put_thread(
-    saver: Any, thread_id: str, start: float, n: int = 3, ns: str = ""
+    saver: Any, thread_id: str, start: float, n: int = 3, ns: str = "", pending: bool = True
 ) -> list[str]:
     """``n`` checkpoints made a second apart from ``start`` (a growing list channel, so
-    list deltas are stored), and a pending write on the last; their ids."""
+    list deltas are stored), and (``pending``) a pending write on the last; their ids."""
     parent: Any = cfg(thread_id, ns)
     items: list[str] = []
     version = None
@@ -78,7 +78,8 @@ async def put_thread(
         checkpoint["channel_versions"] = {"messages": version}
         parent = await saver.aput(parent, checkpoint, {"step": step}, {"messages": version})
         ids.append(checkpoint["id"])
-    await saver.aput_writes(parent, [("messages", ["pending"])], "task-1")
+    if pending:
+        await saver.aput_writes(parent, [("messages", ["pending"])], "task-1")
     return ids
 
 
@@ -235,7 +236,7 @@ async def test_keep_latest_thread_still_loads_and_resumes(saver: Any) -> None:
 
 
 async def test_ledger_entries_kept_while_replayable_and_while_issued(saver: Any) -> None:
-    await put_thread(saver, "t", NOW - 10 * DAY)
+    await put_thread(saver, "t", NOW - 10 * DAY, pending=False)  # checkpoints alone
     done = await settled_entry(saver, "t", "c1")
     unknown = await issued_entry(saver, "t", "c2")
     later = time.time() + 2 * DAY
@@ -284,7 +285,7 @@ async def test_named_namespace_entries_have_their_own_retention(saver: Any) -> N
     other = await settled_entry(saver, "a", "c2", namespace="other")
     live = await settled_entry(saver, "b", "c3", namespace="billing")
     later = time.time() + 2 * DAY
-    await put_thread(saver, "b", later - 3600)  # the thread that made c3 remains, active
+    await put_thread(saver, "b", later - 3600, pending=False)  # c3's thread remains
     base = {"after": timedelta(days=1)}
 
     # by default named namespaces are kept whatever the thread TTL

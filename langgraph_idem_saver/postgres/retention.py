@@ -26,12 +26,15 @@ from langgraph_idem_saver.retention import (
     RetentionBase,
     RowCounts,
     counts_by_thread,
+    ledger_rule_params,
+    ledger_rule_sql,
 )
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.list_deltas import ListDeltaEncoder
 
 T = TypeVar("T")
+MARKER = "%({})s"  # a named parameter
 Cursor = AsyncCursor[TupleRow]
 
 # threads whose newest checkpoint id (any namespace) sorts below %(bound)s, in id
@@ -83,15 +86,7 @@ WITH busy AS (
 DELETE FROM idem_blobs WHERE thread_id IN (SELECT t FROM idle)
 """
 
-# The ledger safety rule (docs/guarantees.md): settled, untouched since before
-# %(since)s, and no checkpoint or pending write of the entry's thread left to replay it.
-REMOVABLE = """l.status <> 'issued' AND l.issued_at < %(since)s
-  AND COALESCE(l.finished_at, 0) < %(since)s
-  AND NOT EXISTS (SELECT 1 FROM idem_checkpoints AS c WHERE c.thread_id = l.thread_id)
-  AND NOT EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = l.thread_id)"""
-THREAD_SCOPED = "l.scope = l.thread_id"
-NAMED_SCOPES = "l.scope <> l.thread_id AND l.scope BETWEEN %(lo)s AND %(hi)s"
-
+# ledger entries a rule may remove ({which}, {removable}: retention.ledger_rule_sql)
 SELECT_REMOVABLE = """
 SELECT l.scope, l.key FROM idem_tool_calls AS l
 WHERE (l.scope, l.key) > (%(s)s, %(k)s) AND {which} AND {removable}
@@ -106,16 +101,6 @@ WHERE l.scope = u.scope AND l.key = u.key AND {which} AND {removable}
 COUNT_ISSUED_BEFORE = (
     "SELECT count(*) FROM idem_tool_calls WHERE status = 'issued' AND issued_at < %(since)s"
 )
-
-
-def _rule_sql(template: str, rule: LedgerRule) -> str:
-    which = THREAD_SCOPED if rule.scopes is None else NAMED_SCOPES
-    return template.format(which=which, removable=REMOVABLE)
-
-
-def _rule_params(rule: LedgerRule) -> dict[str, Any]:
-    lo, hi = rule.scopes or ("", "")
-    return {"since": rule.since, "lo": lo, "hi": hi}
 
 
 async def _counts(cur: Cursor, threads: Sequence[str]) -> dict[str, RowCounts]:
@@ -174,14 +159,14 @@ class PostgresRetention(RetentionBase):
     async def _removable_entries(
         self, rule: LedgerRule, after: tuple[str, str], limit: int
     ) -> list[tuple[str, str]]:
-        params = {**_rule_params(rule), "s": after[0], "k": after[1], "n": limit}
-        rows = await self._fetch(_rule_sql(SELECT_REMOVABLE, rule), params)
+        params = {**ledger_rule_params(rule), "s": after[0], "k": after[1], "n": limit}
+        rows = await self._fetch(ledger_rule_sql(SELECT_REMOVABLE, rule, MARKER), params)
         return [(r[0], r[1]) for r in rows]
 
     async def _remove_entries(self, rule: LedgerRule, keys: list[tuple[str, str]]) -> int:
-        query = _rule_sql(DELETE_REMOVABLE, rule)
+        query = ledger_rule_sql(DELETE_REMOVABLE, rule, MARKER)
         params = {
-            **_rule_params(rule),
+            **ledger_rule_params(rule),
             "scopes": [k[0] for k in keys],
             "keys": [k[1] for k in keys],
         }

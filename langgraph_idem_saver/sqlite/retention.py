@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from langgraph_idem_saver.retention import (
     Cutoffs,
@@ -20,12 +20,15 @@ from langgraph_idem_saver.retention import (
     RetentionBase,
     RowCounts,
     counts_by_thread,
+    ledger_rule_params,
+    ledger_rule_sql,
 )
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.list_deltas import ListDeltaEncoder
 
 T = TypeVar("T")
+MARKER = ":{}"  # a named parameter
 
 # threads whose newest checkpoint id (any namespace) sorts below :bound, in id order
 # after :after (keyset pages); the primary key's index is read, no table row
@@ -58,15 +61,7 @@ SELECT 'b', thread_id, COUNT(*) FROM idem_blobs
 WHERE thread_id IN (SELECT value FROM json_each(?1)) GROUP BY thread_id
 """
 
-# The ledger safety rule (docs/guarantees.md): settled, untouched since before :since,
-# and no checkpoint or pending write of the entry's thread left to replay it.
-REMOVABLE = """l.status <> 'issued' AND l.issued_at < :since
-  AND COALESCE(l.finished_at, 0) < :since
-  AND NOT EXISTS (SELECT 1 FROM idem_checkpoints AS c WHERE c.thread_id = l.thread_id)
-  AND NOT EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = l.thread_id)"""
-THREAD_SCOPED = "l.scope = l.thread_id"
-NAMED_SCOPES = "l.scope <> l.thread_id AND l.scope BETWEEN :lo AND :hi"
-
+# ledger entries a rule may remove ({which}, {removable}: retention.ledger_rule_sql)
 SELECT_REMOVABLE = """
 SELECT l.scope, l.key FROM idem_tool_calls AS l
 WHERE (l.scope, l.key) > (:s, :k) AND {which} AND {removable}
@@ -80,16 +75,6 @@ WHERE l.scope = :s AND l.key = :k AND {which} AND {removable}
 COUNT_ISSUED_BEFORE = (
     "SELECT COUNT(*) FROM idem_tool_calls WHERE status = 'issued' AND issued_at < ?"
 )
-
-
-def _rule_sql(template: str, rule: LedgerRule) -> str:
-    which = THREAD_SCOPED if rule.scopes is None else NAMED_SCOPES
-    return template.format(which=which, removable=REMOVABLE)
-
-
-def _rule_params(rule: LedgerRule) -> dict[str, Any]:
-    lo, hi = rule.scopes or ("", "")
-    return {"since": rule.since, "lo": lo, "hi": hi}
 
 
 def _counts(conn: sqlite3.Connection, threads: Sequence[str]) -> dict[str, RowCounts]:
@@ -134,13 +119,13 @@ class SqliteRetention(RetentionBase):
     async def _removable_entries(
         self, rule: LedgerRule, after: tuple[str, str], limit: int
     ) -> list[tuple[str, str]]:
-        query = _rule_sql(SELECT_REMOVABLE, rule)
-        params = {**_rule_params(rule), "s": after[0], "k": after[1], "n": limit}
+        query = ledger_rule_sql(SELECT_REMOVABLE, rule, MARKER)
+        params = {**ledger_rule_params(rule), "s": after[0], "k": after[1], "n": limit}
         return await self._run(lambda c: [(r[0], r[1]) for r in c.execute(query, params)])
 
     async def _remove_entries(self, rule: LedgerRule, keys: list[tuple[str, str]]) -> int:
-        query = _rule_sql(DELETE_REMOVABLE, rule)
-        base = _rule_params(rule)
+        query = ledger_rule_sql(DELETE_REMOVABLE, rule, MARKER)
+        base = ledger_rule_params(rule)
 
         def remove(conn: sqlite3.Connection) -> int:
             return sum(conn.execute(query, {**base, "s": s, "k": k}).rowcount for s, k in keys)
