@@ -138,8 +138,10 @@ class SweepReport:
     # issued entries (unknown outcomes) old enough to go, kept until someone settles them
     issued_kept: int = 0
     batches: int = 0
+    # counted, then rolled back: nothing was removed (see asweep's dry_run)
+    dry_run: bool = False
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -199,9 +201,10 @@ class Cutoffs:
     ledger: LedgerRule
     namespaces: tuple[LedgerRule, ...] = field(default=())
     batch_size: int = DEFAULT_BATCH
+    dry_run: bool = False
 
     @classmethod
-    def at(cls, ttl: TTLConfig, now: float) -> Cutoffs:
+    def at(cls, ttl: TTLConfig, now: float, *, dry_run: bool = False) -> Cutoffs:
         since = now - ttl.after.total_seconds()
         ledger = now - (ttl.ledger_after or ttl.after).total_seconds()
         rules: list[LedgerRule] = []
@@ -219,6 +222,7 @@ class Cutoffs:
             ledger=LedgerRule(ledger),
             namespaces=tuple(rules),
             batch_size=ttl.batch_size,
+            dry_run=dry_run,
         )
 
     def idle(self, head_id: str | None, ledger_last: float | None) -> bool:
@@ -275,6 +279,14 @@ def sweep_time(now: float | datetime | None) -> float:
     return float(now)
 
 
+class DryRun(Exception):
+    """Raised inside a batch's transaction to roll it back; carries what it counted."""
+
+    def __init__(self, counts: list[tuple[RowCounts, RowCounts]]) -> None:
+        super().__init__("dry run: rolled back")
+        self.counts = counts
+
+
 class RetentionBase:
     """``asweep``/``sweep`` over a backend's four primitives (its ``retention.py``)."""
 
@@ -293,7 +305,8 @@ class RetentionBase:
         self, cut: Cutoffs, threads: list[str]
     ) -> list[tuple[RowCounts, RowCounts]]:
         """One transaction: re-check which of ``threads`` are still idle and apply the
-        strategy to those; the row counts of each before and after."""
+        strategy to those; the row counts of each before and after (raised in a
+        :class:`DryRun`, which rolls the transaction back, when ``cut.dry_run``)."""
         raise NotImplementedError
 
     async def _removable_entries(
@@ -315,6 +328,7 @@ class RetentionBase:
         now: float | datetime | None = None,
         *,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
+        dry_run: bool = False,
     ) -> SweepReport:
         """Apply ``ttl`` (default: the saver's ``ttl=``) as of ``now`` (default: the
         current time; epoch seconds or an aware datetime), in bounded batches.
@@ -327,8 +341,8 @@ class RetentionBase:
         config = TTLConfig.of(ttl) if ttl is not None else self.ttl
         if config is None:
             raise ConfigError("no retention configured: pass ttl=TTLConfig(...) to the saver")
-        cut = Cutoffs.at(config, sweep_time(now))
-        report = SweepReport()
+        cut = Cutoffs.at(config, sweep_time(now), dry_run=dry_run)
+        report = SweepReport(dry_run=dry_run)
         await self._sweep_all_threads(cut, report)
         report.ledger_entries_deleted = await self._sweep_entries(cut.ledger, cut, report)
         for rule in cut.namespaces:
@@ -341,9 +355,10 @@ class RetentionBase:
         now: float | datetime | None = None,
         *,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
+        dry_run: bool = False,
     ) -> SweepReport:
         """:meth:`asweep` from synchronous code (not on the saver's event loop)."""
-        return self._run_sync(self.asweep(now, ttl=ttl))
+        return self._run_sync(self.asweep(now, ttl=ttl, dry_run=dry_run))
 
     async def _sweep_all_threads(self, cut: Cutoffs, report: SweepReport) -> None:
         after = ""
@@ -355,7 +370,10 @@ class RetentionBase:
             # the SQL bound is a text comparison; the id must also be a real UUIDv6
             idle = [t for t, head in found if cut.idle(head, None)]
             if idle:
-                counts = await self._sweep_threads(cut, idle)
+                try:
+                    counts = await self._sweep_threads(cut, idle)
+                except DryRun as dry:
+                    counts = dry.counts
                 report.batches += 1
                 _tally(report, counts, cut.strategy)
             if len(found) < cut.batch_size:
@@ -369,7 +387,7 @@ class RetentionBase:
             if not keys:
                 return removed
             after = keys[-1]
-            removed += await self._remove_entries(rule, keys)
+            removed += len(keys) if cut.dry_run else await self._remove_entries(rule, keys)
             report.batches += 1
             if len(keys) < cut.batch_size:
                 return removed
@@ -410,9 +428,10 @@ class SyncRetention:
         now: float | datetime | None = None,
         *,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
+        dry_run: bool = False,
     ) -> SweepReport:
         """See :meth:`RetentionBase.asweep`."""
-        report: SweepReport = self._call(self.saver.asweep(now, ttl=ttl))
+        report: SweepReport = self._call(self.saver.asweep(now, ttl=ttl, dry_run=dry_run))
         return report
 
     async def asweep(
@@ -420,7 +439,8 @@ class SyncRetention:
         now: float | datetime | None = None,
         *,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
+        dry_run: bool = False,
     ) -> SweepReport:
         """See :meth:`RetentionBase.asweep`."""
-        report: SweepReport = await self._hop(self.saver.asweep(now, ttl=ttl))
+        report: SweepReport = await self._hop(self.saver.asweep(now, ttl=ttl, dry_run=dry_run))
         return report

@@ -177,6 +177,27 @@ async def test_sweeps_in_bounded_batches(saver: Any) -> None:
     assert report.batches >= 3
 
 
+@pytest.mark.parametrize("strategy", ["delete", "keep_latest"])
+async def test_dry_run_counts_what_a_sweep_removes_and_removes_nothing(
+    saver: Any, strategy: str
+) -> None:
+    for i in range(3):
+        await put_thread(saver, f"t{i}", NOW - 40 * DAY, n=3)
+    await settled_entry(saver, "gone", "c1")  # a thread with no checkpoint: removable now
+    ttl = TTLConfig(after=timedelta(days=30), strategy=strategy, batch_size=2)  # type: ignore[arg-type]
+    later = time.time() + 31 * DAY
+
+    dry = await saver.asweep(later, ttl=ttl, dry_run=True)
+    assert dry.dry_run and dry.checkpoints_deleted == (9 if strategy == "delete" else 6)
+    assert dry.ledger_entries_deleted == 1
+    for i in range(3):
+        assert len(await checkpoint_ids(saver, f"t{i}")) == 3
+    assert len(await saver.alist_entries("gone")) == 1
+
+    done = await saver.asweep(later, ttl=ttl)
+    assert {**dry.as_dict(), "dry_run": False} == done.as_dict()
+
+
 def test_checkpoint_time_reads_langgraph_ids() -> None:
     made = checkpoint_time(str(uuid6(clock_seq=3)))
     assert made is not None and abs(made - time.time()) < 60

@@ -22,6 +22,7 @@ from psycopg.rows import TupleRow
 from langgraph_idem_saver.postgres import sql
 from langgraph_idem_saver.retention import (
     Cutoffs,
+    DryRun,
     LedgerRule,
     RetentionBase,
     RowCounts,
@@ -150,7 +151,10 @@ class PostgresRetention(RetentionBase):
             else:
                 await self._keep_latest_rows(cur, idle)
             after = await _counts(cur, idle)
-            return [(before[t], after[t]) for t in idle]
+            counts = [(before[t], after[t]) for t in idle]
+            if cut.dry_run:
+                raise DryRun(counts)  # rolls the batch back
+            return counts
 
         changed = await self._run(sweep, tx=True)
         self._deltas.forget(threads)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from langgraph_idem_saver.retention import (
     Cutoffs,
+    DryRun,
     LedgerRule,
     RetentionBase,
     RowCounts,
@@ -110,7 +111,10 @@ class SqliteRetention(RetentionBase):
             before = _counts(conn, idle)
             self._prune_rows(conn, idle, cut.strategy)
             after = _counts(conn, idle)
-            return [(before[t], after[t]) for t in idle]
+            counts = [(before[t], after[t]) for t in idle]
+            if cut.dry_run:
+                raise DryRun(counts)  # rolls the batch back
+            return counts
 
         changed = await self._write(sweep)
         self._deltas.forget(threads)
