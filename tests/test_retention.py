@@ -455,6 +455,10 @@ async def test_async_savers_take_ttl_in_from_conn_string(
         await put_thread(saver, "t", NOW - 2 * 3600, n=3)
         report = await saver.asweep(datetime.fromtimestamp(NOW, timezone.utc))
         assert report.threads_pruned == 1 and len(await checkpoint_ids(saver, "t")) == 1
+        # the sync method, from another thread (as LangGraph's async savers allow)
+        await put_thread(saver, "u", NOW - 2 * 3600, n=2)
+        report = await asyncio.to_thread(saver.sweep, NOW)
+        assert report.threads_pruned == 1 and len(await checkpoint_ids(saver, "u")) == 1
 
 
 # --- bad input ----------------------------------------------------------------------------
