@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from langgraph_idem_saver.errors import ConfigError
@@ -90,6 +91,8 @@ class TTLConfig:
             )
         _positive(self.ledger_after, "ttl ledger_after", optional=True)
         if isinstance(self.namespace_ttl, Mapping):
+            # a read-only copy: a later change to the caller's dict cannot bypass this check
+            object.__setattr__(self, "namespace_ttl", MappingProxyType(dict(self.namespace_ttl)))
             for name, window in self.namespace_ttl.items():
                 if not isinstance(name, str) or not name or "\x00" in name:
                     raise ConfigError(f"namespace_ttl names must be non-empty str, got {name!r}")

@@ -240,6 +240,10 @@ async def test_keep_latest_thread_still_loads_and_resumes(saver: Any) -> None:
         await graph.ainvoke({"messages": [f"in{i}"], "log": [f"in{i}"]}, config)
     state = await graph.aget_state(config)
     assert state.values["n"] == 4 and len(state.values["log"]) == 8
+    # last activity is read from LangGraph's checkpoint ids (UUIDv6, made now): this
+    # fails loudly if LangGraph ever mints ids of another kind
+    made = checkpoint_time(state.config["configurable"]["checkpoint_id"])
+    assert made is not None and abs(made - time.time()) < 600
 
     # checkpoints were made now: sweep as if 31 days had passed
     keep = TTLConfig(after=timedelta(days=30), strategy="keep_latest")
