@@ -34,6 +34,7 @@ from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 if TYPE_CHECKING:
     from langgraph_idem_saver.middleware import IdempotencyMiddleware
     from langgraph_idem_saver.postgres import AsyncPostgresSaver, PostgresSaver
+    from langgraph_idem_saver.retention import SweepReport, TTLConfig
     from langgraph_idem_saver.sqlite import AsyncSqliteSaver, SqliteSaver
     from langgraph_idem_saver.task import RecordedFailureError, idempotent_task
     from langgraph_idem_saver.tool_node import (
@@ -61,6 +62,8 @@ _LAZY = {
     "IdempotencyMiddleware": "langgraph_idem_saver.middleware",
     "idempotent_task": "langgraph_idem_saver.task",
     "RecordedFailureError": "langgraph_idem_saver.task",
+    "TTLConfig": "langgraph_idem_saver.retention",
+    "SweepReport": "langgraph_idem_saver.retention",
 }
 
 
@@ -138,6 +141,8 @@ __all__ = [
     "SchemaVersionError",
     "SerializationError",
     "SqliteSaver",
+    "SweepReport",
+    "TTLConfig",
     "ToolCallInProgress",
     "ToolCallLedger",
     "UnknownToolOutcome",

@@ -90,6 +90,8 @@ from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, Le
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.postgres import sql
 from langgraph_idem_saver.postgres.inspect import PostgresInspection
+from langgraph_idem_saver.postgres.retention import PostgresRetention
+from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import (
     IdemSaverBase,
     canonical_json,
@@ -129,7 +131,7 @@ CLAIM_RETRIES = 5
 _LOST_SQLSTATES = ("57P01", "57P02", "57P03")
 
 
-class AsyncPostgresSaver(PostgresInspection, IdemSaverBase):
+class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
     """Async PostgreSQL checkpointer and tool-call ledger (see the module docstring).
 
     Args:
@@ -137,6 +139,7 @@ class AsyncPostgresSaver(PostgresInspection, IdemSaverBase):
         pipe: an ``AsyncPipeline`` of ``conn`` (single connection only), as LangGraph's
             saver accepts; ``from_conn_string(..., pipeline=True)`` makes one.
         serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default.
+        ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
     """
 
     lock: asyncio.Lock
@@ -149,8 +152,11 @@ class AsyncPostgresSaver(PostgresInspection, IdemSaverBase):
         conn: Conn,
         pipe: AsyncPipeline | None = None,
         serde: SerializerProtocol | None = None,
+        *,
+        ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(serde=serde)
+        self.ttl = TTLConfig.of(ttl)
         if isinstance(conn, AsyncConnectionPool):
             if pipe is not None:
                 raise ValueError(
@@ -179,11 +185,13 @@ class AsyncPostgresSaver(PostgresInspection, IdemSaverBase):
         *,
         pipeline: bool = False,
         serde: SerializerProtocol | None = None,
+        ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> AsyncIterator[AsyncPostgresSaver]:
         """Connect to ``conn_string`` for the block (autocommit, prepared statements).
 
         ``pipeline=True`` runs the connection in pipeline mode, as LangGraph's does.
         """
+        ttl = TTLConfig.of(ttl)  # refused before connecting
         try:
             conn = await AsyncConnection.connect(
                 conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
@@ -197,11 +205,11 @@ class AsyncPostgresSaver(PostgresInspection, IdemSaverBase):
         async with conn:
             if pipeline:
                 async with conn.pipeline() as pipe:
-                    saver = cls(conn, pipe=pipe, serde=serde)
+                    saver = cls(conn, pipe=pipe, serde=serde, ttl=ttl)
                     await saver.setup()
                     yield saver
             else:
-                saver = cls(conn, serde=serde)
+                saver = cls(conn, serde=serde, ttl=ttl)
                 await saver.setup()
                 yield saver
 
@@ -731,40 +739,46 @@ class AsyncPostgresSaver(PostgresInspection, IdemSaverBase):
 
         async def keep_latest(cur: Cursor) -> None:
             await cur.execute(sql.LOCK_THREADS, {"threads": threads})
-            for thread_id in threads:
-                await cur.execute(sql.SELECT_HEADS, (thread_id,))
-                keep_ns: list[str] = []
-                keep_ids: list[str] = []
-                heads = await cur.fetchall()
-                for ns, head_id, parent_id, counters in heads:
-                    keep = [head_id]
-                    if counters:  # a DeltaChannel: keep the ancestors it replays from
-                        await cur.execute(sql.SELECT_LINEAGE, (thread_id, ns))
-                        lineage = {
-                            cid: (parent, {"counters_since_delta_snapshot": ctrs})
-                            for cid, parent, ctrs in await cur.fetchall()
-                        }
-                        lineage[head_id] = (parent_id, {"counters_since_delta_snapshot": counters})
-                        keep = checkpoints_to_keep(head_id, lineage.get)
-                    keep_ns += [ns] * len(keep)
-                    keep_ids += keep
-                await cur.execute(
-                    sql.PRUNE_KEEP,
-                    {
-                        "thread": thread_id,
-                        "head_ns": [h[0] for h in heads],
-                        "head_ids": [h[1] for h in heads],
-                        "keep_ns": keep_ns,
-                        "keep_ids": keep_ids,
-                    },
-                )
-            await cur.execute(sql.COLLECT_BLOBS, {"threads": threads})
+            await self._keep_latest_rows(cur, threads)
 
         if strategy == "delete":
             await self._run(delete, tx=True, pipeline=True)
         else:
             await self._run(keep_latest, tx=True)
         self._deltas.forget(threads)
+
+    @staticmethod
+    async def _keep_latest_rows(cur: Cursor, threads: Sequence[str]) -> None:
+        """``aprune``'s ``keep_latest``, under the threads' locks the caller holds
+        (retention's ``keep_latest`` reuses it)."""
+        for thread_id in threads:
+            await cur.execute(sql.SELECT_HEADS, (thread_id,))
+            keep_ns: list[str] = []
+            keep_ids: list[str] = []
+            heads = await cur.fetchall()
+            for ns, head_id, parent_id, counters in heads:
+                keep = [head_id]
+                if counters:  # a DeltaChannel: keep the ancestors it replays from
+                    await cur.execute(sql.SELECT_LINEAGE, (thread_id, ns))
+                    lineage = {
+                        cid: (parent, {"counters_since_delta_snapshot": ctrs})
+                        for cid, parent, ctrs in await cur.fetchall()
+                    }
+                    lineage[head_id] = (parent_id, {"counters_since_delta_snapshot": counters})
+                    keep = checkpoints_to_keep(head_id, lineage.get)
+                keep_ns += [ns] * len(keep)
+                keep_ids += keep
+            await cur.execute(
+                sql.PRUNE_KEEP,
+                {
+                    "thread": thread_id,
+                    "head_ns": [h[0] for h in heads],
+                    "head_ids": [h[1] for h in heads],
+                    "keep_ns": keep_ns,
+                    "keep_ids": keep_ids,
+                },
+            )
+        await cur.execute(sql.COLLECT_BLOBS, {"threads": list(threads)})
 
     # --- the tool-call ledger ----------------------------------------------------------
 

@@ -41,7 +41,7 @@ concurrently.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any, cast
 
@@ -52,12 +52,13 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
+from langgraph_idem_saver.retention import SyncRetention, TTLConfig
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
 
 __all__ = ["PostgresSaver"]
 
 
-class PostgresSaver(SyncSaverBase[AsyncPostgresSaver]):
+class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
     """Sync PostgreSQL checkpointer and tool-call ledger (see the module docstring).
 
     Args:
@@ -66,6 +67,7 @@ class PostgresSaver(SyncSaverBase[AsyncPostgresSaver]):
         pipe: a ``Pipeline`` of ``conn`` (single connection only), as LangGraph's saver
             accepts: the saver's connection then runs in pipeline mode.
         serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default.
+        ttl: retention, applied by ``sweep()`` (see ``TTLConfig``).
     """
 
     conn: Connection[Any] | ConnectionPool[Any] | AsyncConnection[Any]
@@ -77,7 +79,10 @@ class PostgresSaver(SyncSaverBase[AsyncPostgresSaver]):
         conn: Connection[Any] | ConnectionPool[Any],
         pipe: Pipeline | None = None,
         serde: SerializerProtocol | None = None,
+        *,
+        ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> None:
+        ttl = TTLConfig.of(ttl)
         if isinstance(conn, ConnectionPool):
             if pipe is not None:
                 raise ValueError(
@@ -89,7 +94,7 @@ class PostgresSaver(SyncSaverBase[AsyncPostgresSaver]):
                 pool: AsyncConnectionPool[Any] = AsyncConnectionPool(**pool_args, open=False)
                 await pool.open()
                 stack.push_async_callback(pool.close)
-                return AsyncPostgresSaver(pool, serde=serde)
+                return AsyncPostgresSaver(pool, serde=serde, ttl=ttl)
 
         elif isinstance(conn, Connection):
             dsn, connect_args = _async_connection_args(conn)
@@ -99,7 +104,7 @@ class PostgresSaver(SyncSaverBase[AsyncPostgresSaver]):
                 aconn = await _connect(dsn, **connect_args)
                 stack.push_async_callback(aconn.close)
                 apipe = await stack.enter_async_context(aconn.pipeline()) if pipeline else None
-                return AsyncPostgresSaver(aconn, apipe, serde=serde)
+                return AsyncPostgresSaver(aconn, apipe, serde=serde, ttl=ttl)
 
         else:
             raise TypeError(
@@ -119,13 +124,16 @@ class PostgresSaver(SyncSaverBase[AsyncPostgresSaver]):
         *,
         pipeline: bool = False,
         serde: SerializerProtocol | None = None,
+        ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> Iterator[PostgresSaver]:
         """Connect to ``conn_string`` for the block (autocommit, prepared statements), set
         up; ``pipeline=True`` runs the connection in pipeline mode, as LangGraph's does."""
 
         async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
             return await stack.enter_async_context(
-                AsyncPostgresSaver.from_conn_string(conn_string, pipeline=pipeline, serde=serde)
+                AsyncPostgresSaver.from_conn_string(
+                    conn_string, pipeline=pipeline, serde=serde, ttl=ttl
+                )
             )
 
         saver = cls.__new__(cls)

@@ -57,6 +57,7 @@ from langgraph_idem_saver.errors import (
 )
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
+from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import (
     IdemSaverBase,
     canonical_json,
@@ -85,6 +86,7 @@ from langgraph_idem_saver.sqlite.files import (
     target_of_connection,
 )
 from langgraph_idem_saver.sqlite.inspect import SqliteInspection
+from langgraph_idem_saver.sqlite.retention import SqliteRetention
 
 T = TypeVar("T")
 Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
@@ -193,7 +195,7 @@ def _bindable(text: str) -> bool:
     return "\x00" not in text and _utf8_ok(text)
 
 
-class AsyncSqliteSaver(SqliteInspection, IdemSaverBase):
+class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
     """Async SQLite checkpointer and tool-call ledger (see the module docstring).
 
     Args:
@@ -204,6 +206,7 @@ class AsyncSqliteSaver(SqliteInspection, IdemSaverBase):
             commit durable across power loss; ``"NORMAL"`` trades that for speed.
         busy_timeout: seconds to wait for another process's write lock before raising
             :class:`DatabaseLockedError`.
+        ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
     """
 
     def __init__(
@@ -213,8 +216,10 @@ class AsyncSqliteSaver(SqliteInspection, IdemSaverBase):
         serde: SerializerProtocol | None = None,
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 5.0,
+        ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(serde=serde)
+        self.ttl = TTLConfig.of(ttl)
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
             raise ValueError(f"synchronous must be FULL, NORMAL or EXTRA, got {synchronous!r}")
         self.conn = conn
@@ -237,6 +242,7 @@ class AsyncSqliteSaver(SqliteInspection, IdemSaverBase):
         serde: SerializerProtocol | None = None,
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 5.0,
+        ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> AsyncIterator[AsyncSqliteSaver]:
         """Open ``conn_string`` (a path, ``:memory:`` or a ``file:`` URI) for the block.
 
@@ -246,9 +252,10 @@ class AsyncSqliteSaver(SqliteInspection, IdemSaverBase):
         (``file:...?mode=ro``, where writes raise it instead); a file that is not SQLite
         (:class:`NotADatabaseError`).
         """
+        ttl = TTLConfig.of(ttl)  # refused before anything is opened
         uri = conn_string.startswith("file:")
         conn = aiosqlite.connect(conn_string, isolation_level=None, uri=uri)
-        saver = cls(conn, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout)
+        saver = cls(conn, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout, ttl=ttl)
         saver._target = parse_target(conn_string, uri)
         try:
             await saver.setup()
@@ -680,30 +687,29 @@ class AsyncSqliteSaver(SqliteInspection, IdemSaverBase):
         """
         check_prune_strategy(strategy)
         ids = [str(t) for t in thread_ids]
-
-        def prune(conn: sqlite3.Connection) -> None:
-            for thread_id in ids:
-                if strategy == "delete":
-                    conn.execute(sql.DELETE_CHECKPOINTS_OF_THREAD, (thread_id,))
-                    conn.execute(sql.DELETE_WRITES_OF_THREAD, (thread_id,))
-                    conn.execute(sql.DELETE_BLOBS_OF_THREAD, (thread_id,))
-                    continue
-                keep: set[tuple[str, str]] = set()
-                for ns, head_id in conn.execute(sql.SELECT_HEADS, (thread_id,)).fetchall():
-                    read = partial(_parent_and_metadata, conn, thread_id, ns)
-                    keep.update((ns, cid) for cid in checkpoints_to_keep(head_id, read))
-                for ns, checkpoint_id in conn.execute(
-                    sql.SELECT_CHECKPOINT_KEYS, (thread_id,)
-                ).fetchall():
-                    if (ns, checkpoint_id) not in keep:
-                        conn.execute(
-                            sql.DELETE_WRITES_OF_CHECKPOINT, (thread_id, ns, checkpoint_id)
-                        )
-                        conn.execute(sql.DELETE_CHECKPOINT, (thread_id, ns, checkpoint_id))
-                _collect_blobs(conn, thread_id)
-
-        await self._write(prune)
+        await self._write(lambda conn: self._prune_rows(conn, ids, strategy))
         self._deltas.forget(ids)
+
+    @staticmethod
+    def _prune_rows(conn: sqlite3.Connection, ids: Sequence[str], strategy: str) -> None:
+        """``aprune``'s transaction body (retention's ``keep_latest`` reuses it)."""
+        for thread_id in ids:
+            if strategy == "delete":
+                conn.execute(sql.DELETE_CHECKPOINTS_OF_THREAD, (thread_id,))
+                conn.execute(sql.DELETE_WRITES_OF_THREAD, (thread_id,))
+                conn.execute(sql.DELETE_BLOBS_OF_THREAD, (thread_id,))
+                continue
+            keep: set[tuple[str, str]] = set()
+            for ns, head_id in conn.execute(sql.SELECT_HEADS, (thread_id,)).fetchall():
+                read = partial(_parent_and_metadata, conn, thread_id, ns)
+                keep.update((ns, cid) for cid in checkpoints_to_keep(head_id, read))
+            for ns, checkpoint_id in conn.execute(
+                sql.SELECT_CHECKPOINT_KEYS, (thread_id,)
+            ).fetchall():
+                if (ns, checkpoint_id) not in keep:
+                    conn.execute(sql.DELETE_WRITES_OF_CHECKPOINT, (thread_id, ns, checkpoint_id))
+                    conn.execute(sql.DELETE_CHECKPOINT, (thread_id, ns, checkpoint_id))
+            _collect_blobs(conn, thread_id)
 
     # --- the tool-call ledger ----------------------------------------------------------
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any
 
@@ -42,6 +42,7 @@ import aiosqlite
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
+from langgraph_idem_saver.retention import SyncRetention, TTLConfig
 from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver, Synchronous
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
 
@@ -51,7 +52,7 @@ __all__ = ["SqliteSaver"]
 _ITER_CHUNK_SIZE = 64
 
 
-class SqliteSaver(SyncSaverBase[AsyncSqliteSaver]):
+class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
     """Sync SQLite checkpointer and tool-call ledger (see the module docstring).
 
     Args:
@@ -61,6 +62,7 @@ class SqliteSaver(SyncSaverBase[AsyncSqliteSaver]):
             (``"FULL"``: every commit survives power loss).
         busy_timeout: seconds to wait for another process's write lock before raising
             :class:`~langgraph_idem_saver.errors.DatabaseLockedError`.
+        ttl: retention, applied by ``sweep()`` (see ``TTLConfig``).
     """
 
     conn: sqlite3.Connection
@@ -72,6 +74,7 @@ class SqliteSaver(SyncSaverBase[AsyncSqliteSaver]):
         serde: SerializerProtocol | None = None,
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 5.0,
+        ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(conn, sqlite3.Connection):
             raise TypeError(f"conn must be a sqlite3.Connection, got {type(conn).__name__}")
@@ -83,13 +86,14 @@ class SqliteSaver(SyncSaverBase[AsyncSqliteSaver]):
                 "default transaction control or autocommit=True"
             )
         self.conn = conn
+        ttl = TTLConfig.of(ttl)
 
         async def open_saver(stack: AsyncExitStack) -> AsyncSqliteSaver:
             _check_usable_from_another_thread(conn)  # we are on the loop's thread
             borrowed = _BorrowedConnection(conn)  # its worker thread is a daemon, as ours
             stack.push_async_callback(borrowed.close)
             return AsyncSqliteSaver(
-                borrowed, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout
+                borrowed, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout, ttl=ttl
             )
 
         self._start("SqliteSaver", open_saver)
@@ -103,6 +107,7 @@ class SqliteSaver(SyncSaverBase[AsyncSqliteSaver]):
         serde: SerializerProtocol | None = None,
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 5.0,
+        ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> Iterator[SqliteSaver]:
         """Open ``conn_string`` (a path, ``:memory:`` or a ``file:`` URI) for the block.
 
@@ -113,7 +118,11 @@ class SqliteSaver(SyncSaverBase[AsyncSqliteSaver]):
         async def open_saver(stack: AsyncExitStack) -> AsyncSqliteSaver:
             return await stack.enter_async_context(
                 AsyncSqliteSaver.from_conn_string(
-                    conn_string, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout
+                    conn_string,
+                    serde=serde,
+                    synchronous=synchronous,
+                    busy_timeout=busy_timeout,
+                    ttl=ttl,
                 )
             )
 

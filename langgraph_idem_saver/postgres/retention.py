@@ -1,0 +1,186 @@
+"""Retention on PostgreSQL: the SQL of ``asweep`` and the mixin ``AsyncPostgresSaver``
+inherits.
+
+Each batch is one transaction that first takes the exclusive per-thread advisory locks
+deletes and prunes take (``sql.LOCK_THREADS``), so an ``aput`` writing a list delta
+waits for it and then finds its base, or writes whole (see ``sql.THREAD_LOCK_SPACE``).
+Writes of whole values and ledger claims do not take that lock; so the batch re-checks
+the threads it found idle and ``delete`` removes them in one statement whose guard sees
+the same snapshot as its deletes: a checkpoint or claim committed before that snapshot
+spares the thread, one committed after it is not among the rows deleted. The policy is
+in :mod:`langgraph_idem_saver.retention`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg import AsyncCursor
+from psycopg.rows import TupleRow
+
+from langgraph_idem_saver.postgres import sql
+from langgraph_idem_saver.retention import (
+    Cutoffs,
+    DryRun,
+    LedgerRule,
+    RetentionBase,
+    RowCounts,
+    counts_by_thread,
+    ledger_rule_params,
+    ledger_rule_sql,
+)
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.list_deltas import ListDeltaEncoder
+
+T = TypeVar("T")
+MARKER = "%({})s"  # a named parameter
+Cursor = AsyncCursor[TupleRow]
+
+# threads whose newest checkpoint id (any namespace) sorts below %(bound)s, in id
+# order after %(after)s (keyset pages); idem_checkpoints_thread_order serves it
+SELECT_EXPIRED_THREADS = """
+SELECT thread_id, MAX(checkpoint_id) FROM idem_checkpoints
+WHERE thread_id > %(after)s
+GROUP BY thread_id HAVING MAX(checkpoint_id) < %(bound)s {more}
+ORDER BY thread_id LIMIT %(n)s
+"""
+# keep_latest: only threads with something left to prune
+ONLY_PRUNABLE = "AND COUNT(*) > COUNT(DISTINCT checkpoint_ns)"
+
+# per thread: its newest checkpoint id and when its ledger was last touched
+SELECT_ACTIVITY = """
+SELECT c.thread_id, c.head, l.last
+FROM (SELECT thread_id, MAX(checkpoint_id) AS head FROM idem_checkpoints
+      WHERE thread_id = ANY(%(threads)s) GROUP BY thread_id) AS c
+LEFT JOIN (SELECT thread_id, GREATEST(MAX(issued_at), MAX(finished_at)) AS last
+           FROM idem_tool_calls WHERE thread_id = ANY(%(threads)s) GROUP BY thread_id) AS l
+  ON l.thread_id = c.thread_id
+"""
+
+# rows per thread: (table, thread_id, count)
+COUNT_ROWS = """
+SELECT 'c', thread_id, count(*) FROM idem_checkpoints
+WHERE thread_id = ANY(%(threads)s) GROUP BY thread_id
+UNION ALL
+SELECT 'w', thread_id, count(*) FROM idem_writes
+WHERE thread_id = ANY(%(threads)s) GROUP BY thread_id
+UNION ALL
+SELECT 'b', thread_id, count(*) FROM idem_blobs
+WHERE thread_id = ANY(%(threads)s) GROUP BY thread_id
+"""
+
+# "delete": every row of the threads, unless (in this statement's snapshot) a thread
+# checkpointed at or after the bound or touched its ledger since the cutoff
+DELETE_IDLE_THREADS = """
+WITH busy AS (
+    SELECT thread_id FROM idem_checkpoints
+    WHERE thread_id = ANY(%(threads)s) AND checkpoint_id >= %(bound)s
+  UNION
+    SELECT thread_id FROM idem_tool_calls
+    WHERE thread_id = ANY(%(threads)s) AND (issued_at >= %(since)s OR finished_at >= %(since)s)
+), idle AS (
+    SELECT t FROM unnest(%(threads)s::text[]) AS t WHERE t NOT IN (SELECT thread_id FROM busy)
+), c AS (DELETE FROM idem_checkpoints WHERE thread_id IN (SELECT t FROM idle)),
+   w AS (DELETE FROM idem_writes WHERE thread_id IN (SELECT t FROM idle))
+DELETE FROM idem_blobs WHERE thread_id IN (SELECT t FROM idle)
+"""
+
+# ledger entries a rule may remove ({which}, {removable}: retention.ledger_rule_sql)
+SELECT_REMOVABLE = """
+SELECT l.scope, l.key FROM idem_tool_calls AS l
+WHERE (l.scope, l.key) > (%(s)s, %(k)s) AND {which} AND {removable}
+ORDER BY l.scope, l.key LIMIT %(n)s
+"""
+DELETE_REMOVABLE = """
+DELETE FROM idem_tool_calls AS l
+USING unnest(%(scopes)s::text[], %(keys)s::text[]) AS u (scope, key)
+WHERE l.scope = u.scope AND l.key = u.key AND {which} AND {removable}
+"""
+
+COUNT_ISSUED_BEFORE = (
+    "SELECT count(*) FROM idem_tool_calls WHERE status = 'issued' AND issued_at < %(since)s"
+)
+
+
+async def _counts(cur: Cursor, threads: Sequence[str]) -> dict[str, RowCounts]:
+    await cur.execute(COUNT_ROWS, {"threads": list(threads)})
+    return counts_by_thread(await cur.fetchall(), threads)
+
+
+class PostgresRetention(RetentionBase):
+    """``asweep``'s primitives on PostgreSQL (mixed into :class:`AsyncPostgresSaver`)."""
+
+    if TYPE_CHECKING:
+        _deltas: ListDeltaEncoder
+
+        async def _run(
+            self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+        ) -> T: ...
+
+        @staticmethod
+        async def _keep_latest_rows(cur: Cursor, threads: Sequence[str]) -> None: ...
+
+    async def _fetch(self, query: str, params: dict[str, Any]) -> list[TupleRow]:
+        async def read(cur: Cursor) -> list[TupleRow]:
+            await cur.execute(query, params)
+            return await cur.fetchall()
+
+        return await self._run(read)
+
+    async def _expired_threads(self, cut: Cutoffs, after: str, limit: int) -> list[tuple[str, str]]:
+        more = ONLY_PRUNABLE if cut.strategy == "keep_latest" else ""
+        params = {"after": after, "bound": cut.bound_id, "n": limit}
+        rows = await self._fetch(SELECT_EXPIRED_THREADS.format(more=more), params)
+        return [(r[0], r[1]) for r in rows]
+
+    async def _sweep_threads(
+        self, cut: Cutoffs, threads: list[str]
+    ) -> list[tuple[RowCounts, RowCounts]]:
+        async def sweep(cur: Cursor) -> list[tuple[RowCounts, RowCounts]]:
+            await cur.execute(sql.LOCK_THREADS, {"threads": threads})
+            await cur.execute(SELECT_ACTIVITY, {"threads": threads})
+            idle = [t for t, head, last in await cur.fetchall() if cut.idle(head, last)]
+            if not idle:
+                return []
+            before = await _counts(cur, idle)
+            if cut.strategy == "delete":
+                params = {"threads": idle, "bound": cut.bound_id, "since": cut.since}
+                await cur.execute(DELETE_IDLE_THREADS, params)
+            else:
+                await self._keep_latest_rows(cur, idle)
+            after = await _counts(cur, idle)
+            counts = [(before[t], after[t]) for t in idle]
+            if cut.dry_run:
+                raise DryRun(counts)  # rolls the batch back
+            return counts
+
+        changed = await self._run(sweep, tx=True)
+        self._deltas.forget(threads)
+        return changed
+
+    async def _removable_entries(
+        self, rule: LedgerRule, after: tuple[str, str], limit: int
+    ) -> list[tuple[str, str]]:
+        params = {**ledger_rule_params(rule), "s": after[0], "k": after[1], "n": limit}
+        rows = await self._fetch(ledger_rule_sql(SELECT_REMOVABLE, rule, MARKER), params)
+        return [(r[0], r[1]) for r in rows]
+
+    async def _remove_entries(self, rule: LedgerRule, keys: list[tuple[str, str]]) -> int:
+        query = ledger_rule_sql(DELETE_REMOVABLE, rule, MARKER)
+        params = {
+            **ledger_rule_params(rule),
+            "scopes": [k[0] for k in keys],
+            "keys": [k[1] for k in keys],
+        }
+
+        async def remove(cur: Cursor) -> int:
+            await cur.execute(query, params)
+            return cur.rowcount
+
+        return await self._run(remove)
+
+    async def _count_issued_before(self, since: float) -> int:
+        rows = await self._fetch(COUNT_ISSUED_BEFORE, {"since": since})
+        return int(rows[0][0])

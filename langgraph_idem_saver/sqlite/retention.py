@@ -1,0 +1,142 @@
+"""Retention on SQLite: the SQL of ``asweep`` and the mixin ``AsyncSqliteSaver`` inherits.
+
+Each batch is one write transaction (``BEGIN IMMEDIATE``, through the saver's group
+commit), so it is serialized with every other writer: the threads it re-checks as idle
+inside it cannot gain a checkpoint or a claim before it commits. Candidates are found
+by reads, which in WAL mode block nobody. The policy is in
+:mod:`langgraph_idem_saver.retention`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from langgraph_idem_saver.retention import (
+    Cutoffs,
+    DryRun,
+    LedgerRule,
+    RetentionBase,
+    RowCounts,
+    counts_by_thread,
+    ledger_rule_params,
+    ledger_rule_sql,
+)
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.list_deltas import ListDeltaEncoder
+
+T = TypeVar("T")
+MARKER = ":{}"  # a named parameter
+
+# threads whose newest checkpoint id (any namespace) sorts below :bound, in id order
+# after :after (keyset pages); the primary key's index is read, no table row
+SELECT_EXPIRED_THREADS = """
+SELECT thread_id, MAX(checkpoint_id) FROM idem_checkpoints
+WHERE thread_id > :after
+GROUP BY thread_id HAVING MAX(checkpoint_id) < :bound {more}
+ORDER BY thread_id LIMIT :n
+"""
+# keep_latest: only threads with something left to prune (a thread kept at its head
+# is not re-pruned by every sweep)
+ONLY_PRUNABLE = "AND COUNT(*) > COUNT(DISTINCT checkpoint_ns)"
+
+# a thread's newest checkpoint id and when its ledger was last touched
+SELECT_ACTIVITY = """
+SELECT (SELECT MAX(checkpoint_id) FROM idem_checkpoints WHERE thread_id = ?1),
+       (SELECT MAX(MAX(issued_at), COALESCE(MAX(finished_at), 0))
+        FROM idem_tool_calls WHERE thread_id = ?1)
+"""
+
+# rows per thread of a JSON array of thread ids: (table, thread_id, count)
+COUNT_ROWS = """
+SELECT 'c', thread_id, COUNT(*) FROM idem_checkpoints
+WHERE thread_id IN (SELECT value FROM json_each(?1)) GROUP BY thread_id
+UNION ALL
+SELECT 'w', thread_id, COUNT(*) FROM idem_writes
+WHERE thread_id IN (SELECT value FROM json_each(?1)) GROUP BY thread_id
+UNION ALL
+SELECT 'b', thread_id, COUNT(*) FROM idem_blobs
+WHERE thread_id IN (SELECT value FROM json_each(?1)) GROUP BY thread_id
+"""
+
+# ledger entries a rule may remove ({which}, {removable}: retention.ledger_rule_sql)
+SELECT_REMOVABLE = """
+SELECT l.scope, l.key FROM idem_tool_calls AS l
+WHERE (l.scope, l.key) > (:s, :k) AND {which} AND {removable}
+ORDER BY l.scope, l.key LIMIT :n
+"""
+DELETE_REMOVABLE = """
+DELETE FROM idem_tool_calls AS l
+WHERE l.scope = :s AND l.key = :k AND {which} AND {removable}
+"""
+
+COUNT_ISSUED_BEFORE = (
+    "SELECT COUNT(*) FROM idem_tool_calls WHERE status = 'issued' AND issued_at < ?"
+)
+
+
+def _counts(conn: sqlite3.Connection, threads: Sequence[str]) -> dict[str, RowCounts]:
+    return counts_by_thread(conn.execute(COUNT_ROWS, (json.dumps(list(threads)),)), threads)
+
+
+class SqliteRetention(RetentionBase):
+    """``asweep``'s primitives on SQLite (mixed into :class:`AsyncSqliteSaver`)."""
+
+    if TYPE_CHECKING:
+        _deltas: ListDeltaEncoder
+
+        async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+        async def _write(
+            self, body: Callable[[sqlite3.Connection], T], *, before_tool_runs: bool = False
+        ) -> T: ...
+
+        @staticmethod
+        def _prune_rows(conn: sqlite3.Connection, ids: Sequence[str], strategy: str) -> None: ...
+
+    async def _expired_threads(self, cut: Cutoffs, after: str, limit: int) -> list[tuple[str, str]]:
+        more = ONLY_PRUNABLE if cut.strategy == "keep_latest" else ""
+        query = SELECT_EXPIRED_THREADS.format(more=more)
+        params = {"after": after, "bound": cut.bound_id, "n": limit}
+        return await self._run(lambda c: [(r[0], r[1]) for r in c.execute(query, params)])
+
+    async def _sweep_threads(
+        self, cut: Cutoffs, threads: list[str]
+    ) -> list[tuple[RowCounts, RowCounts]]:
+        def sweep(conn: sqlite3.Connection) -> list[tuple[RowCounts, RowCounts]]:
+            idle = [t for t in threads if cut.idle(*conn.execute(SELECT_ACTIVITY, (t,)).fetchone())]
+            before = _counts(conn, idle)
+            self._prune_rows(conn, idle, cut.strategy)
+            after = _counts(conn, idle)
+            counts = [(before[t], after[t]) for t in idle]
+            if cut.dry_run:
+                raise DryRun(counts)  # rolls the batch back
+            return counts
+
+        changed = await self._write(sweep)
+        self._deltas.forget(threads)
+        return changed
+
+    async def _removable_entries(
+        self, rule: LedgerRule, after: tuple[str, str], limit: int
+    ) -> list[tuple[str, str]]:
+        query = ledger_rule_sql(SELECT_REMOVABLE, rule, MARKER)
+        params = {**ledger_rule_params(rule), "s": after[0], "k": after[1], "n": limit}
+        return await self._run(lambda c: [(r[0], r[1]) for r in c.execute(query, params)])
+
+    async def _remove_entries(self, rule: LedgerRule, keys: list[tuple[str, str]]) -> int:
+        query = ledger_rule_sql(DELETE_REMOVABLE, rule, MARKER)
+        base = ledger_rule_params(rule)
+
+        def remove(conn: sqlite3.Connection) -> int:
+            return sum(conn.execute(query, {**base, "s": s, "k": k}).rowcount for s, k in keys)
+
+        return await self._write(remove)
+
+    async def _count_issued_before(self, since: float) -> int:
+        return await self._run(
+            lambda c: int(c.execute(COUNT_ISSUED_BEFORE, (since,)).fetchone()[0])
+        )
