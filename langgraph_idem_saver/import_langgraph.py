@@ -1,0 +1,452 @@
+"""Adopting a database that LangGraph's own saver filled: import its threads into ours.
+
+Our tables are separate from LangGraph's (``idem_*``), so switching an existing
+``agent.db`` (or Postgres schema) to our saver would silently hide every thread. This
+module copies every checkpoint, channel value and pending write from LangGraph's tables
+in the same SQLite file / Postgres schema into ours, and warns on ``setup()`` while there
+is something to import.
+
+How, and why so:
+
+* Rows are decoded (each backend's reader, ``sqlite/import_sql.py`` and
+  ``postgres/import_sql.py``, mirrors LangGraph's own ``aget_tuple``) and written through
+  our saver's ``aput_writes`` / ``aput``, with the ``new_versions`` a live run would have
+  passed (the channels whose version differs from the parent's): our storage format stays
+  exactly what a live run writes (list deltas included), never a byte copy of another
+  format. Ids, parent ids, metadata, versions and task ids/paths are kept.
+* **Idempotent and resumable.** A checkpoint's writes go in before the checkpoint, so a
+  checkpoint present in our tables is complete; those are skipped. A killed import
+  re-run continues where it stopped; a finished one changes nothing.
+* **Verified.** Each imported checkpoint is read back through our ``aget_tuple`` and
+  compared with the source (checkpoint, metadata, parent, pending writes);
+  :class:`ImportVerificationError` stops the import at the first difference.
+* Layouts: ``langgraph-checkpoint-sqlite`` / ``-postgres`` current (3.x) and the previous
+  major (2.x, whose ``writes`` table may lack ``task_path``), told apart by the columns.
+
+Run it while nothing writes to LangGraph's tables (the old application stopped).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+
+from langgraph_idem_saver.errors import (
+    ConfigError,
+    ImportLayoutError,
+    ImportVerificationError,
+)
+from langgraph_idem_saver.saver_base import decode_typed, make_config
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.saver_base import IdemSaverBase
+
+LOG = logging.getLogger("langgraph_idem_saver.import")
+
+DEFAULT_BATCH_SIZE = 200
+CLI_COMMAND = "idem-saver import-langgraph"
+
+Key = tuple[str, str, str]  # thread_id, checkpoint_ns, checkpoint_id
+
+# What both backends ask of our own tables (``{p}``: the driver's placeholder).
+SELECT_IMPORTED = """
+SELECT thread_id, checkpoint_ns, checkpoint_id FROM idem_checkpoints
+WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN ({p}, {p}, {p}) AND ({p}, {p}, {p})
+"""
+SELECT_UNIMPORTED_THREAD = """
+SELECT 1 FROM checkpoints AS c
+WHERE NOT EXISTS (SELECT 1 FROM idem_checkpoints AS i WHERE i.thread_id = c.thread_id)
+LIMIT 1
+"""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which of LangGraph's table layouts a database holds."""
+
+    name: str  # shown in reports, e.g. "langgraph-checkpoint-sqlite 3.x"
+    task_path: bool  # whether the writes table has task_path (older ones: '' for all)
+
+
+@dataclass(frozen=True)
+class SourceWrite:
+    """One pending write as LangGraph stored it (value still serialized)."""
+
+    task_id: str
+    task_path: str
+    idx: int
+    channel: str
+    type: str | None
+    value: bytes | None
+
+
+@dataclass
+class SourceRow:
+    """One of LangGraph's checkpoints, decoded as LangGraph's ``aget_tuple`` would."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    checkpoint: dict[str, Any]
+    metadata: dict[str, Any]
+    writes: list[SourceWrite] = field(default_factory=list)
+
+    @property
+    def key(self) -> Key:
+        return (self.thread_id, self.checkpoint_ns, self.checkpoint_id)
+
+    @property
+    def where(self) -> dict[str, str]:
+        return {
+            "thread_id": self.thread_id,
+            "checkpoint_ns": self.checkpoint_ns,
+            "checkpoint_id": self.checkpoint_id,
+        }
+
+
+def with_writes(
+    rows: Sequence[Any],
+    writes: Sequence[Any],
+    decode: Callable[[Any, list[SourceWrite]], SourceRow],
+) -> list[SourceRow]:
+    """A page's checkpoint rows decoded with their writes; both kinds of row start with
+    the checkpoint's key, and a write row goes on with :class:`SourceWrite`'s fields."""
+    by_key: dict[Key, list[SourceWrite]] = {}
+    for w in writes:
+        by_key.setdefault((w[0], w[1], w[2]), []).append(SourceWrite(*w[3:]))
+    return [decode(row, by_key.get((row[0], row[1], row[2]), [])) for row in rows]
+
+
+class LangGraphTables(Protocol):
+    """What a backend's reader of LangGraph's tables offers (``*/import_sql.py``)."""
+
+    def target(self) -> str:
+        """The database as the CLI command should name it."""
+        ...
+
+    def where(self) -> str:
+        """The database as a message names it."""
+        ...
+
+    async def alayout(self) -> Layout | None:
+        """The layout, or None when LangGraph's tables are absent; raises
+        :class:`ImportLayoutError` for tables we cannot read."""
+        ...
+
+    async def apage(self, layout: Layout, after: Key | None, limit: int) -> list[SourceRow]:
+        """Up to ``limit`` checkpoints after ``after`` in key order, with their writes."""
+        ...
+
+    async def aimported(self, first: Key, last: Key) -> set[Key]:
+        """The keys between ``first`` and ``last`` (inclusive) already in our tables."""
+        ...
+
+    async def ahas_unimported_threads(self) -> bool:
+        """Whether LangGraph's tables hold a thread ours does not have."""
+        ...
+
+
+@dataclass
+class ImportReport:
+    """What an import did; ``str(report)`` is a short table for the CLI."""
+
+    source: str = "none"
+    checkpoints_found: int = 0
+    checkpoints_imported: int = 0
+    checkpoints_present: int = 0
+    threads_found: int = 0
+    threads_imported: int = 0
+    values_written: int = 0
+    writes_imported: int = 0
+    verified: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+    _threads: set[str] = field(default_factory=set, repr=False, compare=False)
+    _imported_threads: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    @property
+    def changed(self) -> bool:
+        """Whether this run wrote anything (False for a re-run of a finished import)."""
+        return self.checkpoints_imported > 0
+
+    def __str__(self) -> str:
+        if self.source == "none":
+            return "no LangGraph checkpoint tables found: nothing to import"
+        rows = [
+            ("source", self.source),
+            ("threads", f"{self.threads_imported} imported of {self.threads_found}"),
+            (
+                "checkpoints",
+                f"{self.checkpoints_imported} imported, {self.checkpoints_present} "
+                f"already present, of {self.checkpoints_found}",
+            ),
+            ("channel values", str(self.values_written)),
+            ("pending writes", str(self.writes_imported)),
+            ("verified", f"{self.verified} read back equal"),
+            ("time", f"{self.seconds:.1f} s in {self.batches} batches"),
+        ]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def tables_of(saver: IdemSaverBase) -> LangGraphTables:
+    """The reader of LangGraph's tables beside ``saver``'s own."""
+    from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver
+
+    if isinstance(saver, AsyncSqliteSaver):
+        from langgraph_idem_saver.sqlite.import_sql import SqliteTables
+
+        return SqliteTables(saver)
+    if type(saver).__module__.startswith("langgraph_idem_saver.postgres"):
+        from langgraph_idem_saver.postgres.import_sql import PostgresTables
+        from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
+
+        return PostgresTables(cast(AsyncPostgresSaver, saver))
+    raise ConfigError(
+        f"importing LangGraph's tables needs an AsyncSqliteSaver or AsyncPostgresSaver "
+        f"of langgraph-idem-saver, got {type(saver).__name__}"
+    )
+
+
+async def aimport_langgraph(
+    saver: IdemSaverBase,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    verify: bool = True,
+    progress: Callable[[ImportReport], None] | None = None,
+) -> ImportReport:
+    """Copy every thread in LangGraph's own tables beside ``saver``'s into ``saver``.
+
+    Args:
+        saver: an ``AsyncSqliteSaver`` or ``AsyncPostgresSaver``; LangGraph's tables are
+            read from the same SQLite file / the same Postgres schema (``search_path``).
+            Its serializer must read what LangGraph's saver wrote (the same
+            ``EncryptedSerializer`` key, if one was used).
+        batch_size: checkpoints read per round trip (memory is bounded by it).
+        verify: read each imported checkpoint back and compare it with the source.
+        progress: called with the report so far after each batch.
+
+    Returns the counts. Idempotent (a re-run imports nothing) and resumable (a killed run,
+    re-run, finishes). Raises :class:`ImportLayoutError` for tables it cannot read,
+    :class:`~langgraph_idem_saver.errors.CorruptRecordError` for a row that does not
+    decode, :class:`ImportVerificationError` for a copy that does not read back equal.
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    started = time.monotonic()
+    tables = tables_of(saver)
+    report = ImportReport()
+    layout = await tables.alayout()
+    if layout is None:
+        return report
+    report.source = layout.name
+    copier = _Copier(saver, report, verify)
+    after: Key | None = None
+    while rows := await tables.apage(layout, after, batch_size):
+        present = await tables.aimported(rows[0].key, rows[-1].key)
+        for row in rows:
+            await copier.acopy(row, present=row.key in present)
+        after = rows[-1].key
+        report.batches += 1
+        report.seconds = time.monotonic() - started
+        if progress is not None:
+            progress(report)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+async def awarn_if_unimported(saver: IdemSaverBase) -> None:
+    """Log one warning when LangGraph's tables beside ours hold threads ours lacks.
+
+    Called once by each saver's ``setup()``. Tables named like LangGraph's that are not
+    LangGraph's (another program's ``checkpoints``) are not ours to mention.
+    """
+    tables = tables_of(saver)
+    try:
+        layout = await tables.alayout()
+    except ImportLayoutError:
+        return
+    if layout is None or not await tables.ahas_unimported_threads():
+        return
+    LOG.warning(
+        "LangGraph's own checkpoint tables in %s hold threads that this saver does not "
+        "have (its tables are separate), so those conversations are not visible here. "
+        "Import them once: `%s %s`, or `await saver.aimport_langgraph()` "
+        "(`saver.import_langgraph()` on a sync saver).",
+        tables.where(),
+        CLI_COMMAND,
+        tables.target(),
+    )
+
+
+class _Copier:
+    """Writes source rows through the saver, keeping what a live run would have kept."""
+
+    def __init__(self, saver: IdemSaverBase, report: ImportReport, verify: bool) -> None:
+        self.saver = saver
+        self.report = report
+        self.verify = verify
+        # per (thread, namespace) being copied: versions of its checkpoints (for the
+        # parent's), and the last list of each channel (to share its objects)
+        self._scope: tuple[str, str] | None = None
+        self._versions: dict[str, dict[str, Any]] = {}
+        self._lists: dict[str, list[Any]] = {}
+
+    async def acopy(self, row: SourceRow, *, present: bool) -> None:
+        report = self.report
+        report.checkpoints_found += 1
+        if row.thread_id not in report._threads:
+            report._threads.add(row.thread_id)
+            report.threads_found = len(report._threads)
+        scope = (row.thread_id, row.checkpoint_ns)
+        if scope != self._scope:
+            self._scope, self._versions, self._lists = scope, {}, {}
+        versions = dict(row.checkpoint.get("channel_versions") or {})
+        values = self._share_prefixes(dict(row.checkpoint.get("channel_values") or {}))
+        parent_versions = self._versions.get(row.parent_id or "")
+        self._versions[row.checkpoint_id] = versions
+        if present:
+            report.checkpoints_present += 1
+            return
+        config = make_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
+        writes = self._decoded_writes(row)
+        for (task_id, task_path), items in writes.items():
+            await self.saver.aput_writes(config, items, task_id, task_path)
+        new_versions = (
+            {ch: v for ch, v in versions.items() if ch in values}
+            if parent_versions is None
+            else {ch: v for ch, v in versions.items() if parent_versions.get(ch) != v}
+        )
+        parent: dict[str, Any] = {"thread_id": row.thread_id, "checkpoint_ns": row.checkpoint_ns}
+        if row.parent_id is not None:
+            parent["checkpoint_id"] = row.parent_id
+        checkpoint = cast(Checkpoint, {**row.checkpoint, "channel_values": values})
+        await self.saver.aput(
+            {"configurable": parent},
+            checkpoint,
+            cast(CheckpointMetadata, row.metadata),
+            new_versions,
+        )
+        report.checkpoints_imported += 1
+        report.values_written += len(new_versions)
+        report.writes_imported += sum(len(items) for items in writes.values())
+        if row.thread_id not in report._imported_threads:
+            report._imported_threads.add(row.thread_id)
+            report.threads_imported = len(report._imported_threads)
+        if self.verify:
+            got = await self._averify(row, writes)
+            report.verified += 1
+            # reading it back made the saver remember the objects it read as the base of
+            # the next delta (as when a graph resumes): build the next lists from those
+            for channel, value in got.checkpoint["channel_values"].items():
+                if type(value) is list:
+                    self._lists[channel] = value
+
+    def _share_prefixes(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Lists that extend the previous checkpoint's list are rebuilt from its very
+        objects, so our saver stores the appended items only (``list_deltas``), as it
+        would have in a live run; equal values, fewer bytes."""
+        for channel, value in values.items():
+            prev = self._lists.get(channel)
+            if (
+                type(value) is list
+                and type(prev) is list
+                and len(value) > len(prev)
+                and value[: len(prev)] == prev
+            ):
+                values[channel] = value = prev + value[len(prev) :]
+            if type(value) is list:
+                self._lists[channel] = value
+            else:
+                self._lists.pop(channel, None)
+        return values
+
+    def _decoded_writes(self, row: SourceRow) -> dict[tuple[str, str], list[tuple[str, Any]]]:
+        """Each task's writes in the order ``aput_writes`` gives them their indexes."""
+        tasks: dict[tuple[str, str], list[SourceWrite]] = {}
+        for w in row.writes:
+            tasks.setdefault((w.task_id, w.task_path), []).append(w)
+        out: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+        for task, ws in sorted(tasks.items()):
+            ordinary = sorted((w for w in ws if w.idx >= 0), key=lambda w: w.idx)
+            special = sorted((w for w in ws if w.idx < 0), key=lambda w: -w.idx)
+            if [w.idx for w in ordinary] != list(range(len(ordinary))) or any(
+                WRITES_IDX_MAP.get(w.channel) != w.idx for w in special
+            ):
+                raise ImportLayoutError(
+                    f"pending writes of task {task[0]!r} at {row.where} have indexes "
+                    f"{sorted(w.idx for w in ws)} for channels "
+                    f"{[w.channel for w in ws]}, which LangGraph's put_writes never "
+                    "writes; nothing of that checkpoint was imported"
+                )
+            out[task] = [
+                (
+                    w.channel,
+                    decode_typed(
+                        self.saver.serde,
+                        w.type or "",
+                        w.value,
+                        "pending write",
+                        task_id=w.task_id,
+                        channel=w.channel,
+                        **row.where,
+                    ),
+                )
+                for w in ordinary + special
+            ]
+        return out
+
+    async def _averify(
+        self, row: SourceRow, writes: dict[tuple[str, str], list[tuple[str, Any]]]
+    ) -> CheckpointTuple:
+        got = await self.saver.aget_tuple(
+            make_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
+        )
+        differs = _difference(row, got, _ordered_writes(writes))
+        if differs:
+            raise ImportVerificationError(
+                f"checkpoint {row.where} read back from our tables differs from LangGraph's "
+                f"row in its {differs}; the import stopped there"
+            )
+        assert got is not None  # _difference said so
+        return got
+
+
+def _ordered_writes(
+    writes: dict[tuple[str, str], list[tuple[str, Any]]],
+) -> list[tuple[str, str, Any]]:
+    """Pending writes in the order both savers return them: task path, task id, index."""
+    keyed = []
+    for (task_id, task_path), items in writes.items():
+        for position, (channel, value) in enumerate(items):
+            idx = WRITES_IDX_MAP.get(channel, position)
+            keyed.append(((task_path, task_id, idx), (task_id, channel, value)))
+    keyed.sort(key=lambda kv: kv[0])
+    return [item for _, item in keyed]
+
+
+def _difference(row: SourceRow, got: Any, writes: Sequence[tuple[str, str, Any]]) -> str:
+    """The first part of the copy that differs from the source ('' when none does)."""
+    if got is None:
+        return "existence (it is missing)"
+    parent = got.parent_config["configurable"]["checkpoint_id"] if got.parent_config else None
+    for part, ours, theirs in (
+        ("checkpoint", got.checkpoint, row.checkpoint),
+        ("metadata", got.metadata, row.metadata),
+        ("parent checkpoint id", parent, row.parent_id),
+        ("pending writes", list(got.pending_writes or []), list(writes)),
+    ):
+        if ours != theirs:
+            return part
+    return ""
