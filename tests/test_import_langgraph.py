@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import operator
 import signal
 import sqlite3
 import subprocess
@@ -326,6 +328,26 @@ async def test_setup_warns_once_naming_the_command(
     async with db.ours() as ours:
         await ours.aget_tuple(cfg("chat"))
     assert [r for r in caplog.records if r.name == LOGGER] == []
+
+
+class Scores(TypedDict):
+    scores: Annotated[list[float], operator.add]
+
+
+async def test_a_value_not_equal_to_itself_verifies(db: Db) -> None:
+    """NaN != NaN: the read-back check compares such values by their bytes, not ==."""
+    builder = StateGraph(Scores)
+    builder.add_node("score", lambda state: {"scores": [math.nan, 1.0]})
+    builder.add_edge(START, "score")
+    builder.add_edge("score", END)
+    async with db.official() as official:
+        await builder.compile(checkpointer=official).ainvoke({"scores": []}, cfg("nan"))
+        n = len(await tuples(official))
+    async with db.ours() as ours:
+        report = await ours.aimport_langgraph()
+        assert report.verified == report.checkpoints_imported == n
+        state = await builder.compile(checkpointer=ours).aget_state(cfg("nan"))
+    assert math.isnan(state.values["scores"][0]) and state.values["scores"][1:] == [1.0]
 
 
 def test_sync_saver_imports(db: Db) -> None:
