@@ -81,7 +81,7 @@ class Copier:
             report._imported_threads.add(row.thread_id)
             report.threads_imported = len(report._imported_threads)
         if self.verify:
-            got = await self._averify(row, writes)
+            got = await self._averify(row, writes, new_versions)
             report.verified += 1
             # reading it back made the saver remember the objects it read as the base of
             # the next delta (as when a graph resumes): build the next lists from those
@@ -144,12 +144,16 @@ class Copier:
         return out
 
     async def _averify(
-        self, row: SourceRow, writes: dict[tuple[str, str], list[tuple[str, Any]]]
+        self,
+        row: SourceRow,
+        writes: dict[tuple[str, str], list[tuple[str, Any]]],
+        new_versions: dict[str, Any],
     ) -> CheckpointTuple:
         got = await self.saver.aget_tuple(
             make_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
         )
-        differs = _difference(row, got, _ordered_writes(writes), self.saver.serde)
+        expected = _as_stored(row.checkpoint, got, new_versions)
+        differs = _difference(row, expected, got, _ordered_writes(writes), self.saver.serde)
         if differs:
             raise ImportVerificationError(
                 f"checkpoint {row.where} read back from our tables differs from LangGraph's "
@@ -172,9 +176,31 @@ def _ordered_writes(
     return [item for _, item in keyed]
 
 
+def _as_stored(
+    checkpoint: dict[str, Any], got: CheckpointTuple | None, new_versions: dict[str, Any]
+) -> dict[str, Any]:
+    """The source checkpoint as our storage returns it. We keep one value per (channel,
+    version), as LangGraph's Postgres saver does; its SQLite saver keeps values per
+    checkpoint, and leaves out a ``DeltaChannel`` snapshot in the checkpoints after it
+    that still have its version. Ours returns that value there: it was stored, and
+    checked, with the earlier checkpoint (a channel not in ``new_versions``)."""
+    if got is None:
+        return checkpoint
+    values = checkpoint.get("channel_values") or {}
+    carried = {
+        channel: value
+        for channel, value in got.checkpoint["channel_values"].items()
+        if channel not in values and channel not in new_versions
+    }
+    if not carried:
+        return checkpoint
+    return {**checkpoint, "channel_values": {**values, **carried}}
+
+
 def _difference(
     row: SourceRow,
-    got: Any,
+    expected: dict[str, Any],
+    got: CheckpointTuple | None,
     writes: Sequence[tuple[str, str, Any]],
     serde: SerializerProtocol,
 ) -> str:
@@ -183,7 +209,7 @@ def _difference(
         return "existence (it is missing)"
     parent = got.parent_config["configurable"]["checkpoint_id"] if got.parent_config else None
     for part, ours, theirs in (
-        ("checkpoint", got.checkpoint, row.checkpoint),
+        ("checkpoint", got.checkpoint, expected),
         ("metadata", got.metadata, row.metadata),
         ("parent checkpoint id", parent, row.parent_id),
         ("pending writes", list(got.pending_writes or []), list(writes)),

@@ -30,6 +30,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command
 from pg_server import fresh_dsn
+from test_delta_history import loop_graph, state_and_history
 from test_graphs import approval_graph, cfg, norm, parent_graph
 from typing_extensions import TypedDict
 
@@ -43,6 +44,7 @@ from langgraph_idem_saver.import_langgraph import ImportReport
 WORKER = Path(__file__).with_name("import_worker.py")
 THREADS = ("approval", "chat", "nested")
 LOGGER = "langgraph_idem_saver.import"
+KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
 
 
 # --------------------------------------------------------------------------- the database
@@ -176,7 +178,14 @@ def assert_same_tuple(ours: Any, theirs: Any) -> None:
     assert ours.pending_writes == theirs.pending_writes
 
 
-async def assert_all_read_back_equal(ours: Any, theirs: dict[Any, Any]) -> None:
+async def assert_all_read_back_equal(
+    ours: Any, theirs: dict[Any, Any], *, snapshots_carried: bool = False
+) -> None:
+    """Every checkpoint reads back from ours as from LangGraph's saver. With
+    ``snapshots_carried``: except that ours also returns a value in a checkpoint whose
+    version of that channel is its parent's (a DeltaChannel snapshot, which LangGraph's
+    SQLite saver keeps with the one checkpoint that wrote it; ours, like its Postgres
+    saver, keeps it with the version)."""
     assert set(await tuples(ours)) == set(theirs)
     for (thread_id, ns, checkpoint_id), t in theirs.items():
         config = {
@@ -186,7 +195,23 @@ async def assert_all_read_back_equal(ours: Any, theirs: dict[Any, Any]) -> None:
                 "checkpoint_id": checkpoint_id,
             }
         }
-        assert_same_tuple(await ours.aget_tuple(config), t)
+        got = await ours.aget_tuple(config)
+        if snapshots_carried:
+            got = got._replace(checkpoint=without_carried(got, t, theirs))
+        assert_same_tuple(got, t)
+
+
+def without_carried(ours: Any, theirs: Any, everything: dict[Any, Any]) -> dict[str, Any]:
+    values = dict(ours.checkpoint["channel_values"])
+    versions = theirs.checkpoint["channel_versions"]
+    parent = (
+        theirs.parent_config
+        and everything[tuple(theirs.parent_config["configurable"][k] for k in KEY)]
+    )
+    for channel in set(values) - set(theirs.checkpoint["channel_values"]):
+        assert parent and parent.checkpoint["channel_versions"][channel] == versions[channel]
+        del values[channel]
+    return {**ours.checkpoint, "channel_values": values}
 
 
 async def states(saver: Any) -> dict[str, Any]:
@@ -328,6 +353,25 @@ async def test_setup_warns_once_naming_the_command(
     async with db.ours() as ours:
         await ours.aget_tuple(cfg("chat"))
     assert [r for r in caplog.records if r.name == LOGGER] == []
+
+
+async def test_a_delta_channel_thread_is_imported_and_continues(db: Db) -> None:
+    """LangGraph's savers store a DeltaChannel's value only at snapshots; the rest is
+    rebuilt from writes along the parent chain: the import keeps what that needs."""
+    config = cfg("delta")
+    async with db.official() as official:
+        for _ in range(2):
+            await loop_graph(official).ainvoke({"n": 0} if _ == 0 else None, config)
+        theirs = await tuples(official)
+        before = await state_and_history(loop_graph(official), config)
+    async with db.ours() as ours:
+        await ours.aimport_langgraph()
+        await assert_all_read_back_equal(ours, theirs, snapshots_carried=True)
+        assert await state_and_history(loop_graph(ours), config) == before
+        ours_next = await loop_graph(ours).ainvoke({"n": 1}, config)
+    async with db.official() as official:
+        assert ours_next == await loop_graph(official).ainvoke({"n": 1}, config)
+    assert len(ours_next["items"]) > len(before["state"]["values"]["items"])
 
 
 class Scores(TypedDict):
