@@ -48,13 +48,13 @@ class Copier:
         scope = (row.thread_id, row.checkpoint_ns)
         if scope != self._scope:
             self._scope, self._versions, self._lists = scope, {}, {}
+        if present:  # not even decoded: a child of it is written as after a resume
+            report.checkpoints_present += 1
+            return
         versions = dict(row.checkpoint.get("channel_versions") or {})
         values = self._share_prefixes(dict(row.checkpoint.get("channel_values") or {}))
         parent_versions = self._versions.get(row.parent_id or "")
         self._versions[row.checkpoint_id] = versions
-        if present:
-            report.checkpoints_present += 1
-            return
         config = make_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
         writes = self._decoded_writes(row)
         for (task_id, task_path), items in writes.items():

@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from langgraph_idem_saver.errors import ConfigError, ImportLayoutError
@@ -82,15 +83,28 @@ class SourceWrite:
 
 @dataclass
 class SourceRow:
-    """One of LangGraph's checkpoints, decoded as LangGraph's ``aget_tuple`` would."""
+    """One of LangGraph's checkpoints. ``load`` decodes it as LangGraph's ``aget_tuple``
+    would, on first use of ``checkpoint``/``metadata``: a re-run skips what it already
+    imported without decoding it (LangGraph's SQLite rows hold whole conversations)."""
 
     thread_id: str
     checkpoint_ns: str
     checkpoint_id: str
     parent_id: str | None
-    checkpoint: dict[str, Any]
-    metadata: dict[str, Any]
+    load: Callable[[], tuple[dict[str, Any], dict[str, Any]]] = field(repr=False)
     writes: list[SourceWrite] = field(default_factory=list)
+
+    @cached_property
+    def _decoded(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.load()
+
+    @property
+    def checkpoint(self) -> dict[str, Any]:
+        return self._decoded[0]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._decoded[1]
 
     @property
     def key(self) -> Key:
@@ -110,7 +124,7 @@ def with_writes(
     writes: Sequence[Any],
     decode: Callable[[Any, list[SourceWrite]], SourceRow],
 ) -> list[SourceRow]:
-    """A page's checkpoint rows decoded with their writes; both kinds of row start with
+    """A page's checkpoint rows with their writes; both kinds of row start with
     the checkpoint's key, and a write row goes on with :class:`SourceWrite`'s fields."""
     by_key: dict[Key, list[SourceWrite]] = {}
     for w in writes:

@@ -11,6 +11,7 @@ inline marker), read as LangGraph's own ``SELECT_SQL`` reads them.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from psycopg import AsyncCursor
@@ -132,10 +133,14 @@ class PostgresTables:
             return rows, await cur.fetchall()
 
         rows, writes = await self.saver._run(read, tx=True)
-        return with_writes(rows, writes, self._decode)
+        return with_writes(rows, writes, self._row)
 
-    def _decode(self, row: Any, writes: list[SourceWrite]) -> SourceRow:
-        thread_id, ns, checkpoint_id, parent_id, checkpoint, metadata, blobs = row
+    def _row(self, row: Any, writes: list[SourceWrite]) -> SourceRow:
+        thread_id, ns, checkpoint_id, parent_id = row[:4]
+        return SourceRow(thread_id, ns, checkpoint_id, parent_id, partial(self._load, row), writes)
+
+    def _load(self, row: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        thread_id, ns, checkpoint_id, _, checkpoint, metadata, blobs = row
         where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
         if not isinstance(checkpoint, dict) or "id" not in checkpoint:
             raise CorruptRecordError(
@@ -157,7 +162,7 @@ class PostgresTables:
                 cause=TypeError(f"holds {type(metadata).__name__}, not an object"),
             )
         checkpoint = {**checkpoint, "channel_values": values}
-        return SourceRow(thread_id, ns, checkpoint_id, parent_id, checkpoint, metadata, writes)
+        return checkpoint, metadata
 
     async def aimported(self, first: Key, last: Key) -> set[Key]:
         async def read(cur: Cursor) -> set[Key]:

@@ -9,6 +9,7 @@ channel values included, serialized by the saver's serializer; metadata is JSON.
 from __future__ import annotations
 
 import sqlite3
+from functools import partial
 from typing import Any
 
 from langgraph_idem_saver import import_langgraph
@@ -91,10 +92,14 @@ class SqliteTables:
             return rows, writes
 
         rows, writes = await self.saver._run(read)
-        return with_writes(rows, writes, self._decode)
+        return with_writes(rows, writes, self._row)
 
-    def _decode(self, row: Any, writes: list[SourceWrite]) -> SourceRow:
-        thread_id, ns, checkpoint_id, parent_id, type_, data, metadata = row
+    def _row(self, row: Any, writes: list[SourceWrite]) -> SourceRow:
+        thread_id, ns, checkpoint_id, parent_id = row[:4]
+        return SourceRow(thread_id, ns, checkpoint_id, parent_id, partial(self._load, row), writes)
+
+    def _load(self, row: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        thread_id, ns, checkpoint_id, _, type_, data, metadata = row
         where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
         checkpoint = decode_checkpoint(self.saver.serde, type_, data, **where)
         meta = {} if metadata is None else decode_json(metadata, "checkpoint metadata", **where)
@@ -104,7 +109,7 @@ class SqliteTables:
                 location=where,
                 cause=TypeError(f"decoded to {type(meta).__name__}, not an object"),
             )
-        return SourceRow(thread_id, ns, checkpoint_id, parent_id, checkpoint, meta, writes)
+        return checkpoint, meta
 
     async def aimported(self, first: Key, last: Key) -> set[Key]:
         def read(conn: sqlite3.Connection) -> set[Key]:
