@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from langgraph_idem_saver.errors import ConfigError, ImportLayoutError
@@ -122,14 +122,18 @@ class SourceRow:
 def with_writes(
     rows: Sequence[Any],
     writes: Sequence[Any],
-    decode: Callable[[Any, list[SourceWrite]], SourceRow],
+    load: Callable[[Any], tuple[dict[str, Any], dict[str, Any]]],
 ) -> list[SourceRow]:
-    """A page's checkpoint rows with their writes; both kinds of row start with
-    the checkpoint's key, and a write row goes on with :class:`SourceWrite`'s fields."""
+    """A page's checkpoint rows with their writes. Both kinds of row start with the
+    checkpoint's key (a checkpoint row then has its parent id, a write row the fields of
+    :class:`SourceWrite`); ``load(row)`` decodes a checkpoint row when it is needed."""
     by_key: dict[Key, list[SourceWrite]] = {}
     for w in writes:
         by_key.setdefault((w[0], w[1], w[2]), []).append(SourceWrite(*w[3:]))
-    return [decode(row, by_key.get((row[0], row[1], row[2]), [])) for row in rows]
+    return [
+        SourceRow(row[0], row[1], row[2], row[3], partial(load, row), by_key.get(row[:3], []))
+        for row in rows
+    ]
 
 
 class LangGraphTables(Protocol):

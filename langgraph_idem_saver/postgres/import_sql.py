@@ -11,7 +11,6 @@ inline marker), read as LangGraph's own ``SELECT_SQL`` reads them.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from psycopg import AsyncCursor
@@ -19,7 +18,7 @@ from psycopg.rows import TupleRow
 
 from langgraph_idem_saver import import_langgraph
 from langgraph_idem_saver.errors import CorruptRecordError, ImportLayoutError
-from langgraph_idem_saver.import_langgraph import Key, Layout, SourceRow, SourceWrite, with_writes
+from langgraph_idem_saver.import_langgraph import Key, Layout, SourceRow, with_writes
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 from langgraph_idem_saver.saver_base import decode_typed
 
@@ -133,11 +132,7 @@ class PostgresTables:
             return rows, await cur.fetchall()
 
         rows, writes = await self.saver._run(read, tx=True)
-        return with_writes(rows, writes, self._row)
-
-    def _row(self, row: Any, writes: list[SourceWrite]) -> SourceRow:
-        thread_id, ns, checkpoint_id, parent_id = row[:4]
-        return SourceRow(thread_id, ns, checkpoint_id, parent_id, partial(self._load, row), writes)
+        return with_writes(rows, writes, self._load)
 
     def _load(self, row: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         thread_id, ns, checkpoint_id, _, checkpoint, metadata, blobs = row

@@ -9,12 +9,11 @@ channel values included, serialized by the saver's serializer; metadata is JSON.
 from __future__ import annotations
 
 import sqlite3
-from functools import partial
 from typing import Any
 
 from langgraph_idem_saver import import_langgraph
 from langgraph_idem_saver.errors import CorruptRecordError, ImportLayoutError
-from langgraph_idem_saver.import_langgraph import Key, Layout, SourceRow, SourceWrite, with_writes
+from langgraph_idem_saver.import_langgraph import Key, Layout, SourceRow, with_writes
 from langgraph_idem_saver.saver_base import decode_checkpoint, decode_json
 from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver
 
@@ -92,11 +91,7 @@ class SqliteTables:
             return rows, writes
 
         rows, writes = await self.saver._run(read)
-        return with_writes(rows, writes, self._row)
-
-    def _row(self, row: Any, writes: list[SourceWrite]) -> SourceRow:
-        thread_id, ns, checkpoint_id, parent_id = row[:4]
-        return SourceRow(thread_id, ns, checkpoint_id, parent_id, partial(self._load, row), writes)
+        return with_writes(rows, writes, self._load)
 
     def _load(self, row: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         thread_id, ns, checkpoint_id, _, type_, data, metadata = row
