@@ -42,9 +42,7 @@ class Copier:
     async def acopy(self, row: SourceRow, *, present: bool) -> None:
         report = self.report
         report.checkpoints_found += 1
-        if row.thread_id not in report._threads:
-            report._threads.add(row.thread_id)
-            report.threads_found = len(report._threads)
+        report.count_thread(row.thread_id)
         scope = (row.thread_id, row.checkpoint_ns)
         if scope != self._scope:
             self._scope, self._versions, self._lists = scope, {}, {}
@@ -77,9 +75,7 @@ class Copier:
         report.checkpoints_imported += 1
         report.values_written += len(new_versions)
         report.writes_imported += sum(len(items) for items in writes.values())
-        if row.thread_id not in report._imported_threads:
-            report._imported_threads.add(row.thread_id)
-            report.threads_imported = len(report._imported_threads)
+        report.count_thread(row.thread_id, imported=True)
         if self.verify:
             got = await self._averify(row, writes, new_versions)
             report.verified += 1

@@ -183,6 +183,12 @@ class ImportReport:
     _threads: set[str] = field(default_factory=set, repr=False, compare=False)
     _imported_threads: set[str] = field(default_factory=set, repr=False, compare=False)
 
+    def count_thread(self, thread_id: str, *, imported: bool = False) -> None:
+        """Count a thread found (or imported), each one once."""
+        (self._imported_threads if imported else self._threads).add(thread_id)
+        self.threads_found = len(self._threads)
+        self.threads_imported = len(self._imported_threads)
+
     @property
     def changed(self) -> bool:
         """Whether this run wrote anything (False for a re-run of a finished import)."""
