@@ -26,9 +26,10 @@ from typing import Annotated, Any
 import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AnyMessage, HumanMessage
+from langgraph.checkpoint.serde.types import TASKS
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
-from langgraph.types import Command
+from langgraph.types import Command, Send
 from pg_server import fresh_dsn
 from test_delta_history import loop_graph, state_and_history
 from test_graphs import approval_graph, cfg, norm, parent_graph
@@ -372,6 +373,62 @@ async def test_a_delta_channel_thread_is_imported_and_continues(db: Db) -> None:
     async with db.official() as official:
         assert ours_next == await loop_graph(official).ainvoke({"n": 1}, config)
     assert len(ours_next["items"]) > len(before["state"]["values"]["items"])
+
+
+class Fan(TypedDict):
+    subjects: list[str]
+    done: Annotated[list[str], operator.add]
+
+
+def fan_graph(checkpointer: Any) -> Any:
+    """Map-reduce with Send, paused before the sends run."""
+    builder = StateGraph(Fan)
+    builder.add_node("plan", lambda state: {})
+    builder.add_node("work", lambda item: {"done": [item["subject"].upper()]})
+    builder.add_edge(START, "plan")
+    builder.add_conditional_edges(
+        "plan", lambda state: [Send("work", {"subject": s}) for s in state["subjects"]]
+    )
+    builder.add_edge("work", END)
+    return builder.compile(checkpointer=checkpointer, interrupt_before=["work"])
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # the one saver that kept sends apart
+async def test_checkpoints_older_than_format_4_get_their_parents_sends(db: Db) -> None:
+    """Before checkpoint format 4, LangGraph's Postgres saver kept a step's pending sends
+    as writes of the parent checkpoint (channel __pregel_tasks), and its reader moves them
+    into the checkpoint; the import reads them the same way."""
+    config = cfg("fan")
+    async with db.official() as official:
+        await fan_graph(official).ainvoke({"subjects": ["a", "b"], "done": []}, config)
+        latest = await official.aget_tuple(config)
+    sends = latest.checkpoint["channel_values"][TASKS]
+    assert [s.arg["subject"] for s in sends] == ["a", "b"]
+    # the thread as an older release wrote it: format 3, no __pregel_tasks channel; the
+    # sends are the parent checkpoint's writes (the "plan" task's), as they still are
+    parent_id = latest.parent_config["configurable"]["checkpoint_id"]
+    parent_sends = db.sql(
+        "SELECT count(*) FROM checkpoint_writes WHERE checkpoint_id = %s AND channel = %s",
+        (parent_id, TASKS),
+    )
+    assert parent_sends == [(2,)]
+    key = (config["configurable"]["thread_id"], latest.config["configurable"]["checkpoint_id"])
+    db.sql(
+        "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint #- "
+        "'{channel_versions,__pregel_tasks}', '{v}', '3') "
+        "WHERE thread_id = %s AND checkpoint_id = %s",
+        key,
+    )
+    async with db.official() as official:
+        theirs = await tuples(official)
+        migrated = theirs[(key[0], "", key[1])].checkpoint
+        assert migrated["v"] == 3 and migrated["channel_values"][TASKS] == sends
+        async with db.ours() as ours:
+            await ours.aimport_langgraph()
+            await assert_all_read_back_equal(ours, theirs)
+            ours_done = await fan_graph(ours).ainvoke(None, config)
+        assert ours_done == await fan_graph(official).ainvoke(None, config)
+    assert ours_done["done"] == ["A", "B"]
 
 
 class Scores(TypedDict):

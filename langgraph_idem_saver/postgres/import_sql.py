@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from langgraph.checkpoint.serde.types import TASKS
 from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
@@ -59,7 +60,14 @@ SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id,
             AND bl.checkpoint_ns = c.checkpoint_ns
             AND bl.channel = v.key
             AND bl.version = v.value
-    )
+    ),
+    CASE WHEN (c.checkpoint ->> 'v')::int < 4 AND c.parent_checkpoint_id IS NOT NULL THEN (
+        SELECT array_agg(array[w.type::bytea, w.blob] ORDER BY {task_path}w.task_id, w.idx)
+        FROM checkpoint_writes AS w
+        WHERE w.thread_id = c.thread_id
+            AND w.checkpoint_id = c.parent_checkpoint_id
+            AND w.channel = '__pregel_tasks'
+    ) END
 FROM checkpoints AS c {where}
 ORDER BY c.thread_id, c.checkpoint_ns, c.checkpoint_id LIMIT %s
 """
@@ -118,10 +126,12 @@ class PostgresTables:
 
     async def apage(self, layout: Layout, after: Key | None, limit: int) -> list[SourceRow]:
         async def read(cur: Cursor) -> tuple[list[TupleRow], list[TupleRow]]:
+            order = "w.task_path, " if layout.task_path else ""
             if after is None:
-                await cur.execute(SELECT_PAGE.format(where=""), (limit,))
+                await cur.execute(SELECT_PAGE.format(where="", task_path=order), (limit,))
             else:
-                await cur.execute(SELECT_PAGE.format(where=AFTER), (*after, limit))
+                page = SELECT_PAGE.format(where=AFTER, task_path=order)
+                await cur.execute(page, (*after, limit))
             rows = await cur.fetchall()
             if not rows:
                 return [], []
@@ -135,7 +145,7 @@ class PostgresTables:
         return with_writes(rows, writes, self._load)
 
     def _load(self, row: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        thread_id, ns, checkpoint_id, _, checkpoint, metadata, blobs = row
+        thread_id, ns, checkpoint_id, _, checkpoint, metadata, blobs, sends = row
         where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
         if not isinstance(checkpoint, dict) or "id" not in checkpoint:
             raise CorruptRecordError(
@@ -150,6 +160,17 @@ class PostgresTables:
                 values[name] = decode_typed(
                     self.saver.serde, kind, blob, "channel value", channel=name, **where
                 )
+        if sends:  # a checkpoint older than format 4: its parent's sends, as LangGraph
+            # reads them (its _migrate_pending_sends)
+            values[TASKS] = [
+                decode_typed(self.saver.serde, bytes(t).decode(), b, "send", **where)
+                for t, b in sends
+            ]
+            versions = dict(checkpoint["channel_versions"])
+            versions[TASKS] = (
+                max(versions.values()) if versions else self.saver.get_next_version(None, None)
+            )
+            checkpoint = {**checkpoint, "channel_versions": versions}
         if not isinstance(metadata, dict):
             raise CorruptRecordError(
                 "checkpoint metadata",
