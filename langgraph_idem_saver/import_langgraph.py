@@ -54,9 +54,18 @@ SELECT_IMPORTED = """
 SELECT thread_id, checkpoint_ns, checkpoint_id FROM idem_checkpoints
 WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN ({p}, {p}, {p}) AND ({p}, {p}, {p})
 """
+# One index seek per thread, not one per checkpoint (it runs at every setup() while
+# LangGraph's tables are there): a loose index scan over their primary key.
 SELECT_UNIMPORTED_THREAD = """
-SELECT 1 FROM checkpoints AS c
-WHERE NOT EXISTS (SELECT 1 FROM idem_checkpoints AS i WHERE i.thread_id = c.thread_id)
+WITH RECURSIVE t(thread_id) AS (
+    SELECT min(thread_id) FROM checkpoints
+    UNION ALL
+    SELECT (SELECT min(c.thread_id) FROM checkpoints AS c WHERE c.thread_id > t.thread_id)
+    FROM t WHERE t.thread_id IS NOT NULL
+)
+SELECT 1 FROM t
+WHERE t.thread_id IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM idem_checkpoints AS i WHERE i.thread_id = t.thread_id)
 LIMIT 1
 """
 

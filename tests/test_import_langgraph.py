@@ -354,6 +354,11 @@ async def test_setup_warns_once_naming_the_command(
     async with db.ours() as ours:
         await ours.aget_tuple(cfg("chat"))
     assert [r for r in caplog.records if r.name == LOGGER] == []
+    # the old application wrote one more thread (sorting after every imported one)
+    async with db.official() as official:
+        await chat_graph(official).ainvoke({"messages": [HumanMessage("late")]}, cfg("zz"))
+    async with db.ours() as ours:
+        assert len([r for r in caplog.records if r.name == LOGGER]) == 1
 
 
 async def test_a_delta_channel_thread_is_imported_and_continues(db: Db) -> None:
