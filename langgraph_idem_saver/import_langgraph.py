@@ -10,17 +10,18 @@ How, and why so:
 
 * Rows are decoded (each backend's reader, ``sqlite/import_sql.py`` and
   ``postgres/import_sql.py``, mirrors LangGraph's own ``aget_tuple``) and written
-  (``import_copy.py``) through
-  our saver's ``aput_writes`` / ``aput``, with the ``new_versions`` a live run would have
-  passed (the channels whose version differs from the parent's): our storage format stays
-  exactly what a live run writes (list deltas included), never a byte copy of another
-  format. Ids, parent ids, metadata, versions and task ids/paths are kept.
+  (``import_copy.py``) through our saver's ``aput_writes`` / ``aput``, with the
+  ``new_versions`` a live run would have passed (the channels whose version differs from
+  the parent's): our storage format stays exactly what a live run writes (list deltas
+  included), never a byte copy of another format. Ids, parent ids, metadata, versions
+  and task ids/paths are kept.
 * **Idempotent and resumable.** A checkpoint's writes go in before the checkpoint, so a
   checkpoint present in our tables is complete; those are skipped. A killed import
   re-run continues where it stopped; a finished one changes nothing.
 * **Verified.** Each imported checkpoint is read back through our ``aget_tuple`` and
   compared with the source (checkpoint, metadata, parent, pending writes);
-  :class:`ImportVerificationError` stops the import at the first difference.
+  :class:`~langgraph_idem_saver.errors.ImportVerificationError` stops the import at the
+  first difference.
 * Layouts: ``langgraph-checkpoint-sqlite`` / ``-postgres`` current (3.x) and the previous
   major (2.x, whose ``writes`` table may lack ``task_path``), told apart by the columns.
 
@@ -231,6 +232,7 @@ def tables_of(saver: IdemSaverBase) -> LangGraphTables:
         from langgraph_idem_saver.sqlite.import_sql import SqliteTables
 
         return SqliteTables(saver)
+    # by module name: psycopg may not be installed, and then no saver can be a Postgres one
     if type(saver).__module__.startswith("langgraph_idem_saver.postgres"):
         from langgraph_idem_saver.postgres.import_sql import PostgresTables
         from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
@@ -261,9 +263,9 @@ async def aimport_langgraph(
         progress: called with the report so far after each batch.
 
     Returns the counts. Idempotent (a re-run imports nothing) and resumable (a killed run,
-    re-run, finishes). Raises :class:`ImportLayoutError` for tables it cannot read,
-    :class:`~langgraph_idem_saver.errors.CorruptRecordError` for a row that does not
-    decode, :class:`ImportVerificationError` for a copy that does not read back equal.
+    re-run, finishes). Raises (from :mod:`langgraph_idem_saver.errors`)
+    ``ImportLayoutError`` for tables it cannot read, ``CorruptRecordError`` for a row that
+    does not decode, ``ImportVerificationError`` for a copy that does not read back equal.
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")

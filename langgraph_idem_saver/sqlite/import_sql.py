@@ -3,7 +3,9 @@ same file, for :mod:`langgraph_idem_saver.import_langgraph`.
 
 ``langgraph-checkpoint-sqlite`` 3.x and 2.x share the layout but for ``writes.task_path``
 (absent from databases created before it). A checkpoint row holds the whole checkpoint,
-channel values included, serialized by the saver's serializer; metadata is JSON.
+channel values included, serialized by the saver's serializer; metadata is JSON. (One
+older than checkpoint format 4 keeps its ``pending_sends`` inside: copied as they are,
+the graph moves them on load from ours as from LangGraph's.)
 """
 
 from __future__ import annotations
