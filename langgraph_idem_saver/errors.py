@@ -111,3 +111,21 @@ class SerializationError(IdemSaverError, TypeError):
 class LedgerStateError(IdemSaverError):
     """A ledger transition was refused: the entry is not in the state the call expects
     (e.g. recording an outcome for a claim another process took over)."""
+
+
+class ImportLayoutError(IdemSaverError):
+    """LangGraph's own checkpoint tables cannot be imported as they are: a table or column
+    an import needs is missing, or rows hold what LangGraph's savers never write.
+
+    Raised before anything is written for a layout problem (nothing was imported), or
+    naming the row for a row problem (what was imported before it stays, and a re-run
+    after a repair continues from there).
+    """
+
+
+class ImportVerificationError(IdemSaverError):
+    """A checkpoint copied from LangGraph's tables did not read back equal to its source.
+
+    Names the thread, namespace and checkpoint and what differed; the import stopped
+    there. Usually a serializer that differs from the one LangGraph's saver used.
+    """

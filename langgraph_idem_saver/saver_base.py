@@ -16,7 +16,7 @@ import random
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -39,6 +39,9 @@ from langgraph_idem_saver.errors import (
 )
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair, lossless
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.import_langgraph import ImportReport
 
 T = TypeVar("T")
 
@@ -448,6 +451,24 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
     async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
         query = self._sql.NOTE_CONFLICT if conflict else self._sql.NOTE_REPLAY
         await self._ledger_write(query, (scope, key))
+
+    # --- adopting a database LangGraph's own saver filled --------------------------
+
+    async def aimport_langgraph(
+        self,
+        *,
+        batch_size: int = 200,
+        verify: bool = True,
+        progress: Callable[[ImportReport], None] | None = None,
+    ) -> ImportReport:
+        """Copy the threads of LangGraph's own tables in this database into ours (our
+        tables are separate, so they are invisible until imported); idempotent and
+        resumable. See :func:`langgraph_idem_saver.import_langgraph.aimport_langgraph`."""
+        from langgraph_idem_saver.import_langgraph import aimport_langgraph
+
+        return await aimport_langgraph(
+            self, batch_size=batch_size, verify=verify, progress=progress
+        )
 
     # --- versions ---------------------------------------------------------------
 

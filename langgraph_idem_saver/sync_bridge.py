@@ -70,6 +70,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.errors import ConnectionClosedError
+from langgraph_idem_saver.import_langgraph import ImportReport
 from langgraph_idem_saver.ledger import (
     CallIntent,
     CallStatus,
@@ -366,6 +367,10 @@ class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         return self._call(self.saver.aget_delta_channel_history(config=config, channels=channels))
+
+    def import_langgraph(self, **options: Any) -> ImportReport:
+        """``aimport_langgraph`` (same keyword arguments) for sync code."""
+        return self._call(self.saver.aimport_langgraph(**options))
 
     # --- async checkpoint API (from any loop) --------------------------------------------
 

@@ -86,6 +86,7 @@ from langgraph_idem_saver.errors import (
     SchemaVersionError,
     SerializationError,
 )
+from langgraph_idem_saver.import_langgraph import awarn_if_unimported
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.postgres import sql
@@ -233,6 +234,7 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
                 return
             await self._execute(_migrate, tx=True)
             self.is_setup = True
+            await awarn_if_unimported(self)  # LangGraph's own tables beside ours
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:

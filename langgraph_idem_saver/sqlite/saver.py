@@ -55,6 +55,7 @@ from langgraph_idem_saver.errors import (
     ReadOnlyDatabaseError,
     SchemaVersionError,
 )
+from langgraph_idem_saver.import_langgraph import awarn_if_unimported
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.retention import TTLConfig
@@ -302,6 +303,7 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
                     raise open_error(self._target, exc) from exc
             await self._call(self._setup_sync)
             self.is_setup = True
+            await awarn_if_unimported(self)  # LangGraph's own tables beside ours
 
     def _setup_sync(self, conn: sqlite3.Connection) -> None:
         target = self._target or SqliteTarget(None, None)

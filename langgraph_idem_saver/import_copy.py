@@ -1,0 +1,230 @@
+"""Copying one of LangGraph's checkpoints into our saver, and checking the copy.
+
+Used by :func:`langgraph_idem_saver.import_langgraph.aimport_langgraph`, which reads the
+rows; here each row goes through the saver's own ``aput_writes`` / ``aput`` with what a
+live run would have passed, and is read back and compared with its source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from langgraph_idem_saver.errors import ImportLayoutError, ImportVerificationError
+from langgraph_idem_saver.saver_base import decode_typed, make_config
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.import_langgraph import ImportReport, SourceRow, SourceWrite
+    from langgraph_idem_saver.saver_base import IdemSaverBase
+
+
+class Copier:
+    """Writes source rows through the saver, keeping what a live run would have kept."""
+
+    def __init__(self, saver: IdemSaverBase, report: ImportReport, verify: bool) -> None:
+        self.saver = saver
+        self.report = report
+        self.verify = verify
+        # per (thread, namespace) being copied: versions of its checkpoints (for the
+        # parent's), and the last list of each channel (to share its objects)
+        self._scope: tuple[str, str] | None = None
+        self._versions: dict[str, dict[str, Any]] = {}
+        self._lists: dict[str, list[Any]] = {}
+
+    async def acopy(self, row: SourceRow, *, present: bool) -> None:
+        report = self.report
+        report.checkpoints_found += 1
+        report.count_thread(row.thread_id)
+        scope = (row.thread_id, row.checkpoint_ns)
+        if scope != self._scope:
+            self._scope, self._versions, self._lists = scope, {}, {}
+        if present:  # not even decoded: a child of it is written as after a resume
+            report.checkpoints_present += 1
+            return
+        versions = dict(row.checkpoint.get("channel_versions") or {})
+        values = self._share_prefixes(dict(row.checkpoint.get("channel_values") or {}))
+        parent_versions = self._versions.get(row.parent_id or "")
+        self._versions[row.checkpoint_id] = versions
+        config = make_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
+        writes = self._decoded_writes(row)
+        for (task_id, task_path), items in writes.items():
+            await self.saver.aput_writes(config, items, task_id, task_path)
+        new_versions = (
+            {ch: v for ch, v in versions.items() if ch in values}
+            if parent_versions is None
+            else {ch: v for ch, v in versions.items() if parent_versions.get(ch) != v}
+        )
+        parent: dict[str, Any] = {"thread_id": row.thread_id, "checkpoint_ns": row.checkpoint_ns}
+        if row.parent_id is not None:
+            parent["checkpoint_id"] = row.parent_id
+        checkpoint = cast(Checkpoint, {**row.checkpoint, "channel_values": values})
+        await self.saver.aput(
+            {"configurable": parent},
+            checkpoint,
+            cast(CheckpointMetadata, row.metadata),
+            new_versions,
+        )
+        report.checkpoints_imported += 1
+        report.values_written += len(new_versions)
+        report.writes_imported += sum(len(items) for items in writes.values())
+        report.count_thread(row.thread_id, imported=True)
+        if self.verify:
+            got = await self._averify(row, writes, new_versions)
+            report.verified += 1
+            # reading it back made the saver remember the objects it read as the base of
+            # the next delta (as when a graph resumes): build the next lists from those
+            for channel, value in got.checkpoint["channel_values"].items():
+                if type(value) is list:
+                    self._lists[channel] = value
+
+    def _share_prefixes(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Lists that extend the previous checkpoint's list are rebuilt from its very
+        objects, so our saver stores the appended items only (``list_deltas``), as it
+        would have in a live run; equal values, fewer bytes."""
+        for channel, value in values.items():
+            prev = self._lists.get(channel)
+            if (
+                type(value) is list
+                and type(prev) is list
+                and len(value) > len(prev)
+                and value[: len(prev)] == prev
+            ):
+                values[channel] = value = prev + value[len(prev) :]
+            if type(value) is list:
+                self._lists[channel] = value
+            else:
+                self._lists.pop(channel, None)
+        return values
+
+    def _decoded_writes(self, row: SourceRow) -> dict[tuple[str, str], list[tuple[str, Any]]]:
+        """Each task's writes in the order ``aput_writes`` gives them their indexes."""
+        tasks: dict[tuple[str, str], list[SourceWrite]] = {}
+        for w in row.writes:
+            tasks.setdefault((w.task_id, w.task_path), []).append(w)
+        out: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+        for task, ws in sorted(tasks.items()):
+            ordinary = sorted((w for w in ws if w.idx >= 0), key=lambda w: w.idx)
+            special = sorted((w for w in ws if w.idx < 0), key=lambda w: -w.idx)
+            if [w.idx for w in ordinary] != list(range(len(ordinary))) or any(
+                WRITES_IDX_MAP.get(w.channel) != w.idx for w in special
+            ):
+                raise ImportLayoutError(
+                    f"pending writes of task {task[0]!r} at {row.where} have indexes "
+                    f"{sorted(w.idx for w in ws)} for channels "
+                    f"{[w.channel for w in ws]}, which LangGraph's put_writes never "
+                    "writes; nothing of that checkpoint was imported"
+                )
+            out[task] = [
+                (
+                    w.channel,
+                    decode_typed(
+                        self.saver.serde,
+                        w.type or "",
+                        w.value,
+                        "pending write",
+                        task_id=w.task_id,
+                        channel=w.channel,
+                        **row.where,
+                    ),
+                )
+                for w in ordinary + special
+            ]
+        return out
+
+    async def _averify(
+        self,
+        row: SourceRow,
+        writes: dict[tuple[str, str], list[tuple[str, Any]]],
+        new_versions: dict[str, Any],
+    ) -> CheckpointTuple:
+        got = await self.saver.aget_tuple(
+            make_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
+        )
+        expected = _as_stored(row.checkpoint, got, new_versions)
+        differs = _difference(row, expected, got, _ordered_writes(writes), self.saver.serde)
+        if differs:
+            raise ImportVerificationError(
+                f"checkpoint {row.where} read back from our tables differs from LangGraph's "
+                f"row in its {differs}; the import stopped there"
+            )
+        assert got is not None  # _difference said so
+        return got
+
+
+def _ordered_writes(
+    writes: dict[tuple[str, str], list[tuple[str, Any]]],
+) -> list[tuple[str, str, Any]]:
+    """Pending writes in the order both savers return them: task path, task id, index."""
+    keyed = []
+    for (task_id, task_path), items in writes.items():
+        for position, (channel, value) in enumerate(items):
+            idx = WRITES_IDX_MAP.get(channel, position)
+            keyed.append(((task_path, task_id, idx), (task_id, channel, value)))
+    keyed.sort(key=lambda kv: kv[0])
+    return [item for _, item in keyed]
+
+
+def _as_stored(
+    checkpoint: dict[str, Any], got: CheckpointTuple | None, new_versions: dict[str, Any]
+) -> dict[str, Any]:
+    """The source checkpoint as our storage returns it. We keep one value per (channel,
+    version), as LangGraph's Postgres saver does; its SQLite saver keeps values per
+    checkpoint, and leaves out a ``DeltaChannel`` snapshot in the checkpoints after it
+    that still have its version. Ours returns that value there: it was stored, and
+    checked, with the earlier checkpoint (a channel not in ``new_versions``)."""
+    if got is None:
+        return checkpoint
+    values = checkpoint.get("channel_values") or {}
+    carried = {
+        channel: value
+        for channel, value in got.checkpoint["channel_values"].items()
+        if channel not in values and channel not in new_versions
+    }
+    if not carried:
+        return checkpoint
+    return {**checkpoint, "channel_values": {**values, **carried}}
+
+
+def _difference(
+    row: SourceRow,
+    expected: dict[str, Any],
+    got: CheckpointTuple | None,
+    writes: Sequence[tuple[str, str, Any]],
+    serde: SerializerProtocol,
+) -> str:
+    """The first part of the copy that differs from the source ('' when none does)."""
+    if got is None:
+        return "existence (it is missing)"
+    parent = got.parent_config["configurable"]["checkpoint_id"] if got.parent_config else None
+    for part, ours, theirs in (
+        ("checkpoint", got.checkpoint, expected),
+        ("metadata", got.metadata, row.metadata),
+        ("parent checkpoint id", parent, row.parent_id),
+        ("pending writes", list(got.pending_writes or []), list(writes)),
+    ):
+        if not _same(ours, theirs, serde):
+            return part
+    return ""
+
+
+def _same(ours: Any, theirs: Any, serde: SerializerProtocol) -> bool:
+    """Equal, part by part; a part that is not equal to itself (a NaN inside a value)
+    counts as the same when it serializes to the same bytes."""
+    if ours == theirs:
+        return True
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        return ours.keys() == theirs.keys() and all(_same(ours[k], theirs[k], serde) for k in ours)
+    if isinstance(ours, (list, tuple)) and type(ours) is type(theirs) and len(ours) == len(theirs):
+        return all(_same(a, b, serde) for a, b in zip(ours, theirs, strict=True))
+    try:
+        return serde.dumps_typed(ours) == serde.dumps_typed(theirs)
+    except Exception:  # not serializable: then they differ, and the caller says where
+        return False

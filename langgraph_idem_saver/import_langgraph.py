@@ -1,0 +1,315 @@
+"""Adopting a database that LangGraph's own saver filled: import its threads into ours.
+
+Our tables are separate from LangGraph's (``idem_*``), so switching an existing
+``agent.db`` (or Postgres schema) to our saver would silently hide every thread. This
+module copies every checkpoint, channel value and pending write from LangGraph's tables
+in the same SQLite file / Postgres schema into ours, and warns on ``setup()`` while there
+is something to import.
+
+How, and why so:
+
+* Rows are decoded (each backend's reader, ``sqlite/import_sql.py`` and
+  ``postgres/import_sql.py``, mirrors LangGraph's own ``aget_tuple``) and written
+  (``import_copy.py``) through our saver's ``aput_writes`` / ``aput``, with the
+  ``new_versions`` a live run would have passed (the channels whose version differs from
+  the parent's): our storage format stays exactly what a live run writes (list deltas
+  included), never a byte copy of another format. Ids, parent ids, metadata, versions
+  and task ids/paths are kept.
+* **Idempotent and resumable.** A checkpoint's writes go in before the checkpoint, so a
+  checkpoint present in our tables is complete; those are skipped. A killed import
+  re-run continues where it stopped; a finished one changes nothing.
+* **Verified.** Each imported checkpoint is read back through our ``aget_tuple`` and
+  compared with the source (checkpoint, metadata, parent, pending writes);
+  :class:`~langgraph_idem_saver.errors.ImportVerificationError` stops the import at the
+  first difference.
+* Layouts: ``langgraph-checkpoint-sqlite`` / ``-postgres`` current (3.x) and the previous
+  major (2.x, whose ``writes`` table may lack ``task_path``), told apart by the columns.
+
+Run it while nothing writes to LangGraph's tables (the old application stopped).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from langgraph_idem_saver.errors import ConfigError, ImportLayoutError
+from langgraph_idem_saver.import_copy import Copier
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.saver_base import IdemSaverBase
+
+LOG = logging.getLogger("langgraph_idem_saver.import")
+
+DEFAULT_BATCH_SIZE = 200
+CLI_COMMAND = "idem-saver import-langgraph"
+
+Key = tuple[str, str, str]  # thread_id, checkpoint_ns, checkpoint_id
+
+# What both backends ask of our own tables (``{p}``: the driver's placeholder).
+SELECT_IMPORTED = """
+SELECT thread_id, checkpoint_ns, checkpoint_id FROM idem_checkpoints
+WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN ({p}, {p}, {p}) AND ({p}, {p}, {p})
+"""
+# One index seek per thread, not one per checkpoint (it runs at every setup() while
+# LangGraph's tables are there): a loose index scan over their primary key.
+SELECT_UNIMPORTED_THREAD = """
+WITH RECURSIVE t(thread_id) AS (
+    SELECT min(thread_id) FROM checkpoints
+    UNION ALL
+    SELECT (SELECT min(c.thread_id) FROM checkpoints AS c WHERE c.thread_id > t.thread_id)
+    FROM t WHERE t.thread_id IS NOT NULL
+)
+SELECT 1 FROM t
+WHERE t.thread_id IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM idem_checkpoints AS i WHERE i.thread_id = t.thread_id)
+LIMIT 1
+"""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which of LangGraph's table layouts a database holds."""
+
+    name: str  # shown in reports, e.g. "langgraph-checkpoint-sqlite 3.x"
+    task_path: bool  # whether the writes table has task_path (older ones: '' for all)
+
+
+@dataclass(frozen=True)
+class SourceWrite:
+    """One pending write as LangGraph stored it (value still serialized)."""
+
+    task_id: str
+    task_path: str
+    idx: int
+    channel: str
+    type: str | None
+    value: bytes | None
+
+
+@dataclass
+class SourceRow:
+    """One of LangGraph's checkpoints. ``load`` decodes it as LangGraph's ``aget_tuple``
+    would, on first use of ``checkpoint``/``metadata``: a re-run skips what it already
+    imported without decoding it (LangGraph's SQLite rows hold whole conversations)."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    load: Callable[[], tuple[dict[str, Any], dict[str, Any]]] = field(repr=False)
+    writes: list[SourceWrite] = field(default_factory=list)
+
+    @cached_property
+    def _decoded(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.load()
+
+    @property
+    def checkpoint(self) -> dict[str, Any]:
+        return self._decoded[0]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._decoded[1]
+
+    @property
+    def key(self) -> Key:
+        return (self.thread_id, self.checkpoint_ns, self.checkpoint_id)
+
+    @property
+    def where(self) -> dict[str, str]:
+        return {
+            "thread_id": self.thread_id,
+            "checkpoint_ns": self.checkpoint_ns,
+            "checkpoint_id": self.checkpoint_id,
+        }
+
+
+def with_writes(
+    rows: Sequence[Any],
+    writes: Sequence[Any],
+    load: Callable[[Any], tuple[dict[str, Any], dict[str, Any]]],
+) -> list[SourceRow]:
+    """A page's checkpoint rows with their writes. Both kinds of row start with the
+    checkpoint's key (a checkpoint row then has its parent id, a write row the fields of
+    :class:`SourceWrite`); ``load(row)`` decodes a checkpoint row when it is needed."""
+    by_key: dict[Key, list[SourceWrite]] = {}
+    for w in writes:
+        by_key.setdefault((w[0], w[1], w[2]), []).append(SourceWrite(*w[3:]))
+    return [
+        SourceRow(row[0], row[1], row[2], row[3], partial(load, row), by_key.get(row[:3], []))
+        for row in rows
+    ]
+
+
+class LangGraphTables(Protocol):
+    """What a backend's reader of LangGraph's tables offers (``*/import_sql.py``)."""
+
+    def target(self) -> str:
+        """The database as the CLI command should name it."""
+        ...
+
+    def where(self) -> str:
+        """The database as a message names it."""
+        ...
+
+    async def alayout(self) -> Layout | None:
+        """The layout, or None when LangGraph's tables are absent; raises
+        :class:`ImportLayoutError` for tables we cannot read."""
+        ...
+
+    async def apage(self, layout: Layout, after: Key | None, limit: int) -> list[SourceRow]:
+        """Up to ``limit`` checkpoints after ``after`` in key order, with their writes."""
+        ...
+
+    async def aimported(self, first: Key, last: Key) -> set[Key]:
+        """The keys between ``first`` and ``last`` (inclusive) already in our tables."""
+        ...
+
+    async def ahas_unimported_threads(self) -> bool:
+        """Whether LangGraph's tables hold a thread ours does not have."""
+        ...
+
+
+@dataclass
+class ImportReport:
+    """What an import did; ``str(report)`` is a short table for the CLI."""
+
+    source: str = "none"
+    checkpoints_found: int = 0
+    checkpoints_imported: int = 0
+    checkpoints_present: int = 0
+    threads_found: int = 0
+    threads_imported: int = 0
+    values_written: int = 0
+    writes_imported: int = 0
+    verified: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+    _threads: set[str] = field(default_factory=set, repr=False, compare=False)
+    _imported_threads: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def count_thread(self, thread_id: str, *, imported: bool = False) -> None:
+        """Count a thread found (or imported), each one once."""
+        (self._imported_threads if imported else self._threads).add(thread_id)
+        self.threads_found = len(self._threads)
+        self.threads_imported = len(self._imported_threads)
+
+    @property
+    def changed(self) -> bool:
+        """Whether this run wrote anything (False for a re-run of a finished import)."""
+        return self.checkpoints_imported > 0
+
+    def __str__(self) -> str:
+        if self.source == "none":
+            return "no LangGraph checkpoint tables found: nothing to import"
+        rows = [
+            ("source", self.source),
+            ("threads", f"{self.threads_imported} imported of {self.threads_found}"),
+            (
+                "checkpoints",
+                f"{self.checkpoints_imported} imported, {self.checkpoints_present} "
+                f"already present, of {self.checkpoints_found}",
+            ),
+            ("channel values", str(self.values_written)),
+            ("pending writes", str(self.writes_imported)),
+            ("verified", f"{self.verified} read back equal"),
+            ("time", f"{self.seconds:.1f} s in {self.batches} batches"),
+        ]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def tables_of(saver: IdemSaverBase) -> LangGraphTables:
+    """The reader of LangGraph's tables beside ``saver``'s own."""
+    from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver
+
+    if isinstance(saver, AsyncSqliteSaver):
+        from langgraph_idem_saver.sqlite.import_sql import SqliteTables
+
+        return SqliteTables(saver)
+    # by module name: psycopg may not be installed, and then no saver can be a Postgres one
+    if type(saver).__module__.startswith("langgraph_idem_saver.postgres"):
+        from langgraph_idem_saver.postgres.import_sql import PostgresTables
+        from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
+
+        return PostgresTables(cast(AsyncPostgresSaver, saver))
+    raise ConfigError(
+        f"importing LangGraph's tables needs an AsyncSqliteSaver or AsyncPostgresSaver "
+        f"of langgraph-idem-saver, got {type(saver).__name__}"
+    )
+
+
+async def aimport_langgraph(
+    saver: IdemSaverBase,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    verify: bool = True,
+    progress: Callable[[ImportReport], None] | None = None,
+) -> ImportReport:
+    """Copy every thread in LangGraph's own tables beside ``saver``'s into ``saver``.
+
+    Args:
+        saver: an ``AsyncSqliteSaver`` or ``AsyncPostgresSaver``; LangGraph's tables are
+            read from the same SQLite file / the same Postgres schema (``search_path``).
+            Its serializer must read what LangGraph's saver wrote (the same
+            ``EncryptedSerializer`` key, if one was used).
+        batch_size: checkpoints read per round trip (memory is bounded by it).
+        verify: read each imported checkpoint back and compare it with the source.
+        progress: called with the report so far after each batch.
+
+    Returns the counts. Idempotent (a re-run imports nothing) and resumable (a killed run,
+    re-run, finishes). Raises (from :mod:`langgraph_idem_saver.errors`)
+    ``ImportLayoutError`` for tables it cannot read, ``CorruptRecordError`` for a row that
+    does not decode, ``ImportVerificationError`` for a copy that does not read back equal.
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    started = time.monotonic()
+    tables = tables_of(saver)
+    report = ImportReport()
+    layout = await tables.alayout()
+    if layout is None:
+        return report
+    report.source = layout.name
+    copier = Copier(saver, report, verify)
+    after: Key | None = None
+    while rows := await tables.apage(layout, after, batch_size):
+        present = await tables.aimported(rows[0].key, rows[-1].key)
+        for row in rows:
+            await copier.acopy(row, present=row.key in present)
+        after = rows[-1].key
+        report.batches += 1
+        report.seconds = time.monotonic() - started
+        if progress is not None:
+            progress(report)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+async def awarn_if_unimported(saver: IdemSaverBase) -> None:
+    """Log one warning when LangGraph's tables beside ours hold threads ours lacks.
+
+    Called once by each saver's ``setup()``. Tables named like LangGraph's that are not
+    LangGraph's (another program's ``checkpoints``) are not ours to mention.
+    """
+    tables = tables_of(saver)
+    try:
+        layout = await tables.alayout()
+    except ImportLayoutError:
+        return
+    if layout is None or not await tables.ahas_unimported_threads():
+        return
+    LOG.warning(
+        "LangGraph's own checkpoint tables in %s hold threads that this saver does not "
+        "have (its tables are separate), so those conversations are not visible here. "
+        "Import them once: `%s %s`, or `await saver.aimport_langgraph()` "
+        "(`saver.import_langgraph()` on a sync saver).",
+        tables.where(),
+        CLI_COMMAND,
+        tables.target(),
+    )
