@@ -10,6 +10,7 @@ back equal to what LangGraph's saver reads, and the graphs continue on it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import operator
@@ -531,3 +532,41 @@ async def test_write_indexes_langgraph_never_writes_are_a_typed_error(db: Db) ->
         # what came before the bad row ('approval' sorts first) is in, and stays correct
         assert await ours.aget_tuple(cfg("approval")) is not None
         assert await ours.aget_tuple(cfg("chat")) is None
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from langgraph_idem_saver.cli import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_import_command_imports_once_and_the_threads_show(
+    db: Db, capsys: pytest.CaptureFixture[str]
+) -> None:
+    theirs = asyncio.run(filled(db))
+    code, out, err = run_cli(capsys, "import-langgraph", "--db", db.where, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["checkpoints_imported"] == report["checkpoints_found"] == len(theirs)
+    assert report["changed"] is True and report["verified"] == len(theirs)
+    code, out, err = run_cli(capsys, "threads", "--db", db.where, "--json")
+    assert code == 0, err
+    assert {t["thread_id"] for t in json.loads(out)["threads"]} == set(THREADS)
+    code, out, err = run_cli(capsys, "import-langgraph", "--db", db.where)  # again: a no-op
+    assert code == 0, err
+    assert "nothing new: every checkpoint was already imported" in out
+
+
+def test_the_import_command_refuses_a_missing_file_and_a_bad_batch_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope.db"
+    code, _, err = run_cli(capsys, "import-langgraph", "--db", str(missing))
+    assert code == 2 and "no such database file" in err and not missing.exists()
+    code, _, err = run_cli(capsys, "import-langgraph", "--db", str(missing), "--batch-size", "0")
+    assert code == 2 and "--batch-size must be >= 1" in err

@@ -505,3 +505,52 @@ async def test_bad_sweep_arguments_are_config_errors(saver: Any, tmp_path: Path)
         ):
             pass  # pragma: no cover
     assert not (tmp_path / "x.sqlite").exists()  # refused before anything was opened
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+def test_prune_older_than_previews_then_sweeps(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``idem-saver prune --older-than 30d``: a dry run by default, ``--apply`` sweeps."""
+    import json
+
+    from langgraph_idem_saver import AsyncPostgresSaver, AsyncSqliteSaver
+    from langgraph_idem_saver.cli import main
+
+    if backend == "sqlite":
+        target = str(tmp_path / "cli.sqlite")
+        opened: Any = lambda: AsyncSqliteSaver.from_conn_string(target)  # noqa: E731
+    else:
+        target = fresh_dsn(request.getfixturevalue("pg_server_dsn"))
+        opened = lambda: AsyncPostgresSaver.from_conn_string(target)  # noqa: E731
+
+    async def fill() -> None:
+        async with opened() as saver:
+            await put_thread(saver, "old", NOW - 40 * DAY)
+            await put_thread(saver, "recent", NOW - 2 * DAY)
+
+    async def threads() -> set[str]:
+        async with opened() as saver:
+            return {t for t in ("old", "recent") if await checkpoint_ids(saver, t)}
+
+    def prune(*argv: str) -> tuple[int, Any, str]:
+        code = main(["prune", "--db", target, "--older-than", "30d", *argv])
+        out, err = capsys.readouterr()
+        return code, json.loads(out) if "--json" in argv and code == 0 else out, err
+
+    asyncio.run(fill())
+    code, preview, err = prune("--json")
+    assert code == 0, err
+    assert preview["dry_run"] is True and preview["threads_deleted"] == 1
+    assert preview["checkpoints_deleted"] == 3
+    assert asyncio.run(threads()) == {"old", "recent"}  # the dry run changed nothing
+    code, text, err = prune("--apply")
+    assert code == 0, err
+    assert "threads deleted" in text and "dry run" not in text
+    assert asyncio.run(threads()) == {"recent"}
+    code, _, err = prune("--thread", "old")
+    assert code == 2 and "takes no --thread" in err
+    assert main(["prune", "--db", target, "--older-than", "soon"]) == 2
+    assert "bad date" in capsys.readouterr().err

@@ -18,7 +18,9 @@ Commands
                                 ``researcher|tools``)
 ``pending``                     unknown outcomes across all threads
 ``resolve ENTRY (--completed --result TEXT | --failed [--error TEXT] | --rerun)``
-``prune (--keep-latest | --before DATE) [--thread T ...] [--apply]``  (dry run by default)
+``prune (--keep-latest | --before DATE | --older-than AGE [--strategy S]) [--thread T ...]
+[--apply]``  (dry run by default)
+``import-langgraph [--batch-size N] [--no-verify]``  (LangGraph's tables in the same database)
 ``stats``                       row counts, ledger entries by state, size on disk
 
 Checkpoint ids and ledger keys may be abbreviated to a unique prefix (keys: 6+ characters,
@@ -83,6 +85,7 @@ import sys
 from collections.abc import Sequence
 
 from langgraph_idem_saver.cli.commands import COMMANDS
+from langgraph_idem_saver.cli.commands.adopt import cmd_import_langgraph
 from langgraph_idem_saver.cli.common import (
     ENV_DB,
     EXIT_OK,
@@ -156,7 +159,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("history",) and args.limit < 0:
             raise CliError("--limit must be >= 0", EXIT_USAGE)
         out = Out(bool(args.json))
-        write = args.command == "resolve" or (args.command == "prune" and args.apply)
+        if args.command == "import-langgraph":
+            if args.batch_size < 1:
+                raise CliError("--batch-size must be >= 1", EXIT_USAGE)
+            return asyncio.run(cmd_import_langgraph(target, args, out))
+        if args.command == "prune" and args.older_than and args.thread:
+            raise CliError("--older-than sweeps every thread; it takes no --thread", EXIT_USAGE)
+        # a dry run of --older-than counts inside a transaction it rolls back: it writes
+        write = args.command == "resolve" or (
+            args.command == "prune" and (args.apply or bool(args.older_than))
+        )
         return asyncio.run(_run(target, args, out, write=write))
     except KeyboardInterrupt:
         return 130

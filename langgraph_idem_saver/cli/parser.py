@@ -119,8 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
         "prune",
         parents=[common],
         help="delete old checkpoints (dry run unless --apply)",
-        description="Delete old checkpoints; a dry run unless --apply. Ledger entries are "
-        "never pruned. The latest checkpoint of each namespace is always kept.",
+        description="Delete old checkpoints; a dry run unless --apply. --keep-latest and "
+        "--before keep the latest checkpoint of each namespace and never touch the ledger; "
+        "--older-than applies a retention window to whole threads and removes ledger "
+        "entries only when nothing can replay them (docs/guarantees.md, Retention).",
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
@@ -131,8 +133,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DATE",
         help="delete checkpoints created before DATE (YYYY-MM-DD[THH:MM], UTC; or 30d, 12h)",
     )
+    what.add_argument(
+        "--older-than",
+        metavar="AGE",
+        help="threads idle longer than AGE (30d, 12h, 90m, 2w) get --strategy, and ledger "
+        "entries nothing can replay any more are removed (the saver's asweep)",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=["delete", "keep_latest"],
+        default="delete",
+        help="with --older-than: delete idle threads (default) or keep their latest checkpoint",
+    )
     p.add_argument("--thread", nargs="+", action="extend", metavar="T", help="only these threads")
     p.add_argument("--apply", action="store_true", help="really delete")
+
+    p = sub.add_parser(
+        "import-langgraph",
+        parents=[common],
+        help="copy the threads LangGraph's own saver left in this database into ours",
+        description="Copy every thread, checkpoint and pending write from LangGraph's own "
+        "checkpoint tables (langgraph-checkpoint-sqlite / -postgres) in the same SQLite file "
+        "or Postgres schema into langgraph-idem-saver's tables. Idempotent and resumable: "
+        "re-run it after an interruption. Stop the application that writes them first.",
+    )
+    p.add_argument("--batch-size", type=int, default=200, help="checkpoints read per round trip")
+    p.add_argument(
+        "--no-verify", action="store_true", help="skip reading each copy back and comparing"
+    )
 
     sub.add_parser("stats", parents=[common], help="row counts, ledger states, size")
     return parser

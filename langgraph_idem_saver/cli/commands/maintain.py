@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from langgraph_idem_saver.cli.commands.state import require_thread
@@ -78,7 +78,41 @@ def plan_prune(nodes: Sequence[CheckpointNode], before: datetime | None) -> dict
     return plans
 
 
+async def sweep_idle_threads(db: Db, args: argparse.Namespace, out: Out) -> int:
+    """``prune --older-than AGE``: the saver's retention sweep, once, with that window."""
+    from langgraph_idem_saver.retention import TTLConfig
+
+    now = datetime.now(timezone.utc)
+    after = now - parse_when(args.older_than, now=now)
+    ttl = TTLConfig(after=after, strategy=args.strategy)
+    report = await db.saver.asweep(now, ttl=ttl, dry_run=not args.apply)
+    if out.as_json:
+        out.json({"mode": "older_than", "older_than": args.older_than, **report.as_dict()})
+        return EXIT_OK
+    verb = "deleted" if args.apply else "would delete"
+    out.table(
+        f"prune: threads idle for more than {args.older_than} ({args.strategy})",
+        ["", verb],
+        [
+            ["threads deleted", report.threads_deleted],
+            ["threads pruned to their latest checkpoint", report.threads_pruned],
+            ["checkpoints", report.checkpoints_deleted],
+            ["pending writes", report.writes_deleted],
+            ["blobs", report.blobs_deleted],
+            ["ledger entries", report.ledger_entries_deleted],
+            ["named-namespace entries", report.namespace_entries_deleted],
+        ],
+    )
+    if report.issued_kept:
+        out.line(f"{report.issued_kept} unsettled ledger entr(ies) kept: see `pending`")
+    if not args.apply:
+        out.line("dry run: nothing was changed; add --apply to delete")
+    return EXIT_OK
+
+
 async def cmd_prune(db: Db, args: argparse.Namespace, out: Out) -> int:
+    if args.older_than:
+        return await sweep_idle_threads(db, args, out)
     before = parse_when(args.before) if args.before else None
     threads: list[str] | None = None
     if args.thread:
