@@ -40,8 +40,8 @@ Read commands open SQLite read-only (``mode=ro``; ``immutable=1`` when the direc
 not writable, where a WAL database cannot be opened ``mode=ro``) and PostgreSQL sessions
 read-only: they never create or change a database, and work on a read-only file or in a
 read-only directory. (Like any SQLite reader, a ``mode=ro`` read of a WAL database may
-leave the ``-wal``/``-shm`` files SQLite keeps beside it.) Only ``resolve`` and ``prune
---apply`` write.
+leave the ``-wal``/``-shm`` files SQLite keeps beside it.) Only ``resolve``, ``prune
+--apply``, ``prune --older-than`` (its dry run rolls back) and ``import-langgraph`` write.
 
 Exit codes: ``0`` ok; ``1`` refused or not found (missing file, unknown thread, checkpoint
 or entry, an entry that is not an unknown outcome or changed, a server that cannot be
