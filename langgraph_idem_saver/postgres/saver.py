@@ -111,7 +111,7 @@ T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 Conn = AsyncConnection[Any] | AsyncConnectionPool[Any]
 
-LIST_PAGE_SIZE = 100
+LIST_PAGE_SIZE = sql.PAGE_BOUND
 
 # Values whose serialized form reaches this size are compressed by the client (zlib level
 # 1) before they are sent. PostgreSQL would otherwise compress them itself (TOAST, pglz,
@@ -480,7 +480,7 @@ class AsyncPostgresSaver(IdemSaverBase):
         thread_id = _text(thread_id_of(config), "thread_id")
         ns = _text(checkpoint_ns_of(config), "checkpoint_ns")
         checkpoint_id = checkpoint_id_of(config)
-        params: dict[str, Any] = {"thread_id": thread_id, "ns": ns, "limit": 1}
+        params: dict[str, Any] = {"thread_id": thread_id, "ns": ns}
         if checkpoint_id:
             params["checkpoint_id"] = _text(checkpoint_id, "checkpoint_id")
             query = sql.SELECT_TUPLE_BY_ID
@@ -540,7 +540,7 @@ class AsyncPostgresSaver(IdemSaverBase):
                     where.append(sql.LIST_AFTER)
                 args.update(c_id=cursor[0], c_thread=cursor[1], c_ns=cursor[2])
             query = sql.SELECT_TUPLES.format(
-                where=("WHERE " + " AND ".join(where)) if where else ""
+                where=("WHERE " + " AND ".join(where)) if where else "", limit=sql.LIST_LIMIT
             )
 
             async def read(cur: Cursor, q: str = query, a: dict[str, Any] = args) -> list[TupleRow]:
