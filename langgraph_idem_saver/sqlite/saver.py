@@ -944,6 +944,8 @@ class _GroupCommit:
             if force_full:
                 conn.execute("PRAGMA synchronous = FULL")
             try:
+                if len(batch) == 1:  # alone in its transaction: no savepoint needed
+                    return _write_tx(conn, lambda c: [_alone(c, batch[0][0])])
                 return _write_tx(conn, lambda c: [_in_savepoint(c, b) for b, _, _ in batch])
             finally:
                 if force_full:
@@ -970,6 +972,16 @@ class _GroupCommit:
                     )
                 else:
                     future.set_exception(value)
+
+
+def _alone(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> tuple[bool, Any]:
+    """Run the only body of a transaction: its failure rolls back the transaction (two
+    statements fewer than a savepoint, on every sequential write)."""
+    try:
+        return True, body(conn)
+    except Exception as exc:
+        conn.rollback()
+        return False, exc
 
 
 def _in_savepoint(
