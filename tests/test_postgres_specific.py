@@ -927,3 +927,37 @@ async def test_a_cancelled_caller_does_not_break_a_shared_connection(pg_dsn: str
             await task
         assert await saver.aget_tuple({"configurable": {"thread_id": "after-cancel"}}) is None
         assert not saver.conn.closed
+
+
+# ------------------------------------------------------------ outcomes, group commit
+
+
+async def test_outcomes_of_calls_finishing_together_share_one_transaction(pg_dsn: str) -> None:
+    """20 outcomes recorded at once are one transaction (one xmin), not 20; each caller
+    gets its own entry back; one that is not ours to finish fails alone, typed."""
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        keys = [f"k{i:02d}" for i in range(20)]
+        await saver.aclaim([intent(k) for k in keys], owner="me", lease_seconds=60)
+        await saver.aclaim([intent("theirs")], owner="other", lease_seconds=60)
+
+        async def finish(key: str) -> Any:
+            return await saver.afinish(
+                "t", key, owner="me", status=CallStatus.COMPLETED, result_type="json",
+                result=key.encode(),
+            )  # fmt: skip
+
+        outcomes = await asyncio.gather(*(finish(k) for k in [*keys, "theirs"]),
+                                        return_exceptions=True)  # fmt: skip
+        *entries, refused = outcomes
+        assert [(e.key, e.status, e.result) for e in entries] == [
+            (k, CallStatus.COMPLETED, k.encode()) for k in keys
+        ]
+        assert isinstance(refused, LedgerStateError), refused
+        async with await admin(pg_dsn) as conn:
+            cur = await conn.execute(
+                "SELECT count(DISTINCT xmin::text), count(*) FROM idem_tool_calls "
+                "WHERE status = 'completed'"
+            )
+            assert await cur.fetchone() == (1, 20)
+        theirs = await saver.aget_entry("t", "theirs")
+        assert theirs is not None and theirs.status is CallStatus.ISSUED

@@ -86,6 +86,7 @@ from langgraph_idem_saver.errors import (
     SchemaVersionError,
     SerializationError,
 )
+from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.postgres import sql
@@ -169,6 +170,8 @@ class AsyncPostgresSaver(IdemSaverBase):
         self.is_setup = False
         self._setup_lock: asyncio.Lock | None = None
         self._deltas = ListDeltaEncoder()
+        # outcomes of calls that finish together share one transaction (group_commit.py)
+        self._finishes = GroupCommit(self._finish_all)
 
     @classmethod
     @asynccontextmanager
@@ -840,15 +843,7 @@ class AsyncPostgresSaver(IdemSaverBase):
             key, owner,
         )  # fmt: skip
 
-        async def finish(cur: Cursor) -> tuple[bool, TupleRow | None]:
-            await cur.execute(sql.FINISH_ENTRY, params)
-            row = await cur.fetchone()
-            if row is not None:
-                return True, row
-            await cur.execute(sql.SELECT_ENTRY, (scope, key))
-            return False, await cur.fetchone()
-
-        done, row = await self._run(finish)
+        done, row = await self._finishes.submit(params)
         if not done:
             state = "missing" if row is None else f"{row[8]} (owner {row[12]!r})"
             raise LedgerStateError(
@@ -857,6 +852,25 @@ class AsyncPostgresSaver(IdemSaverBase):
             )
         assert row is not None
         return self.entry_of(row)
+
+    async def _finish_all(self, batch: list[tuple[Any, ...]]) -> list[tuple[bool, TupleRow | None]]:
+        """Record the outcomes of calls that finished together: one transaction (one
+        WAL flush) for all; per outcome, its row, or (not ours to finish) the row as is."""
+
+        async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
+            done: list[tuple[bool, TupleRow | None]] = []
+            for params in batch:
+                await cur.execute(sql.FINISH_ENTRY, params)
+                row = await cur.fetchone()
+                if row is None:
+                    await cur.execute(sql.SELECT_ENTRY, params[5:7])  # scope, key
+                    row = await cur.fetchone()
+                    done.append((False, row))
+                else:
+                    done.append((True, row))
+            return done
+
+        return await self._run(finish, tx=len(batch) > 1)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 
