@@ -2,8 +2,9 @@
 
 The scripts run as ``python benchmarks/bench_x.py``, so this folder is on ``sys.path``
 and they import from here with ``from _harness import ...``. Everything here is
-backend-neutral: payload generators, the synthetic checkpoint stream, the interleaved
-timer and its summaries, the official-vs-ours result row and the report/JSON plumbing.
+backend-neutral: payload generators, the synthetic checkpoint stream, the DeltaChannel
+threads, the interleaved timer and its summaries, and the report/JSON plumbing. The
+result row and the run profile are ``bench.py``'s (``Row``, ``Profile``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -172,27 +172,6 @@ class ConvSim:
 # changed-channel patterns
 SMALL = ("count", "status", "branch:to:agent")
 WITH_MSGS = ("messages", "branch:to:tools")
-MIXED = (WITH_MSGS, SMALL)  # alternate: messages change on every other checkpoint
-
-
-async def populate(
-    sim_cls: type[ConvSim], saver: Any, thread_id: str, n: int, prof: Any, seed: int
-) -> list[Any]:
-    """n checkpoints (mixed pattern), each followed by one task's writes."""
-    sim = sim_cls(saver, thread_id, prof.window, prof.msg_bytes, seed=seed)
-    rng = random.Random(seed + 1)
-    small_msg = sim.payloads.ai(rng, 200)
-    cfgs = []
-    for i in range(n):
-        cfg = await sim.put(MIXED[i % 2])
-        await saver.aput_writes(
-            cfg,
-            [("messages", [small_msg]), ("branch:to:tools", None)],
-            str(uuid.UUID(int=rng.getrandbits(128))),
-            "~__pregel_pull, agent",
-        )
-        cfgs.append(cfg)
-    return cfgs
 
 
 # --------------------------------------------------------------------------------------
@@ -200,25 +179,6 @@ async def populate(
 # --------------------------------------------------------------------------------------
 
 Prepare = Callable[[str], Callable[[], Awaitable[Any]]]
-
-
-def aput_prepare(sims: dict[str, ConvSim], patterns: tuple[tuple[str, ...], ...]) -> Prepare:
-    """One ``aput`` per call on each label's stream, cycling through ``patterns``."""
-    ctr = dict.fromkeys(sims, 0)
-
-    def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
-        sim = sims[lab]
-        pat = patterns[ctr[lab] % len(patterns)]
-        ctr[lab] += 1
-        cfg, cp, md, nv = sim.next(pat)
-
-        async def run() -> None:
-            await sim.saver.aput(cfg, cp, md, nv)
-            sim.parent_id = cp["id"]
-
-        return run
-
-    return prepare
 
 
 async def aput_writes_prepare(
@@ -238,83 +198,6 @@ async def aput_writes_prepare(
         return lambda: saver.aput_writes(cfg, writes, task_id, "~__pregel_pull, agent")
 
     return prepare
-
-
-async def populate_read_threads(
-    sim_cls: type[ConvSim], saver: Any, prof: Any
-) -> tuple[list[Any], list[Any]]:
-    """The short and the long measured threads, with a few unrelated threads around them."""
-    await populate(sim_cls, saver, "t-other-a", 50, prof, seed=10)
-    short = await populate(sim_cls, saver, "t-short", prof.short_thread, prof, seed=11)
-    long_ = await populate(sim_cls, saver, "t-long", prof.long_thread, prof, seed=12)
-    await populate(sim_cls, saver, "t-other-b", 50, prof, seed=13)
-    return short, long_
-
-
-def read_specs(
-    prof: Any, saver_of: dict[str, Any], by_id: Prepare | None = None
-) -> list[tuple[str, str, Prepare]]:
-    """(key, title, prepare) of the read rows: latest of short and long, [by id,] alist."""
-    specs = [
-        (
-            "aget_tuple_10",
-            f"aget_tuple latest ({prof.short_thread}-ckpt thread)",
-            latest_reader(saver_of, "t-short"),
-        ),
-        (
-            "aget_tuple_long",
-            f"aget_tuple latest ({prof.long_thread}-ckpt thread)",
-            latest_reader(saver_of, "t-long"),
-        ),
-    ]
-    if by_id is not None:
-        specs.append(
-            ("aget_tuple_by_id", f"aget_tuple by id (middle of {prof.long_thread})", by_id)
-        )
-    specs.append(
-        (
-            "alist_10",
-            f"alist(limit=10) ({prof.long_thread}-ckpt thread)",
-            list10_reader(saver_of),
-        )
-    )
-    return specs
-
-
-def latest_reader(saver_of: dict[str, Any], thread: str) -> Prepare:
-    """``aget_tuple`` of the latest checkpoint of ``thread``."""
-    cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-    return lambda lab: lambda: saver_of[lab].aget_tuple(cfg)
-
-
-def list10_reader(saver_of: dict[str, Any], thread: str = "t-long") -> Prepare:
-    """``alist(limit=10)`` on ``thread`` (asserts 10 come back)."""
-    cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-
-    def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
-        async def run() -> None:
-            n = 0
-            async for _ in saver_of[lab].alist(cfg, limit=10):
-                n += 1
-            assert n == 10, n
-
-        return run
-
-    return prepare
-
-
-async def check_latest(
-    saver_of: dict[str, Any], cfgs: dict[str, dict[str, list[Any]]], window: int
-) -> None:
-    """Sanity: every backend returns the right latest checkpoint with its pending writes."""
-    for lab in saver_of:
-        for kind, thread in (("short", "t-short"), ("long", "t-long")):
-            tup = await latest_reader(saver_of, thread)(lab)()
-            want = cfgs[lab][kind][-1]["configurable"]["checkpoint_id"]
-            got = tup.config["configurable"]["checkpoint_id"]
-            assert got == want, (lab, kind, got, want)
-            assert len(tup.pending_writes) == 2, (lab, tup.pending_writes)
-            assert len(tup.checkpoint["channel_values"]["messages"]) == window
 
 
 # --------------------------------------------------------------------------------------
@@ -393,19 +276,6 @@ def delta_specs(graphs_of: dict[str, dict[int, Any]]) -> list[tuple[str, str, Pr
     return specs
 
 
-def print_delta_flatness(by_key: dict[str, Any]) -> None:
-    """How each column's DeltaChannel load grows from the short thread to the long one."""
-    short, long_ = (by_key.get(f"delta_load_{n}") for n in DELTA_STEPS)
-    if short and long_:
-        r_off = long_.value("official") / short.value("official")
-        r_ours = long_.value("ours") / short.value("ours")
-        print(
-            f"DeltaChannel load {DELTA_STEPS[1]:,}/{DELTA_STEPS[0]:,} steps: "
-            f"official {r_off:.2f}x, ours {r_ours:.2f}x (a {DELTA_STEPS[1] // DELTA_STEPS[0]}x "
-            "longer walk; the messages returned grow as much)"
-        )
-
-
 # --------------------------------------------------------------------------------------
 # Measurement
 # --------------------------------------------------------------------------------------
@@ -468,46 +338,6 @@ async def interleaved(
     return samples
 
 
-@dataclass
-class Row:
-    """One official-vs-ours result row."""
-
-    key: str
-    title: str
-    unit: str  # "us", "MB", "s": lower is better; "ops": higher is better
-    official: dict[str, Any]
-    ours: dict[str, Any]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def value(self, side: str) -> float:
-        d = self.official if side == "official" else self.ours
-        return float(d["median_us"] if self.unit == "us" else d["value"])
-
-    @property
-    def speedup(self) -> float:
-        """> 1 means ours is faster (or smaller; or, for "ops", higher)."""
-        o, f = self.value("ours"), self.value("official")
-        if self.unit == "ops":
-            return o / f if f else float("inf")
-        return f / o if o else float("inf")
-
-    @classmethod
-    def from_samples(cls, key: str, title: str, samples: dict[str, list[int]]) -> Row:
-        """A µs row from ``interleaved`` samples of the "official" and "ours" columns."""
-        return cls(key, title, "us", summarize(samples["official"]), summarize(samples["ours"]))
-
-    def to_json(self, speedup_key: str) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "title": self.title,
-            "unit": self.unit,
-            "official": self.official,
-            "ours": self.ours,
-            speedup_key: self.speedup,
-            **({"extra": self.extra} if self.extra else {}),
-        }
-
-
 # --------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------
@@ -522,41 +352,6 @@ def spread(d: dict) -> str:
     if "p10_us" not in d:
         return ""
     return f"[{d['p10_us']:,.0f}–{d['p90_us']:,.0f}]"
-
-
-def print_table(rows: list[Row], fmt: Callable[[Row, str], str], *header: str) -> None:
-    """The official / ours / speedup table, after a blank line and the ``header`` lines."""
-    print()
-    for line in header:
-        print(line)
-    w = max(len(r.title) for r in rows)
-    hdr = f"{'benchmark':<{w}}  {'official':>10} {'':>15}  {'ours':>10} {'':>15}  {'speedup':>8}"
-    print(hdr)
-    print("-" * len(hdr))
-    for r in rows:
-        print(
-            f"{r.title:<{w}}  {fmt(r, 'official'):>10} {spread(r.official):>15}  "
-            f"{fmt(r, 'ours'):>10} {spread(r.ours):>15}  {r.speedup:>7.2f}x"
-        )
-
-
-def print_populate(extra: dict[str, Any]) -> None:
-    """The populate timing of the read rows, if they ran."""
-    if "populate" in extra:
-        p = extra["populate"]
-        print(
-            f"\npopulate {p['ours']['checkpoints']} ckpts (+writes): "
-            f"official {p['official']['seconds']:.2f}s, ours {p['ours']['seconds']:.2f}s"
-        )
-
-
-def print_long_short(by_key: dict[str, Row]) -> None:
-    """The aget_tuple long/short ratio of each column, if both rows ran."""
-    if "aget_tuple_10" in by_key and "aget_tuple_long" in by_key:
-        a, b = by_key["aget_tuple_10"], by_key["aget_tuple_long"]
-        r_off = b.value("official") / a.value("official")
-        r_ours = b.value("ours") / a.value("ours")
-        print(f"aget_tuple long/short ratio: official {r_off:.2f}, ours {r_ours:.2f}")
 
 
 def print_targets(targets: list[dict[str, Any]]) -> None:

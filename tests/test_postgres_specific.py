@@ -479,7 +479,9 @@ async def test_reads_stay_flat_on_long_threads(pg_dsn: str, analyzed: bool) -> N
         listing = touched(
             await explain(
                 pg_dsn,
-                sql.SELECT_TUPLES.format(where="WHERE thread_id = %(thread_id)s"),
+                sql.SELECT_TUPLES.format(
+                    where="WHERE thread_id = %(thread_id)s", limit=sql.LIST_LIMIT
+                ),
                 {"thread_id": thread, "limit": 10},
             )
         )
@@ -495,6 +497,83 @@ async def test_reads_stay_flat_on_long_threads(pg_dsn: str, analyzed: bool) -> N
         assert long_["buffers"] <= 2 * short["buffers"] + 10, (short, long_)
     latest_long = results["long"][0]
     assert latest_long["rows"]["idem_blobs"] == 3  # one probe per channel, no scan
+
+
+async def explain_generic(dsn: str, query: str, params: dict[str, Any]) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of ``query`` run as a prepared statement's *generic* plan (what
+    PostgreSQL switches to after five executions under ``prepare_threshold=0``)."""
+    names = list(params)
+    for i, name in enumerate(names, 1):
+        query = query.replace(f"%({name})s", f"${i}")
+    types = ", ".join("integer" if isinstance(params[n], int) else "text" for n in names)
+    async with await admin(dsn) as conn:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE q ({types}) AS {query}")
+        args = ", ".join(
+            str(params[n]) if isinstance(params[n], int) else "'" + params[n] + "'" for n in names
+        )
+        cur = await conn.execute(
+            f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) EXECUTE q ({args})"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+        return dict(doc[0]["Plan"])
+
+
+async def test_generic_plans_read_by_index_in_a_full_database(pg_dsn: str) -> None:
+    """The reads' generic plans (prepared statements after five executions) seek the
+    thread's newest rows by index in a database holding many other threads, ANALYZEd:
+    no table scan, and no more checkpoint rows read than asked for."""
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await build_thread(saver, "long", 200)
+        tup = await saver.aget_tuple(config("long"))
+        assert tup is not None
+        checkpoint_id = tup.config["configurable"]["checkpoint_id"]
+    async with await admin(pg_dsn) as conn:
+        for table, cols in (
+            (
+                "idem_checkpoints",
+                "checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, "
+                "type, checkpoint, metadata, metadata_exact, channel_versions",
+            ),
+            ("idem_blobs", "checkpoint_ns, channel, version, type, blob, base_version"),
+            (
+                "idem_writes",
+                "checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value",
+            ),
+        ):
+            await conn.execute(
+                f"INSERT INTO {table} (thread_id, {cols}) SELECT 'other-' || g, {cols} "
+                f"FROM {table}, generate_series(1, 60) AS g WHERE thread_id = 'long'"
+            )
+        await conn.execute("ANALYZE")
+    reads = {
+        "latest": (sql.SELECT_LATEST_TUPLE, {"thread_id": "long", "ns": ""}, 1),
+        "by_id": (
+            sql.SELECT_TUPLE_BY_ID,
+            {"thread_id": "long", "ns": "", "checkpoint_id": checkpoint_id},
+            1,
+        ),
+        "list_ns": (
+            sql.SELECT_TUPLES.format(
+                where="WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s",
+                limit=sql.LIST_LIMIT,
+            ),
+            {"thread_id": "long", "ns": "", "limit": 10},
+            10,
+        ),
+        "list_thread": (
+            sql.SELECT_TUPLES.format(where="WHERE thread_id = %(thread_id)s", limit=sql.LIST_LIMIT),
+            {"thread_id": "long", "limit": 10},
+            10,
+        ),
+    }
+    for name, (query, params, wanted) in reads.items():
+        got = touched(await explain_generic(pg_dsn, query, params))
+        assert got["seq"] == [], (name, got)
+        # the index scan stops one row past the page (the incremental sort's look-ahead)
+        assert got["rows"]["idem_checkpoints"] <= wanted + 1, (name, got)
 
 
 # ------------------------------------------------------------------ metadata
@@ -848,3 +927,37 @@ async def test_a_cancelled_caller_does_not_break_a_shared_connection(pg_dsn: str
             await task
         assert await saver.aget_tuple({"configurable": {"thread_id": "after-cancel"}}) is None
         assert not saver.conn.closed
+
+
+# ------------------------------------------------------------ outcomes, group commit
+
+
+async def test_outcomes_of_calls_finishing_together_share_one_transaction(pg_dsn: str) -> None:
+    """20 outcomes recorded at once are one transaction (one xmin), not 20; each caller
+    gets its own entry back; one that is not ours to finish fails alone, typed."""
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        keys = [f"k{i:02d}" for i in range(20)]
+        await saver.aclaim([intent(k) for k in keys], owner="me", lease_seconds=60)
+        await saver.aclaim([intent("theirs")], owner="other", lease_seconds=60)
+
+        async def finish(key: str) -> Any:
+            return await saver.afinish(
+                "t", key, owner="me", status=CallStatus.COMPLETED, result_type="json",
+                result=key.encode(),
+            )  # fmt: skip
+
+        outcomes = await asyncio.gather(*(finish(k) for k in [*keys, "theirs"]),
+                                        return_exceptions=True)  # fmt: skip
+        *entries, refused = outcomes
+        assert [(e.key, e.status, e.result) for e in entries] == [
+            (k, CallStatus.COMPLETED, k.encode()) for k in keys
+        ]
+        assert isinstance(refused, LedgerStateError), refused
+        async with await admin(pg_dsn) as conn:
+            cur = await conn.execute(
+                "SELECT count(DISTINCT xmin::text), count(*) FROM idem_tool_calls "
+                "WHERE status = 'completed'"
+            )
+            assert await cur.fetchone() == (1, 20)
+        theirs = await saver.aget_entry("t", "theirs")
+        assert theirs is not None and theirs.status is CallStatus.ISSUED

@@ -86,6 +86,7 @@ from langgraph_idem_saver.errors import (
     SchemaVersionError,
     SerializationError,
 )
+from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.import_langgraph import awarn_if_unimported
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
@@ -115,7 +116,7 @@ T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 Conn = AsyncConnection[Any] | AsyncConnectionPool[Any]
 
-LIST_PAGE_SIZE = 100
+LIST_PAGE_SIZE = sql.PAGE_BOUND
 
 # Values whose serialized form reaches this size are compressed by the client (zlib level
 # 1) before they are sent. PostgreSQL would otherwise compress them itself (TOAST, pglz,
@@ -177,6 +178,8 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
         self.is_setup = False
         self._setup_lock: asyncio.Lock | None = None
         self._deltas = ListDeltaEncoder()
+        # outcomes of calls that finish together share one transaction (group_commit.py)
+        self._finishes = GroupCommit(self._finish_all)
 
     @classmethod
     @asynccontextmanager
@@ -491,7 +494,7 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
         thread_id = _text(thread_id_of(config), "thread_id")
         ns = _text(checkpoint_ns_of(config), "checkpoint_ns")
         checkpoint_id = checkpoint_id_of(config)
-        params: dict[str, Any] = {"thread_id": thread_id, "ns": ns, "limit": 1}
+        params: dict[str, Any] = {"thread_id": thread_id, "ns": ns}
         if checkpoint_id:
             params["checkpoint_id"] = _text(checkpoint_id, "checkpoint_id")
             query = sql.SELECT_TUPLE_BY_ID
@@ -551,7 +554,7 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
                     where.append(sql.LIST_AFTER)
                 args.update(c_id=cursor[0], c_thread=cursor[1], c_ns=cursor[2])
             query = sql.SELECT_TUPLES.format(
-                where=("WHERE " + " AND ".join(where)) if where else ""
+                where=("WHERE " + " AND ".join(where)) if where else "", limit=sql.LIST_LIMIT
             )
 
             async def read(cur: Cursor, q: str = query, a: dict[str, Any] = args) -> list[TupleRow]:
@@ -857,15 +860,7 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
             key, owner,
         )  # fmt: skip
 
-        async def finish(cur: Cursor) -> tuple[bool, TupleRow | None]:
-            await cur.execute(sql.FINISH_ENTRY, params)
-            row = await cur.fetchone()
-            if row is not None:
-                return True, row
-            await cur.execute(sql.SELECT_ENTRY, (scope, key))
-            return False, await cur.fetchone()
-
-        done, row = await self._run(finish)
+        done, row = await self._finishes.submit(params)
         if not done:
             state = "missing" if row is None else f"{row[8]} (owner {row[12]!r})"
             raise LedgerStateError(
@@ -874,6 +869,25 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
             )
         assert row is not None
         return self.entry_of(row)
+
+    async def _finish_all(self, batch: list[tuple[Any, ...]]) -> list[tuple[bool, TupleRow | None]]:
+        """Record the outcomes of calls that finished together: one transaction (one
+        WAL flush) for all; per outcome, its row, or (not ours to finish) the row as is."""
+
+        async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
+            done: list[tuple[bool, TupleRow | None]] = []
+            for params in batch:
+                await cur.execute(sql.FINISH_ENTRY, params)
+                row = await cur.fetchone()
+                if row is None:
+                    await cur.execute(sql.SELECT_ENTRY, params[5:7])  # scope, key
+                    row = await cur.fetchone()
+                    done.append((False, row))
+                else:
+                    done.append((True, row))
+            return done
+
+        return await self._run(finish, tx=len(batch) > 1)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 

@@ -315,6 +315,17 @@ def put_writes_sql(n_writes: int) -> str:
 # depth; a whole value costs nothing more. Text columns come back as bytea
 # (convert_to) so that each aggregate is one 2-D bytea array. The recursion stops
 # after ``_CHAIN_LIMIT`` bases: a longer chain is corrupt (reported by resolve_value).
+#
+# The inner LIMIT is a constant (PAGE_BOUND, the largest page any read asks for) and the
+# rows wanted are cut by the outer LIMIT. With prepared statements PostgreSQL
+# switches to a generic plan after five executions; a generic plan cannot see a LIMIT
+# parameter's value and assumes 10% of the table, and then plans a sequential scan and
+# a sort of every checkpoint (22 ms instead of 0.1 ms on 50k checkpoints). A constant
+# bound keeps the index scan in every plan, generic or custom; the outer LIMIT still stops
+# the scan (and the blob look-ups) after the rows asked for. aget_tuple's outer LIMIT is
+# the constant 1 (its generic plan then costs what its custom plan does, so PostgreSQL
+# keeps it and stops planning each call); alist's is ``%(limit)s``.
+PAGE_BOUND = 100
 SELECT_TUPLES = """
 SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type,
     c.checkpoint, c.metadata, c.metadata_exact,
@@ -354,10 +365,11 @@ FROM (
     FROM idem_checkpoints
     {where}
     ORDER BY checkpoint_id DESC, thread_id DESC, checkpoint_ns DESC
-    LIMIT %(limit)s
+    LIMIT _PAGE_BOUND
 ) AS c
 ORDER BY c.checkpoint_id DESC, c.thread_id DESC, c.checkpoint_ns DESC
-""".replace("_CHAIN_LIMIT", str(4 * MAX_CHAIN + 1))
+LIMIT {limit}
+""".replace("_CHAIN_LIMIT", str(4 * MAX_CHAIN + 1)).replace("_PAGE_BOUND", str(PAGE_BOUND))
 
 WHERE_BY_ID = (
     "WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s "
@@ -365,8 +377,9 @@ WHERE_BY_ID = (
 )
 WHERE_LATEST = "WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s"
 
-SELECT_TUPLE_BY_ID = SELECT_TUPLES.format(where=WHERE_BY_ID)
-SELECT_LATEST_TUPLE = SELECT_TUPLES.format(where=WHERE_LATEST)
+SELECT_TUPLE_BY_ID = SELECT_TUPLES.format(where=WHERE_BY_ID, limit=1)
+SELECT_LATEST_TUPLE = SELECT_TUPLES.format(where=WHERE_LATEST, limit=1)
+LIST_LIMIT = "%(limit)s"  # alist's outer LIMIT: the page size, bound per call
 
 # keyset pagination: the next page starts strictly after the last row returned. The
 # columns a config fixes are left out, so the comparison matches an index's columns

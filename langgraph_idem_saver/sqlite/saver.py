@@ -55,6 +55,7 @@ from langgraph_idem_saver.errors import (
     ReadOnlyDatabaseError,
     SchemaVersionError,
 )
+from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.import_langgraph import awarn_if_unimported
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
@@ -91,6 +92,8 @@ from langgraph_idem_saver.sqlite.retention import SqliteRetention
 
 T = TypeVar("T")
 Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
+# a write for the group commit: its body, and whether it must be synced (a claim)
+_Write = tuple[Callable[[sqlite3.Connection], Any], bool]
 
 LIST_PAGE_SIZE = 100
 
@@ -229,7 +232,8 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
         self.is_setup = False
         self._setup_lock: asyncio.Lock | None = None
         self._deltas = ListDeltaEncoder()
-        self._group = _GroupCommit(self)
+        # concurrent writes share one transaction and one fsync (group_commit.py)
+        self._group: GroupCommit[_Write, tuple[bool, Any]] = GroupCommit(self._commit)
         self._sql = sql
         # the file behind conn (for errors naming it); found on setup() if not given
         self._target: SqliteTarget | None = None
@@ -403,7 +407,30 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
         call ``issued``: an unknown outcome, verified, never silently re-run.
         """
         await self.setup()
-        return await self._group.submit(body, synced=before_tool_runs)
+        ok, value = await self._group.submit((body, before_tool_runs))
+        if ok:
+            return cast(T, value)
+        if isinstance(value, (ValueError, sqlite3.Error)) and not isinstance(value, IdemSaverError):
+            raise _typed_error(value, self.busy_timeout, self._target) from value
+        raise value
+
+    async def _commit(self, batch: list[_Write]) -> list[tuple[bool, Any]]:
+        """One transaction for a group of writes: per write, (True, its result) or
+        (False, its exception), each rolled back alone (a savepoint each when several)."""
+        force_full = self.synchronous == "NORMAL" and any(synced for _, synced in batch)
+
+        def run(conn: sqlite3.Connection) -> list[tuple[bool, Any]]:
+            if force_full:
+                conn.execute("PRAGMA synchronous = FULL")
+            try:
+                if len(batch) == 1:  # alone in its transaction: no savepoint needed
+                    return _write_tx(conn, lambda c: [_alone(c, batch[0][0])])
+                return _write_tx(conn, lambda c: [_in_savepoint(c, b) for b, _ in batch])
+            finally:
+                if force_full:
+                    conn.execute("PRAGMA synchronous = NORMAL")
+
+        return await self._call(run)
 
     # --- reads ---------------------------------------------------------------------
 
@@ -911,74 +938,14 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
         return await self._run(lambda conn: _read_tx(conn, read))
 
 
-_Pending = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]", bool]
-
-
-class _GroupCommit:
-    """Group commit for one saver's connection (see ``AsyncSqliteSaver._write``).
-
-    At most one batch is in flight; writes submitted meanwhile wait and go together in
-    the next one. A write submitted alone is flushed on the next loop iteration.
-    """
-
-    def __init__(self, saver: AsyncSqliteSaver) -> None:
-        self._saver = saver
-        self._pending: list[_Pending] = []
-        self._busy = False
-
-    async def submit(self, body: Callable[[sqlite3.Connection], T], *, synced: bool) -> T:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._pending.append((body, future, synced))
-        if not self._busy:
-            self._busy = True
-            loop.call_soon(self._flush)
-        return await future
-
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        task = asyncio.get_running_loop().create_task(self._commit(batch))
-        task.add_done_callback(self._done)
-
-    def _done(self, _: asyncio.Task[None]) -> None:
-        if self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        else:
-            self._busy = False
-
-    async def _commit(self, batch: list[_Pending]) -> None:
-        force_full = self._saver.synchronous == "NORMAL" and any(s for _, _, s in batch)
-
-        def run(conn: sqlite3.Connection) -> list[tuple[bool, Any]]:
-            if force_full:
-                conn.execute("PRAGMA synchronous = FULL")
-            try:
-                return _write_tx(conn, lambda c: [_in_savepoint(c, b) for b, _, _ in batch])
-            finally:
-                if force_full:
-                    conn.execute("PRAGMA synchronous = NORMAL")
-
-        try:
-            outcomes = await self._saver._call(run)
-        except BaseException as exc:  # the transaction as a whole failed: all of them did
-            for _, future, _ in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (ok, value), (_, future, _) in zip(outcomes, batch, strict=True):
-            if not future.done():
-                if ok:
-                    future.set_result(value)
-                elif isinstance(value, (ValueError, sqlite3.Error)) and not isinstance(
-                    value, IdemSaverError
-                ):
-                    future.set_exception(
-                        _typed_error(value, self._saver.busy_timeout, self._saver._target)
-                    )
-                else:
-                    future.set_exception(value)
+def _alone(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> tuple[bool, Any]:
+    """Run the only body of a transaction: its failure rolls back the transaction (two
+    statements fewer than a savepoint, on every sequential write)."""
+    try:
+        return True, body(conn)
+    except Exception as exc:
+        conn.rollback()
+        return False, exc
 
 
 def _in_savepoint(

@@ -1,0 +1,541 @@
+#!/usr/bin/env python
+"""Ours vs LangGraph's savers, both backends, every configuration, in one run.
+
+One process, one workload per row, the two savers side by side in interleaved rounds
+(``_harness.interleaved``), medians printed with the ratio official / ours (> 1: ours is
+faster). Configurations: ``sqlite`` (a temp file per saver, each saver's own
+``from_conn_string``), ``pg`` (one connection each) and ``pg-pool`` (a psycopg
+``AsyncConnectionPool`` of 8, autocommit, ``prepare_threshold=0``, ``dict_row``). The
+PostgreSQL server is ``--dsn``/``$IDEM_SAVER_PG_DSN`` or a throwaway ``pgserver`` with its
+default, durable settings; each saver gets its own schema, pre-filled with
+``fill_threads`` copies of the read thread (other threads, then ``ANALYZE``), so reads are
+measured in a full, analyzed database with prepared statements on.
+
+Every saver is opened on one ``AsyncExitStack`` per configuration. Besides the rows, the
+run prints the raw floor of each configuration (an INSERT + commit of a 5 KB row with the
+same driver and settings) and, with ``--explain``, the generic plan of each of our
+PostgreSQL reads.
+
+Usage::
+
+    python benchmarks/bench.py --quick             # < 1 min
+    python benchmarks/bench.py                     # full run (~5 min)
+    python benchmarks/bench.py --configs sqlite --only aput,reads --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import psycopg
+from _harness import (
+    WITH_MSGS,
+    ConvSim,
+    Payloads,
+    Prepare,
+    aput_writes_prepare,
+    delta_specs,
+    env_base,
+    interleaved,
+    package_version,
+    populate_delta_threads,
+    write_json,
+)
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as OfficialPostgres
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver as OfficialSqlite
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_ledger import build_tools_graph, make_node, tool_call_message
+
+from langgraph_idem_saver import AsyncSqliteSaver as OursSqlite
+from langgraph_idem_saver.postgres import AsyncPostgresSaver as OursPostgres
+from langgraph_idem_saver.postgres import sql as pg_sql
+
+LABELS = ["official", "ours"]
+CONFIGS = ("sqlite", "pg", "pg-pool")
+POOL_KWARGS = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much of everything one run does."""
+
+    name: str
+    long_thread: int  # checkpoints of the read thread
+    fill_threads: int  # PostgreSQL: copies of the read thread as other threads
+    window: int = 20  # messages in the list channel (~5.6 KB serialized)
+    msg_bytes: int = 256
+    warmup: int = 10
+    rounds: int = 10
+    per_round: int = 10
+    parallel: int = 8  # threads written at once
+    calls: int = 50  # parallel tool calls of one step
+    graph_rounds: int = 4
+    budget_s: float = 20.0
+    delta: bool = True
+
+
+PROFILES = {
+    "quick": Profile(
+        "quick", 200, 10, warmup=3, rounds=3, per_round=6, graph_rounds=1, budget_s=2.0, delta=False
+    ),
+    "full": Profile("full", 1000, 100),
+}
+
+
+@dataclass
+class Row:
+    """One measured row: per-call samples (ns) of each saver in one configuration."""
+
+    config: str
+    key: str
+    title: str
+    samples: dict[str, list[int]]
+    scale: int = 1  # calls per sample (per-call times are sample / scale)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def median_us(self, label: str) -> float:
+        return statistics.median(self.samples[label]) / 1000.0 / self.scale
+
+    @property
+    def ratio(self) -> float:
+        """official / ours: above 1.0 ours is faster."""
+        return self.median_us("official") / self.median_us("ours")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "key": self.key,
+            "title": self.title,
+            "median_us": {lab: self.median_us(lab) for lab in self.samples},
+            "n": {lab: len(s) for lab, s in self.samples.items()},
+            "ratio": self.ratio,
+            **self.notes,
+        }
+
+
+_WORDS = (
+    "the a to of and in that is for it on with as was be by this are or from at an not "
+    "order invoice payment customer account refund shipping delivery address product "
+    "price total status update request support ticket message agent tool result error "
+    "please thanks check confirm cancel review details number date time amount balance"
+)
+
+
+class Sim(ConvSim):
+    """The list channel gets a new version on every step without growing."""
+
+    payloads = Payloads(_WORDS)
+
+
+class GrowingSim(Sim):
+    """The list channel grows by one message a step (the same objects, as a reducer)."""
+
+    def next(self, changed: tuple[str, ...]) -> tuple[Any, Any, Any, Any]:
+        if "messages" in changed:
+            keep = list(self.values["messages"])
+            out = super().next(changed)
+            self.values["messages"] = [*keep, self.values["messages"][-1]]
+            out[1]["channel_values"]["messages"] = self.values["messages"]
+            return out
+        return super().next(changed)
+
+
+# --------------------------------------------------------------------------------------
+# Opening savers (one AsyncExitStack per configuration)
+# --------------------------------------------------------------------------------------
+
+
+def start_server(stack: AsyncExitStack) -> str:
+    """A throwaway PostgreSQL (durable defaults), stopped when ``stack`` closes."""
+    import pgserver
+
+    server = pgserver.get_server(tempfile.mkdtemp(prefix="idem-bench-pg-"), cleanup_mode="delete")
+    stack.callback(server.cleanup)
+    return str(server.get_uri())
+
+
+def new_schema(base: str, name: str) -> str:
+    schema = f"bench_{name}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    options = conninfo_to_dict(base).get("options") or ""
+    return make_conninfo(base, options=f"{options} -c search_path={schema}".strip())
+
+
+async def open_savers(stack: AsyncExitStack, config: str, where: dict[str, str]) -> dict[str, Any]:
+    """label -> saver for ``config``; ``where`` holds each label's file path or DSN."""
+    classes = {
+        "sqlite": (OfficialSqlite, OursSqlite),
+        "pg": (OfficialPostgres, OursPostgres),
+        "pg-pool": (OfficialPostgres, OursPostgres),
+    }[config]
+    savers = {}
+    for label, cls in zip(LABELS, classes, strict=True):
+        if config == "pg-pool":
+            pool = AsyncConnectionPool(
+                where[label], min_size=8, max_size=8, kwargs=POOL_KWARGS, open=False
+            )
+            await stack.enter_async_context(pool)
+            await pool.wait()
+            saver = cls(pool)
+        else:
+            saver = await stack.enter_async_context(cls.from_conn_string(where[label]))
+        await saver.setup()
+        savers[label] = saver
+    return savers
+
+
+# --------------------------------------------------------------------------------------
+# Rows
+# --------------------------------------------------------------------------------------
+
+
+async def timed(
+    config: str, key: str, title: str, prepare: Prepare, prof: Profile, scale: int = 1
+) -> Row:
+    samples = await interleaved(
+        LABELS, prepare, prof.warmup, prof.rounds, prof.per_round, prof.budget_s
+    )
+    return Row(config, key, title, samples, scale)
+
+
+def aput_stream(savers: dict[str, Any], sim_cls: type[Sim], prof: Profile, tag: str) -> Prepare:
+    sims = {
+        lab: sim_cls(s, f"w-{tag}", prof.window, prof.msg_bytes, 1) for lab, s in savers.items()
+    }
+
+    def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
+        return lambda: sims[lab].put(WITH_MSGS)
+
+    return prepare
+
+
+def parallel_aput(savers: dict[str, Any], prof: Profile) -> Prepare:
+    sims = {
+        lab: [Sim(s, f"par-{i}", prof.window, prof.msg_bytes, i) for i in range(prof.parallel)]
+        for lab, s in savers.items()
+    }
+
+    def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
+        async def run() -> None:
+            await asyncio.gather(*(sim.put(WITH_MSGS) for sim in sims[lab]))
+
+        return run
+
+    return prepare
+
+
+async def populate(saver: Any, thread: str, n: int, prof: Profile) -> None:
+    """``n`` checkpoints (list re-versioned on each), each with one task's writes."""
+    sim = Sim(saver, thread, prof.window, prof.msg_bytes, 7)
+    write = sim.payloads.ai(random.Random(8), 200)
+    for i in range(n):
+        cfg = await sim.put(WITH_MSGS)
+        await saver.aput_writes(cfg, [("messages", [write])], f"task-{i}", "~__pregel_pull, agent")
+
+
+def fill_postgres(dsn: str, thread: str, copies: int) -> None:
+    """Copy ``thread``'s rows as ``copies`` other threads (every table with a thread_id,
+    whatever the saver's schema), then ANALYZE: reads must not grow with the table."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]  # type: ignore[index]
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND column_name = 'thread_id'",
+            (schema,),
+        ).fetchall()
+        for (table,) in tables:
+            cols = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+                    "AND table_name = %s AND is_generated = 'NEVER' AND identity_generation "
+                    "IS NULL ORDER BY ordinal_position",
+                    (schema, table),
+                )
+            ]
+            picked = ", ".join(
+                "'other-' || g || thread_id" if c == "thread_id" else c for c in cols
+            )
+            conn.execute(
+                f"INSERT INTO {table} ({', '.join(cols)}) SELECT {picked} "
+                f"FROM {table}, generate_series(1, %s) AS g WHERE thread_id = %s",
+                (copies, thread),
+            )
+        conn.execute("ANALYZE")
+
+
+def reader(savers: dict[str, Any], thread: str, limit: int | None) -> Prepare:
+    """``aget_tuple`` of the latest checkpoint, or ``alist(limit=...)`` consumed."""
+    cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+
+    def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
+        saver = savers[lab]
+        if limit is None:
+            return lambda: saver.aget_tuple(cfg)
+
+        async def run() -> None:
+            got = [t async for t in saver.alist(cfg, limit=limit)]
+            assert len(got) == limit, len(got)
+
+        return run
+
+    return prepare
+
+
+def tool_step(savers: dict[str, Any], calls: int) -> Prepare:
+    """One graph step with ``calls`` parallel calls: stock ToolNode on LangGraph's saver
+    vs IdempotentToolNode on ours (durability sync, a fresh thread per invoke)."""
+    graphs = {
+        "official": build_tools_graph(make_node("stock")).compile(checkpointer=savers["official"]),
+        "ours": build_tools_graph(make_node("idem")).compile(checkpointer=savers["ours"]),
+    }
+    count = dict.fromkeys(LABELS, 0)
+
+    def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
+        count[lab] += 1
+        tag = f"{lab}-{count[lab]}-{uuid.uuid4().hex[:6]}"
+        inp = {"messages": [tool_call_message(calls, tag)]}
+        cfg = {"configurable": {"thread_id": f"step-{tag}"}}
+        return lambda: graphs[lab].ainvoke(inp, cfg, durability="sync")
+
+    return prepare
+
+
+async def bench_config(
+    config: str, where: dict[str, str], prof: Profile, only: set[str], pg_base: str | None
+) -> list[Row]:
+    rows: list[Row] = []
+    async with AsyncExitStack() as stack:
+        savers = await open_savers(stack, config, where)
+        if "aput" in only:
+            for key, title, prep in (
+                (
+                    "aput_reversioned",
+                    "aput, list re-versioned",
+                    aput_stream(savers, Sim, prof, "r"),
+                ),
+                ("aput_growing", "aput, growing list", aput_stream(savers, GrowingSim, prof, "g")),
+                (
+                    "aput_parallel",
+                    f"aput, {prof.parallel} threads at once (per call)",
+                    parallel_aput(savers, prof),
+                ),
+                ("aput_writes", "aput_writes", await aput_writes_prepare(Sim, savers, prof)),
+            ):
+                scale = prof.parallel if key == "aput_parallel" else 1
+                rows.append(await timed(config, key, title, prep, prof, scale))
+        if "reads" in only:
+            n = prof.long_thread
+            rows.append(
+                await timed(
+                    config,
+                    "aget_tuple",
+                    f"aget_tuple, latest of {n}",
+                    reader(savers, "long", None),
+                    prof,
+                )
+            )
+            rows.append(
+                await timed(
+                    config,
+                    "alist_10",
+                    f"alist(limit=10), {n} checkpoints",
+                    reader(savers, "long", 10),
+                    prof,
+                )
+            )
+        if "ledger" in only:
+            graph_prof = Profile(
+                "graph",
+                0,
+                0,
+                warmup=2,
+                rounds=prof.graph_rounds,
+                per_round=2,
+                budget_s=prof.budget_s,
+            )
+            rows.append(
+                await timed(
+                    config,
+                    "tool_step",
+                    f"graph step, {prof.calls} tool calls (per call)",
+                    tool_step(savers, prof.calls),
+                    graph_prof,
+                    prof.calls,
+                )
+            )
+        if "delta" in only and prof.delta and config != "pg-pool":
+            graphs = {lab: await populate_delta_threads(s) for lab, s in savers.items()}
+            for key, title, prep in delta_specs(graphs):
+                rows.append(await timed(config, key, title, prep, prof))
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# Floors and plans
+# --------------------------------------------------------------------------------------
+
+
+async def floor_us(config: str, where: str, n: int = 100) -> float:
+    """Median INSERT + commit of one 5 KB row with the configuration's driver/settings."""
+    blob = os.urandom(5120)
+    ts = []
+    if config == "sqlite":
+        async with aiosqlite.connect(where) as db:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=FULL")
+            await db.execute("CREATE TABLE IF NOT EXISTS floor (k INTEGER PRIMARY KEY, v BLOB)")
+            for _ in range(n):
+                t0 = time.perf_counter_ns()
+                await db.execute("INSERT INTO floor (v) VALUES (?)", (blob,))
+                await db.commit()
+                ts.append(time.perf_counter_ns() - t0)
+    else:
+        conn = await psycopg.AsyncConnection.connect(where, **POOL_KWARGS)  # type: ignore[arg-type]
+        async with conn:
+            await conn.execute("CREATE TABLE IF NOT EXISTS floor (k SERIAL PRIMARY KEY, v BYTEA)")
+            for _ in range(n):
+                t0 = time.perf_counter_ns()
+                await conn.execute("INSERT INTO floor (v) VALUES (%s)", (blob,))
+                ts.append(time.perf_counter_ns() - t0)
+    return statistics.median(ts[n // 10 :]) / 1000.0
+
+
+def explain_reads(dsn: str, thread: str) -> str:
+    """EXPLAIN ANALYZE of our two reads as generic plans (prepared, after five runs)."""
+    reads = {
+        "aget_tuple (latest)": (pg_sql.SELECT_LATEST_TUPLE, ["thread_id", "ns"], ""),
+        "alist(limit=10)": (
+            pg_sql.SELECT_TUPLES.format(
+                where="WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s",
+                limit=pg_sql.LIST_LIMIT,
+            ),
+            ["thread_id", "ns", "limit"],
+            ", 10",
+        ),
+    }
+    out = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        for i, (name, (query, params, extra)) in enumerate(reads.items()):
+            for n, p in enumerate(params, 1):
+                query = query.replace(f"%({p})s", f"${n}")
+            types = ", ".join("integer" if p == "limit" else "text" for p in params)
+            conn.execute(f"PREPARE r{i} ({types}) AS {query}")
+            plan = conn.execute(
+                f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "
+                f"EXECUTE r{i} ('{thread}', ''{extra})"
+            ).fetchall()
+            out.append(f"-- {name}\n" + "\n".join(r[0] for r in plan))
+    return "\n\n".join(out)
+
+
+# --------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------
+
+
+def print_rows(rows: list[Row], floors: dict[str, float]) -> None:
+    w = max(len(r.title) for r in rows)
+    print(f"\n{'config':<8} {'row':<{w}} {'official':>11} {'ours':>11} {'ratio':>7}")
+    for r in rows:
+        print(
+            f"{r.config:<8} {r.title:<{w}} {r.median_us('official'):>8,.0f} µs "
+            f"{r.median_us('ours'):>8,.0f} µs {r.ratio:>6.2f}x"
+        )
+    for config, us in floors.items():
+        print(f"floor ({config}): INSERT + commit of a 5 KB row {us:,.0f} µs")
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    prof = PROFILES["quick" if args.quick else "full"]
+    only = set(args.only.split(","))
+    configs = [c for c in args.configs.split(",") if c]
+    rows: list[Row] = []
+    floors: dict[str, float] = {}
+    plans = ""
+    t0 = time.perf_counter()
+    async with AsyncExitStack() as outer:
+        tmp = tempfile.mkdtemp(prefix="idem-bench-")
+        pg_base = None
+        if any(c.startswith("pg") for c in configs):
+            pg_base = args.dsn or os.environ.get("IDEM_SAVER_PG_DSN") or start_server(outer)
+        where: dict[str, dict[str, str]] = {}
+        for config in configs:
+            if config == "pg-pool" and "pg" in where:
+                where[config] = where["pg"]  # the pool reads the same, filled, schemas
+                continue
+            if config == "sqlite":
+                where[config] = {lab: os.path.join(tmp, f"{lab}.db") for lab in LABELS}
+            else:
+                assert pg_base is not None
+                where[config] = {lab: new_schema(pg_base, lab) for lab in LABELS}
+            if "reads" in only:
+                async with AsyncExitStack() as stack:
+                    savers = await open_savers(stack, config, where[config])
+                    for saver in savers.values():
+                        await populate(saver, "long", prof.long_thread, prof)
+                if config != "sqlite":
+                    for dsn in where[config].values():
+                        fill_postgres(dsn, "long", prof.fill_threads)
+            print(f"[{time.perf_counter() - t0:6.1f}s] {config} ready", file=sys.stderr)
+        for config in configs:
+            rows += await bench_config(config, where[config], prof, only, pg_base)
+            floor_at = (
+                os.path.join(tmp, "floor.db") if config == "sqlite" else where[config]["ours"]
+            )
+            floors[config] = await floor_us(config, floor_at)
+            print(f"[{time.perf_counter() - t0:6.1f}s] {config} done", file=sys.stderr)
+        if args.explain and "pg" in where and "reads" in only:
+            plans = explain_reads(where["pg"]["ours"], "long")
+    print_rows(rows, floors)
+    if plans:
+        print("\n" + plans)
+    print(f"\n{prof.name} run: {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "profile": prof.__dict__,
+                "env": {**env_base(), "langgraph": package_version("langgraph")},
+                "rows": [r.to_json() for r in rows],
+                "floors_us": floors,
+                "plans": plans,
+            },
+        )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the < 1 minute profile")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="sqlite,pg,pg-pool")
+    parser.add_argument("--only", default="aput,reads,ledger,delta")
+    parser.add_argument("--dsn", help="a PostgreSQL server to use (else a throwaway one)")
+    parser.add_argument("--explain", action="store_true", help="print our reads' plans")
+    parser.add_argument("--json", help="also write the numbers here")
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
