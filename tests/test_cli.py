@@ -175,6 +175,13 @@ def make_filled(backend: str, directory: Path) -> Facts:
     return asyncio.run(go())
 
 
+@pytest.fixture(autouse=True)
+def wide_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables as wide as the rows (the width of captured output is COLUMNS, which a
+    parallel test runner may set to 80): the assertions read whole cells."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+
 @pytest.fixture(scope="module", params=CLI_BACKENDS)
 def filled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Facts:
     """One filled database per backend, shared by the tests that only read it."""
