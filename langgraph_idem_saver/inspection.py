@@ -29,7 +29,6 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from langchain_core.messages import ToolMessage
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.errors import CorruptRecordError, LedgerStateError
 from langgraph_idem_saver.ledger import (
@@ -97,7 +96,7 @@ def decode_result(ledger: ToolCallLedger, entry: LedgerEntry) -> Any:
     """The recorded result of a finished call (a ToolMessage or a Command), or None."""
     if entry.result is None or entry.result_type is None:
         return None
-    serde = getattr(ledger, "serde", None) or JsonPlusSerializer()
+    serde = ledger.serde
     try:
         return serde.loads_typed((entry.result_type, entry.result))
     except Exception as exc:
@@ -181,7 +180,7 @@ async def aresolve_unknown(
             status="error",
         )
         status = CallStatus.FAILED
-    serde = getattr(ledger, "serde", None) or JsonPlusSerializer()
+    serde = ledger.serde
     result_type, data = serde.dumps_typed(message)
     now = time.time()
     settled = await ledger.aoperator_update(
