@@ -29,7 +29,6 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from langchain_core.messages import ToolMessage
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.errors import CorruptRecordError, LedgerStateError
 from langgraph_idem_saver.ledger import (
@@ -98,7 +97,7 @@ def decode_result(ledger: ToolCallLedger, entry: LedgerEntry) -> Any:
     """The recorded result of a finished call (a ToolMessage or a Command), or None."""
     if entry.result is None or entry.result_type is None:
         return None
-    serde = getattr(ledger, "serde", None) or JsonPlusSerializer()
+    serde = ledger.serde
     try:
         return serde.loads_typed((entry.result_type, entry.result))
     except Exception as exc:
@@ -182,7 +181,7 @@ async def aresolve_unknown(
             status="error",
         )
         status = CallStatus.FAILED
-    serde = getattr(ledger, "serde", None) or JsonPlusSerializer()
+    serde = ledger.serde
     result_type, data = serde.dumps_typed(message)
     now = time.time()
     settled = await ledger.aoperator_update(
@@ -248,8 +247,7 @@ async def _aapprove_rerun(
 def _check_unchanged(current: LedgerEntry, seen: LedgerEntry) -> None:
     if (current.attempts, current.owner) != (seen.attempts, seen.owner):
         raise LedgerStateError(
-            f"entry {seen.key[:12]} ({seen.tool_name}) changed since it was read; "
-            "look at it again"
+            f"entry {seen.key[:12]} ({seen.tool_name}) changed since it was read; look at it again"
         )
 
 

@@ -19,6 +19,7 @@ backends cannot disagree about it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -27,9 +28,12 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
+
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 
 class CallStatus(str, Enum):
@@ -94,36 +98,14 @@ class LedgerEntry:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> LedgerEntry:
-        """An entry from a row in the column order every backend selects
-        (``LEDGER_COLUMNS`` of its ``sql`` module: the fields above, in order, with
-        ``run_id``, ``adopted_by`` and ``history`` last)."""
-        (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status,
-         attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
-         result_type, result, error, run_id, adopted_by, history) = row  # fmt: skip
-        return cls(
-            scope=scope,
-            key=key,
-            thread_id=thread_id,
-            agent_path=agent_path,
-            tool_name=tool_name,
-            args_hash=args_hash,
-            args=bytes(args),
-            tool_call_id=tool_call_id,
-            status=CallStatus(status),
-            attempts=attempts,
-            replays=replays,
-            conflicts=conflicts,
-            owner=owner,
-            issued_at=issued_at,
-            lease_expires_at=lease_expires_at,
-            finished_at=finished_at,
-            result_type=result_type,
-            result=None if result is None else bytes(result),
-            error=error,
-            run_id=run_id,
-            adopted_by=adopted_by,
-            history=history,
-        )
+        """An entry from a row in the column order every backend selects: this class's
+        fields in order (``backend.LEDGER_COLUMNS`` is derived from them)."""
+        values = dict(zip(_ENTRY_FIELDS, row, strict=True))
+        values["args"] = bytes(values["args"])  # drivers return memoryview/bytearray too
+        values["status"] = CallStatus(values["status"])
+        if values["result"] is not None:
+            values["result"] = bytes(values["result"])
+        return cls(**values)
 
     def events(self) -> list[dict[str, Any]]:
         """The audit trail: each decision an operator or a human made about this call
@@ -152,6 +134,8 @@ class LedgerEntry:
         now = time.time() if now is None else now
         return self.lease_expires_at <= now or owner_is_dead(self.owner)
 
+
+_ENTRY_FIELDS = tuple(f.name for f in fields(LedgerEntry))
 
 _HOST = socket.gethostname()
 
@@ -263,7 +247,16 @@ class ToolCallLedger(ABC):
 
     All methods are atomic: each is one transaction, committed before it returns
     (``claim`` commits every ``issued`` row of a batch of parallel calls at once).
+
+    Attributes:
+        loop: the event loop this ledger's coroutines must run on (a connection bound
+            to it), or None when any loop will do; the engine hops there.
+        serde: the serializer of recorded results (the saver's, so ``EncryptedSerializer``
+            and allowlists apply to them as to checkpoints).
     """
+
+    loop: asyncio.AbstractEventLoop | None = None
+    serde: SerializerProtocol = JsonPlusSerializer()
 
     @abstractmethod
     async def aclaim(
@@ -322,9 +315,7 @@ class ToolCallLedger(ABC):
         Returns False when the row is not ours or not ``issued`` any more.
         """
 
-    async def aabandon(
-        self, scope: str, key: str, *, owner: str, error: str
-    ) -> LedgerEntry | None:
+    async def aabandon(self, scope: str, key: str, *, owner: str, error: str) -> LedgerEntry | None:
         """Give up an ``issued`` claim we own whose tool raised: its outcome is unknown.
 
         The row stays ``issued`` (the effect may have happened before the exception) but

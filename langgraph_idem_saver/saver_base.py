@@ -1,10 +1,13 @@
-"""What every backend's saver shares: config parsing, encoding, versions, the sync bridge.
+"""What every backend's saver shares: config parsing, encoding, versions, ``setup()``
+once, the ledger, and the sync methods.
 
-Backends subclass :class:`IdemSaverBase` and implement the async methods of
-``BaseCheckpointSaver`` and :class:`~langgraph_idem_saver.ledger.ToolCallLedger`; the
-synchronous methods here run those coroutines on the saver's event loop, as LangGraph's
-own async savers do, so ``graph.invoke`` from a worker thread works and a sync call made
-on the loop's own thread fails loudly instead of deadlocking.
+Backends subclass :class:`IdemSaverBase`, implement the checkpoint methods of
+``BaseCheckpointSaver`` and the narrow hooks of :mod:`~langgraph_idem_saver.backend`
+(``_setup_once``, ``_insert_claims`` and three ledger record primitives over their
+``LedgerStatements``); the ledger's policy is written once, here. The synchronous methods
+run the coroutines on the saver's event loop, as LangGraph's own async savers do, so
+``graph.invoke`` from a worker thread works and a sync call made on the loop's own
+thread fails loudly instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -15,29 +18,40 @@ import json
 import random
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
     ChannelVersions,
-    Checkpoint,
     CheckpointMetadata,
-    CheckpointTuple,
-    DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from langgraph_idem_saver.backend import (
+    INTENT_COLUMNS,
+    Claims,
+    Guarded,
+    LedgerStatements,
+)
 from langgraph_idem_saver.errors import (
     ConfigError,
     CorruptRecordError,
     IdemSaverError,
+    LedgerStateError,
     SerializationError,
 )
-from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.forwarding import blocking, paging
+from langgraph_idem_saver.ledger import (
+    CallIntent,
+    CallStatus,
+    ClaimOutcome,
+    LedgerEntry,
+    ToolCallLedger,
+)
 from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair, lossless
 
 if TYPE_CHECKING:
@@ -172,6 +186,18 @@ def metadata_matches(metadata: dict[str, Any], filter: dict[str, Any]) -> bool:
     return all(value == metadata.get(key) for key, value in filter.items())
 
 
+def has_number(value: Any) -> bool:
+    """Whether a filter value holds a bool or number, which Python equates across types
+    (``True == 1 == 1.0``) and JSON texts do not: SQL must not narrow by its text."""
+    if isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, dict):
+        return any(has_number(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(has_number(v) for v in value)
+    return False
+
+
 def canonical_json(value: Any) -> str:
     """Canonical JSON for equality comparisons inside the database (metadata filters)."""
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
@@ -249,12 +275,41 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
 
     loop: asyncio.AbstractEventLoop | None
 
+    _sql: ClassVar[LedgerStatements]
+
     def __init__(self, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)  # sets self.serde, made lossless (_LosslessSerde)
         try:
             self.loop = asyncio.get_running_loop()
         except RuntimeError:
             self.loop = None
+        self.is_setup = False
+        self._setup_lock: asyncio.Lock | None = None
+
+    async def setup(self) -> None:
+        """Make the database ready (idempotent; also runs on first use): the backend's
+        ``_setup_once``, run by one caller while concurrent ones wait for it.
+
+        The lock is made on first use, on the loop that uses it (a saver may be built
+        outside any loop).
+        """
+        if self.is_setup:
+            return
+        self._remember_loop()
+        if self._setup_lock is None:
+            self._setup_lock = asyncio.Lock()
+        async with self._setup_lock:
+            if self.is_setup:
+                return
+            await self._setup_once()
+            self.is_setup = True
+            from langgraph_idem_saver.import_langgraph import awarn_if_unimported
+
+            await awarn_if_unimported(self)  # LangGraph's own tables beside ours
+
+    @abstractmethod
+    async def _setup_once(self) -> None:
+        """Connect, configure and migrate; raise the backend's typed errors."""
 
     # the serializer of checkpoints, writes and ledger results: see _LosslessSerde
     serde = _LosslessSerde()
@@ -297,31 +352,68 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
     # --- the ledger: policy here, three record primitives per backend ------------------
     #
     # As in AWS Powertools' idempotency persistence layer: statuses, guards, leases and
-    # parameters are decided once, here; a backend supplies its SQL module (``_sql``,
-    # the same statement names and parameter order in both) and three primitives.
-
-    _sql: Any
+    # parameters are decided once, here; a backend supplies its SQL module (``_sql``, a
+    # ``LedgerStatements``), three primitives and ``_insert_claims``.
 
     @abstractmethod
     async def _select_entries(self, query: str, params: tuple[Any, ...]) -> list[LedgerEntry]:
         """Rows of a SELECT over the ledger, as entries."""
 
     @abstractmethod
-    async def _guarded_update(
-        self,
-        query: str,
-        params: tuple[Any, ...],
-        scope: str,
-        key: str,
-        *,
-        before_tool_runs: bool = False,
-    ) -> LedgerEntry | None:
-        """A guarded UPDATE of one entry, committed: the entry after it, or None when the
-        guard did not match. ``before_tool_runs``: the commit lets a tool run (durable)."""
+    async def _guarded_update(self, update: Guarded) -> LedgerEntry | None:
+        """``update``, committed: the entry after it, or None when the guard did not match."""
 
     @abstractmethod
     async def _ledger_write(self, query: str, params: tuple[Any, ...]) -> int:
         """One ledger statement, committed; the number of rows it changed."""
+
+    @abstractmethod
+    async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
+        """Insert an ``issued`` row per claim row whose key is free and read each back,
+        in one transaction committed durably (a tool runs after it)."""
+
+    async def aclaim(
+        self, intents: Sequence[CallIntent], *, owner: str, lease_seconds: float
+    ) -> list[ClaimOutcome]:
+        if not intents:
+            return []
+        now = time.time()
+        rows = [
+            tuple(self.seal_args(i.args) if c == "args" else getattr(i, c) for c in INTENT_COLUMNS)
+            for i in intents
+        ]
+        return await self._insert_claims(Claims(rows, owner, now, now + lease_seconds))
+
+    async def afinish(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> LedgerEntry:
+        if status is CallStatus.ISSUED:
+            raise ValueError("afinish records an outcome: status must be completed or failed")
+        params = (
+            status.value, result_type, result, self.ledger_error(error), time.time(), scope,
+            key, owner,
+        )  # fmt: skip
+        entry = await self._finish_entry(Guarded(self._sql.FINISH_ENTRY, params, scope, key))
+        if entry is not None:
+            return entry
+        found = await self.aget_entry(scope, key)
+        state = "missing" if found is None else f"{found.status.value} (owner {found.owner!r})"
+        raise LedgerStateError(
+            f"cannot record the outcome of tool call {key!r} in scope {scope!r}: "
+            f"entry is {state}, not issued to {owner!r}"
+        )
+
+    async def _finish_entry(self, finish: Guarded) -> LedgerEntry | None:
+        """Record one outcome (a backend may batch the outcomes of calls finishing together)."""
+        return await self._guarded_update(finish)
 
     async def areclaim(
         self,
@@ -335,9 +427,8 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
     ) -> LedgerEntry | None:
         now = time.time()
         params = (owner, now, now + lease_seconds, scope, key, expected_attempts, expected_owner)
-        return await self._guarded_update(
-            self._sql.RECLAIM_ENTRY, params, scope, key, before_tool_runs=True
-        )
+        reclaim = Guarded(self._sql.RECLAIM_ENTRY, params, scope, key, before_tool_runs=True)
+        return await self._guarded_update(reclaim)
 
     async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
         """Drop an ``issued`` claim we own without an outcome (the tool was interrupted
@@ -347,15 +438,12 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
     async def aadopt(
         self, scope: str, key: str, *, tool_call_id: str, previous: str | None = None
     ) -> LedgerEntry | None:
-        return await self._guarded_update(
-            self._sql.ADOPT_ENTRY, (tool_call_id, scope, key, previous), scope, key
-        )
+        params = (tool_call_id, scope, key, previous)
+        return await self._guarded_update(Guarded(self._sql.ADOPT_ENTRY, params, scope, key))
 
-    async def aabandon(
-        self, scope: str, key: str, *, owner: str, error: str
-    ) -> LedgerEntry | None:
+    async def aabandon(self, scope: str, key: str, *, owner: str, error: str) -> LedgerEntry | None:
         params = (time.time(), self.ledger_error(error), scope, key, owner)
-        return await self._guarded_update(self._sql.ABANDON_ENTRY, params, scope, key)
+        return await self._guarded_update(Guarded(self._sql.ABANDON_ENTRY, params, scope, key))
 
     async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
         found = await self._select_entries(self._sql.SELECT_ENTRY, (scope, key))
@@ -417,9 +505,8 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
             entry.attempts,
             entry.owner,
         )
-        return await self._guarded_update(
-            self._sql.OPERATOR_UPDATE, params, entry.scope, entry.key
-        )
+        update = Guarded(self._sql.OPERATOR_UPDATE, params, entry.scope, entry.key)
+        return await self._guarded_update(update)
 
     async def aresolve(
         self,
@@ -446,7 +533,7 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
             expected_attempts,
             expected_owner,
         )
-        return await self._guarded_update(self._sql.RESOLVE_ENTRY, params, scope, key)
+        return await self._guarded_update(Guarded(self._sql.RESOLVE_ENTRY, params, scope, key))
 
     async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
         query = self._sql.NOTE_CONFLICT if conflict else self._sql.NOTE_REPLAY
@@ -509,59 +596,29 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
             )
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
-    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return self._run_sync(self.aget_tuple(config))
+    def _bridge_target(self) -> IdemSaverBase:
+        return self
 
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        async def collect() -> list[CheckpointTuple]:
-            return [t async for t in self.alist(config, filter=filter, before=before, limit=limit)]
+    _run_blocking = _run_sync
 
-        yield from self._run_sync(collect())
+    async def _run_hopping(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await coro
 
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        return self._run_sync(self.aput(config, checkpoint, metadata, new_versions))
+    def _bridge_closed(self) -> bool:
+        return self.loop is None or self.loop.is_closed()
 
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        self._run_sync(self.aput_writes(config, writes, task_id, task_path))
+    get_tuple = blocking(BaseCheckpointSaver.aget_tuple)
+    put = blocking(BaseCheckpointSaver.aput)
+    put_writes = blocking(BaseCheckpointSaver.aput_writes)
+    delete_thread = blocking(BaseCheckpointSaver.adelete_thread)
+    delete_for_runs = blocking(BaseCheckpointSaver.adelete_for_runs)
+    copy_thread = blocking(BaseCheckpointSaver.acopy_thread)
+    prune = blocking(BaseCheckpointSaver.aprune)
+    # the backend's one-statement history, for graph.invoke and get_state from a worker
+    # thread (the inherited default would walk the chain one get_tuple, one hop, each)
+    get_delta_channel_history = blocking(BaseCheckpointSaver.aget_delta_channel_history)
 
-    def delete_thread(self, thread_id: str) -> None:
-        self._run_sync(self.adelete_thread(thread_id))
-
-    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._run_sync(self.adelete_for_runs(run_ids))
-
-    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        self._run_sync(self.acopy_thread(source_thread_id, target_thread_id))
-
-    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        self._run_sync(self.aprune(thread_ids, strategy=strategy))
-
-    def get_delta_channel_history(
-        self, *, config: RunnableConfig, channels: Sequence[str]
-    ) -> Mapping[str, DeltaChannelHistory]:
-        """The backend's one-statement ``aget_delta_channel_history``, for ``graph.invoke``
-        and ``get_state`` from a worker thread (the inherited default would walk the
-        chain with one ``get_tuple``, hence one loop hop, per ancestor)."""
-        return self._run_sync(self.aget_delta_channel_history(config=config, channels=channels))
+    list = paging(BaseCheckpointSaver.alist)
 
 
 def checkpoints_to_keep(

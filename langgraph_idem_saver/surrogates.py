@@ -44,6 +44,7 @@ __all__ = [
     "escape_surrogates",
     "has_split_pair",
     "lossless",
+    "utf8_ok",
 ]
 
 # the stored type of a value that holds lone surrogates (no "+": EncryptedSerializer
@@ -58,7 +59,11 @@ _PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 _SIMPLE_KEYS = (str, int, float, bool, type(None))
 
 
-def _utf8_ok(text: str) -> bool:
+def utf8_ok(text: str) -> bool:
+    """Whether ``text`` is valid UTF-8 text (no lone surrogates): what a database driver
+    can bind as text."""
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -72,7 +77,7 @@ def escape_surrogates(text: str) -> str:
     Text without one is returned as is (the same object), so hashes of ordinary text do
     not change; ``json.loads`` reads the escapes back as the very same code points.
     """
-    if text.isascii() or _utf8_ok(text):
+    if text.isascii() or utf8_ok(text):
         return text
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
@@ -125,12 +130,12 @@ def _escape(value: Any, default: Any, option: int | None) -> Any:
     containers msgpack packs natively (dict, list, tuple); other objects reach the copy's
     ``default``, which packs their parts through :class:`_EscapingMsgpack` again."""
     if isinstance(value, str):
-        if value.isascii() or _utf8_ok(value):
+        if value.isascii() or utf8_ok(value):
             return value
         return ormsgpack.Ext(EXT_STR, value.encode("utf-8", "surrogatepass"))
     if isinstance(value, dict):
         if all(isinstance(k, _SIMPLE_KEYS) for k in value) and any(
-            isinstance(k, str) and not _utf8_ok(k) for k in value
+            isinstance(k, str) and not utf8_ok(k) for k in value
         ):
             pairs = [
                 [_escape(k, default, option), _escape(v, default, option)] for k, v in value.items()

@@ -43,39 +43,24 @@ import logging
 import threading
 import weakref
 from collections.abc import (
-    AsyncGenerator,
-    AsyncIterator,
     Awaitable,
     Callable,
     Collection,
     Coroutine,
-    Iterator,
-    Mapping,
-    Sequence,
 )
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast
 
-from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.errors import ConnectionClosedError
-from langgraph_idem_saver.import_langgraph import ImportReport
+from langgraph_idem_saver.forwarding import blocking, hopping, paging, relaying
 from langgraph_idem_saver.ledger import (
-    CallIntent,
-    CallStatus,
-    ClaimOutcome,
-    LedgerEntry,
     ToolCallLedger,
 )
 from langgraph_idem_saver.saver_base import IdemSaverBase, SyncCallOnEventLoopError
@@ -88,8 +73,6 @@ LOG = logging.getLogger(__name__)
 
 # how long closing (at exit, on garbage collection) may wait for the saver's resources
 SHUTDOWN_SECONDS = 10.0
-# checkpoints fetched per hop by ``list``: the async savers read pages of 100
-LIST_CHUNK = 100
 # how often a waiting caller checks that the loop thread is still alive
 _ALIVE_POLL_SECONDS = 1.0
 
@@ -215,17 +198,6 @@ def _closed_error() -> ConnectionClosedError:
     )
 
 
-async def _pull(agen: AsyncIterator[T], n: int) -> tuple[list[T], bool]:
-    """Up to ``n`` items of ``agen`` and whether it may have more: one hop for many items."""
-    items: list[T] = []
-    while len(items) < n:
-        try:
-            items.append(await agen.__anext__())
-        except StopAsyncIteration:
-            return items, False
-    return items, True
-
-
 class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
     """LangGraph's sync checkpointer interface, and the async one, over an async saver ``S``
     that runs on a private loop (see the module docstring). Also a :class:`ToolCallLedger`,
@@ -328,284 +300,60 @@ class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
         clone.saver = cast(S, inner)
         return clone
 
+    # --- where the forwarded methods go (forwarding.Bridged) -----------------------------
+
+    def _bridge_target(self) -> S:
+        return self.saver
+
+    def _run_blocking(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._call(coro)
+
+    async def _run_hopping(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await self._hop(coro)
+
+    def _bridge_closed(self) -> bool:
+        return self.closed
+
     # --- sync checkpoint API -------------------------------------------------------------
 
-    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return self._call(self.saver.aget_tuple(config))
+    get_tuple = blocking(IdemSaverBase.aget_tuple)
+    put = blocking(IdemSaverBase.aput)
+    put_writes = blocking(IdemSaverBase.aput_writes)
+    delete_thread = blocking(IdemSaverBase.adelete_thread)
+    delete_for_runs = blocking(IdemSaverBase.adelete_for_runs)
+    copy_thread = blocking(IdemSaverBase.acopy_thread)
+    prune = blocking(IdemSaverBase.aprune)
+    get_delta_channel_history = blocking(IdemSaverBase.aget_delta_channel_history)
 
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        return self._call(self.saver.aput(config, checkpoint, metadata, new_versions))
-
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        self._call(self.saver.aput_writes(config, writes, task_id, task_path))
-
-    def delete_thread(self, thread_id: str) -> None:
-        self._call(self.saver.adelete_thread(thread_id))
-
-    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._call(self.saver.adelete_for_runs(run_ids))
-
-    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        self._call(self.saver.acopy_thread(source_thread_id, target_thread_id))
-
-    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        self._call(self.saver.aprune(thread_ids, strategy=strategy))
-
-    def get_delta_channel_history(
-        self, *, config: RunnableConfig, channels: Sequence[str]
-    ) -> Mapping[str, DeltaChannelHistory]:
-        return self._call(self.saver.aget_delta_channel_history(config=config, channels=channels))
-
-    def import_langgraph(self, **options: Any) -> ImportReport:
-        """``aimport_langgraph`` (same keyword arguments) for sync code."""
-        return self._call(self.saver.aimport_langgraph(**options))
+    import_langgraph = blocking(IdemSaverBase.aimport_langgraph)
 
     # --- async checkpoint API (from any loop) --------------------------------------------
 
-    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await self._hop(self.saver.aget_tuple(config))
-
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        agen = _generator(self.saver.alist(config, filter=filter, before=before, limit=limit))
-        if _running_loop() is self.loop:
-            async for tup in agen:
-                yield tup
-            return
-        try:
-            more = True
-            while more:
-                items, more = await self._hop(_pull(agen, LIST_CHUNK))
-                for tup in items:
-                    yield tup
-        finally:
-            if not self.closed:
-                await self._hop(agen.aclose())
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        return await self._hop(self.saver.aput(config, checkpoint, metadata, new_versions))
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        await self._hop(self.saver.aput_writes(config, writes, task_id, task_path))
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        await self._hop(self.saver.adelete_thread(thread_id))
-
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await self._hop(self.saver.adelete_for_runs(run_ids))
-
-    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await self._hop(self.saver.acopy_thread(source_thread_id, target_thread_id))
-
-    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await self._hop(self.saver.aprune(thread_ids, strategy=strategy))
-
-    async def aget_delta_channel_history(
-        self, *, config: RunnableConfig, channels: Sequence[str]
-    ) -> Mapping[str, DeltaChannelHistory]:
-        return await self._hop(
-            self.saver.aget_delta_channel_history(config=config, channels=channels)
-        )
+    aget_tuple = hopping(IdemSaverBase.aget_tuple)
+    aput = hopping(IdemSaverBase.aput)
+    aput_writes = hopping(IdemSaverBase.aput_writes)
+    adelete_thread = hopping(IdemSaverBase.adelete_thread)
+    adelete_for_runs = hopping(IdemSaverBase.adelete_for_runs)
+    acopy_thread = hopping(IdemSaverBase.acopy_thread)
+    aprune = hopping(IdemSaverBase.aprune)
+    aget_delta_channel_history = hopping(IdemSaverBase.aget_delta_channel_history)
 
     # --- the ledger (async, as the engine drives it; on the saver's loop) ----------------
 
-    async def aclaim(
-        self, intents: Sequence[CallIntent], *, owner: str, lease_seconds: float
-    ) -> list[ClaimOutcome]:
-        return await self._hop(self.saver.aclaim(intents, owner=owner, lease_seconds=lease_seconds))
+    aclaim = hopping(IdemSaverBase.aclaim)
+    afinish = hopping(IdemSaverBase.afinish)
+    areclaim = hopping(IdemSaverBase.areclaim)
+    arelease = hopping(IdemSaverBase.arelease)
+    aabandon = hopping(IdemSaverBase.aabandon)
+    aadopt = hopping(IdemSaverBase.aadopt)
+    aget_entry = hopping(IdemSaverBase.aget_entry)
+    afind_orphans = hopping(IdemSaverBase.afind_orphans)
+    alist_entries = hopping(IdemSaverBase.alist_entries)
+    alist_issued = hopping(IdemSaverBase.alist_issued)
+    alist_unknown = hopping(IdemSaverBase.alist_unknown)
+    aresolve = hopping(IdemSaverBase.aresolve)
+    aoperator_update = hopping(IdemSaverBase.aoperator_update)
+    anote_replay = hopping(IdemSaverBase.anote_replay)
 
-    async def afinish(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
-    ) -> LedgerEntry:
-        return await self._hop(
-            self.saver.afinish(
-                scope,
-                key,
-                owner=owner,
-                status=status,
-                result_type=result_type,
-                result=result,
-                error=error,
-            )
-        )
-
-    async def areclaim(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        lease_seconds: float,
-        expected_attempts: int,
-        expected_owner: str,
-    ) -> LedgerEntry | None:
-        return await self._hop(
-            self.saver.areclaim(
-                scope,
-                key,
-                owner=owner,
-                lease_seconds=lease_seconds,
-                expected_attempts=expected_attempts,
-                expected_owner=expected_owner,
-            )
-        )
-
-    async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
-        return await self._hop(self.saver.arelease(scope, key, owner=owner))
-
-    async def aabandon(self, scope: str, key: str, *, owner: str, error: str) -> LedgerEntry | None:
-        return await self._hop(self.saver.aabandon(scope, key, owner=owner, error=error))
-
-    async def aadopt(
-        self, scope: str, key: str, *, tool_call_id: str, previous: str | None = None
-    ) -> LedgerEntry | None:
-        return await self._hop(
-            self.saver.aadopt(scope, key, tool_call_id=tool_call_id, previous=previous)
-        )
-
-    async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
-        return await self._hop(self.saver.aget_entry(scope, key))
-
-    async def afind_orphans(
-        self, scope: str, agent_path: str, tool_name: str, args_hash: str
-    ) -> list[LedgerEntry]:
-        return await self._hop(self.saver.afind_orphans(scope, agent_path, tool_name, args_hash))
-
-    async def alist_entries(
-        self, thread_id: str | None = None, *, agent_path: str | None = None
-    ) -> list[LedgerEntry]:
-        return await self._hop(self.saver.alist_entries(thread_id, agent_path=agent_path))
-
-    async def alist_issued(self) -> list[LedgerEntry]:
-        return await self._hop(self.saver.alist_issued())
-
-    async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
-        return await self._hop(self.saver.alist_unknown(now=now))
-
-    async def aresolve(
-        self,
-        scope: str,
-        key: str,
-        *,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None,
-        expected_attempts: int,
-        expected_owner: str,
-    ) -> LedgerEntry | None:
-        return await self._hop(
-            self.saver.aresolve(
-                scope,
-                key,
-                status=status,
-                result_type=result_type,
-                result=result,
-                error=error,
-                expected_attempts=expected_attempts,
-                expected_owner=expected_owner,
-            )
-        )
-
-    async def aoperator_update(
-        self,
-        entry: LedgerEntry,
-        *,
-        status: CallStatus,
-        owner: str,
-        lease_expires_at: float,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None,
-        finished_at: float | None,
-        event: dict[str, Any],
-    ) -> LedgerEntry | None:
-        return await self._hop(
-            self.saver.aoperator_update(
-                entry,
-                status=status,
-                owner=owner,
-                lease_expires_at=lease_expires_at,
-                result_type=result_type,
-                result=result,
-                error=error,
-                finished_at=finished_at,
-                event=event,
-            )
-        )
-
-    async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
-        await self._hop(self.saver.anote_replay(scope, key, conflict=conflict))
-
-    # --- last: the method named `list` shadows the builtin in the class body below it
-
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        """Checkpoints newest first, fetched lazily a page at a time (nothing is held
-        between pages: the caller may write while iterating)."""
-        agen = _generator(self.saver.alist(config, filter=filter, before=before, limit=limit))
-        try:
-            more = True
-            while more:
-                items, more = self._call(_pull(agen, LIST_CHUNK))
-                yield from items
-        finally:
-            if not self.closed:
-                self._call(agen.aclose())
-
-
-def _generator(items: AsyncIterator[T]) -> AsyncGenerator[T, None]:
-    """``alist``'s result as what it is (an async generator), to close it when a
-    consumer stops early."""
-    return cast(AsyncGenerator[T, None], items)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+    alist = relaying(IdemSaverBase.alist)
+    list = paging(IdemSaverBase.alist)

@@ -136,3 +136,15 @@ def saver_factory(backend: str, request: pytest.FixtureRequest) -> SaverFactory:
 async def saver(saver_factory: SaverFactory) -> AsyncIterator[Any]:
     async with saver_factory() as s:
         yield s
+
+
+@pytest.fixture
+async def db(backend: str, request: pytest.FixtureRequest) -> Any:
+    """A fresh database of ``backend`` as a ``fault_child.Db``: open savers on it as often
+    as a test likes (``async with db.open() as saver``) and read or change its rows
+    behind their back (``db.query``/``db.execute``, ``?`` placeholders)."""
+    from fault_child import Db
+
+    if backend == "sqlite":
+        return Db("sqlite", str(request.getfixturevalue("tmp_path") / "db.sqlite"))
+    return Db("postgres", await afresh_dsn(request.getfixturevalue("pg_server_dsn")))

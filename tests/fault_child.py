@@ -37,6 +37,8 @@ if str(HERE.parent) not in sys.path:
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from tool_node_helpers import cfg  # noqa: E402 - importable once the path is set
+
 TABLES = ("idem_checkpoints", "idem_blobs", "idem_writes", "idem_tool_calls")
 
 
@@ -55,13 +57,6 @@ class Tripwire:
 
     def __post_init__(self) -> None:
         Path(self.path).touch()
-
-
-def cfg(thread_id: Any = "t", ns: str = "", checkpoint_id: str | None = None) -> Any:
-    c: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ns}
-    if checkpoint_id is not None:
-        c["checkpoint_id"] = checkpoint_id
-    return {"configurable": c}
 
 
 @dataclass

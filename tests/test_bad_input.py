@@ -15,15 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_child import Db, Tripwire, cfg
+from fault_child import Db, Tripwire
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from pg_server import afresh_dsn
-from tool_node_helpers import Counter, ai_calls, tool_graph
+from tool_node_helpers import Counter, ai_calls, cfg, tool_graph
 
 from langgraph_idem_saver import IdempotentToolNode
 from langgraph_idem_saver.errors import (
@@ -40,13 +39,6 @@ from langgraph_idem_saver.ledger import CallIntent, CallStatus
 from langgraph_idem_saver.surrogates import LOSSLESS_TYPE, LosslessJsonPlusSerializer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture
-async def db(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Db:
-    if backend == "sqlite":
-        return Db("sqlite", str(tmp_path / "bad.sqlite"))
-    return Db("postgres", await afresh_dsn(request.getfixturevalue("pg_server_dsn")))
 
 
 async def seed(saver: Any) -> Any:
@@ -140,11 +132,11 @@ async def test_hostile_metadata_is_stored_exactly_and_filters_like_in_memory(db:
     async with db.open() as saver:
         await seed(saver)
         cp = generate_checkpoint()
-        await saver.aput(cfg("hostile"), cp, dict(HOSTILE_METADATA), {})
-        await memory.aput(cfg("hostile"), cp, dict(HOSTILE_METADATA), {})
-        tup = await saver.aget_tuple(cfg("hostile"))
+        await saver.aput(cfg("hostile", ns=""), cp, dict(HOSTILE_METADATA), {})
+        await memory.aput(cfg("hostile", ns=""), cp, dict(HOSTILE_METADATA), {})
+        tup = await saver.aget_tuple(cfg("hostile", ns=""))
         assert tup is not None
-        mem = await memory.aget_tuple(cfg("hostile"))
+        mem = await memory.aget_tuple(cfg("hostile", ns=""))
         assert mem is not None
         assert tup.metadata == mem.metadata
         before = await db.snapshot()
@@ -164,7 +156,7 @@ async def test_hostile_metadata_is_stored_exactly_and_filters_like_in_memory(db:
             ]
             got = [
                 t.config["configurable"]["thread_id"]
-                async for t in saver.alist(cfg("hostile"), filter=f)
+                async for t in saver.alist(cfg("hostile", ns=""), filter=f)
             ]
             if got != want:
                 wrong.append((f, got, want))
@@ -316,11 +308,11 @@ async def test_list_limits(db: Db, limit: Any, expected: int) -> None:
             stored = await saver.aput(config, cp, {"step": step}, {})
             await memory.aput(config, cp, {"step": step}, {})
             parent = stored["configurable"]["checkpoint_id"]
-        got = [t.metadata["step"] async for t in saver.alist(cfg("t"), limit=limit)]
+        got = [t.metadata["step"] async for t in saver.alist(cfg("t", ns=""), limit=limit)]
         assert len(got) == expected
         assert got == [4, 3, 2, 1, 0][:expected]
         if limit is not None and limit > 0:
-            want = [t.metadata["step"] async for t in memory.alist(cfg("t"), limit=limit)]
+            want = [t.metadata["step"] async for t in memory.alist(cfg("t", ns=""), limit=limit)]
             assert got == want
 
 
@@ -890,13 +882,13 @@ async def test_lone_surrogates_in_metadata_round_trip(db: Db) -> None:
     async with db.open() as saver:
         await seed(saver)
         cp = generate_checkpoint()
-        stored = await saver.aput(cfg("m"), cp, dict(SURROGATE_METADATA), {})
-        await memory.aput(cfg("m"), cp, dict(SURROGATE_METADATA), {})
-        want = (await memory.aget_tuple(cfg("m"))).metadata
+        stored = await saver.aput(cfg("m", ns=""), cp, dict(SURROGATE_METADATA), {})
+        await memory.aput(cfg("m", ns=""), cp, dict(SURROGATE_METADATA), {})
+        want = (await memory.aget_tuple(cfg("m", ns=""))).metadata
         assert want["user"] == "x\ud800y" and want["\udfff"] == SURROGATE_METADATA["\udfff"]
         tup = await saver.aget_tuple(stored)
         assert tup is not None and tup.metadata == want
-        [listed] = [t.metadata async for t in saver.alist(cfg("m"))]
+        [listed] = [t.metadata async for t in saver.alist(cfg("m", ns=""))]
         assert listed == want
         await assert_seed_intact(saver)
 
@@ -1042,12 +1034,14 @@ async def test_filters_with_surrogates_and_nul_match_like_in_memory(
     async with db.open() as saver:
         for i, md in enumerate(metadatas):
             cp = generate_checkpoint()
-            await saver.aput(cfg(f"f{i}"), cp, {**md, "i": i}, {})
-            await memory.aput(cfg(f"f{i}"), cp, {**md, "i": i}, {})
+            await saver.aput(cfg(f"f{i}", ns=""), cp, {**md, "i": i}, {})
+            await memory.aput(cfg(f"f{i}", ns=""), cp, {**md, "i": i}, {})
         before = await db.snapshot()
         want = sorted([t.metadata["i"] async for t in memory.alist(None, filter=flt)])
         got = sorted([t.metadata["i"] async for t in saver.alist(None, filter=flt)])
         assert got == want
-        got_one = [t.metadata["i"] async for t in saver.alist(cfg("f0"), filter=flt, limit=1)]
+        got_one = [
+            t.metadata["i"] async for t in saver.alist(cfg("f0", ns=""), filter=flt, limit=1)
+        ]
         assert got_one == [i for i in want if i == 0]
         assert await db.snapshot() == before

@@ -27,7 +27,7 @@ from typing import Any
 import aiosqlite
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
-from tool_node_helpers import intent_for
+from tool_node_helpers import cfg, intent_for
 from unprivileged import (
     REPO_ROOT,
     listing,
@@ -48,10 +48,6 @@ from langgraph_idem_saver.errors import (
 from langgraph_idem_saver.sqlite import sql
 
 SEED = "seed"
-
-
-def cfg(thread_id: str = "t") -> Any:
-    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
 
 
 async def aseed_db(path: Path) -> str:

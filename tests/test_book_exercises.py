@@ -31,9 +31,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
-
-from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode
-from tests.resume_worker import (
+from resume_worker import (
     CRASH_EXIT_CODE,
     WORKER,
     InvoiceModel,
@@ -42,12 +40,11 @@ from tests.resume_worker import (
     run_scenario,
     summarize,
 )
+from tool_node_helpers import cfg
+
+from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode
 
 TURNS = [f"pay invoices turn-{k}" for k in range(1, 6)]
-
-
-def cfg(thread_id: str = "t1") -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 def worker_cmd(scenario: dict[str, Any]) -> list[str]:
@@ -79,7 +76,7 @@ def baseline(tmp: str) -> list[Any]:
 async def read_state(db: str) -> Any:
     async with AsyncSqliteSaver.from_conn_string(db) as saver:
         graph = build_graph(InvoiceModel(), IdempotentToolNode([_noop]), saver)
-        return await graph.aget_state(cfg())
+        return await graph.aget_state(cfg("t1"))
 
 
 @tool
@@ -180,10 +177,10 @@ async def test_duplicate_write(
     outbox = tmp_path / "outbox"
     graph, node = email_agent(saver, outbox, key_policy)
     if shape == "two_turns":  # the user asks twice; the model calls twice (new ids)
-        await graph.ainvoke({"messages": [HumanMessage(ONE_EMAIL)]}, cfg())
-        out = await graph.ainvoke({"messages": [HumanMessage(ONE_EMAIL)]}, cfg())
+        await graph.ainvoke({"messages": [HumanMessage(ONE_EMAIL)]}, cfg("t1"))
+        out = await graph.ainvoke({"messages": [HumanMessage(ONE_EMAIL)]}, cfg("t1"))
     else:  # the model asks for the same email twice in one message
-        out = await graph.ainvoke({"messages": [HumanMessage(TWO_EMAILS)]}, cfg())
+        out = await graph.ainvoke({"messages": [HumanMessage(TWO_EMAILS)]}, cfg("t1"))
 
     results = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     call_ids = [c["id"] for m in out["messages"] for c in getattr(m, "tool_calls", [])]
@@ -210,7 +207,7 @@ async def audit_run(db: Path, effects: Path, inputs: list[str]) -> dict[str, Any
 async def history(db: Path) -> list[Any]:
     async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
         graph = build_graph(InvoiceModel(), IdempotentToolNode([_noop]), saver)
-        return [s async for s in graph.aget_state_history(cfg())]
+        return [s async for s in graph.aget_state_history(cfg("t1"))]
 
 
 def test_corruption_audit_delete_a_middle_checkpoint_and_resume(tmp_path: Path) -> None:

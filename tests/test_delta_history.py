@@ -34,6 +34,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import StateSnapshot
+from tool_node_helpers import cfg
 from typing_extensions import TypedDict
 
 # --------------------------------------------------------------------------- helpers
@@ -461,10 +462,6 @@ async def state_and_history(graph: Any, config: dict[str, Any]) -> dict[str, Any
         "state": snap(await graph.aget_state(config)),
         "history": [snap(s) async for s in graph.aget_state_history(config)],
     }
-
-
-def cfg(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 async def loop_flow(checkpointer: Any) -> dict[str, Any]:

@@ -22,10 +22,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from fault_child import Db, cfg
+from fault_child import Db
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from pg_server import afresh_dsn, throwaway_server
 from psycopg_pool import AsyncConnectionPool
+from tool_node_helpers import cfg
 
 from langgraph_idem_saver import AsyncSqliteSaver
 from langgraph_idem_saver.errors import ConnectionClosedError, DatabaseLockedError
@@ -33,13 +34,6 @@ from langgraph_idem_saver.ledger import CallIntent, CallStatus
 from langgraph_idem_saver.postgres import AsyncPostgresSaver
 
 CHILD = Path(__file__).with_name("fault_child.py")
-
-
-@pytest.fixture
-async def db(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Db:
-    if backend == "sqlite":
-        return Db("sqlite", str(tmp_path / "faults.sqlite"))
-    return Db("postgres", await afresh_dsn(request.getfixturevalue("pg_server_dsn")))
 
 
 def spawn(spec: dict[str, Any], **kwargs: Any) -> subprocess.Popen[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_child import Db, cfg
+from fault_child import Db
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from langchain_core.tools import tool
@@ -29,7 +29,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.prebuilt import ToolNode
 from pg_server import fresh_dsn, server_dsn
-from tool_node_helpers import ai_calls, tool_graph
+from tool_node_helpers import ai_calls, cfg, tool_graph
 
 from langgraph_idem_saver import IdempotentToolNode
 from langgraph_idem_saver.errors import ConfigError, SerializationError
@@ -162,10 +162,10 @@ def test_filters_match_in_memory(
                 cp = generate_checkpoint()
                 if json_cannot_hold(md):
                     with pytest.raises(SerializationError):
-                        await saver.aput(cfg(f"t{i % 2}"), cp, {**md, "_n": i}, {})
+                        await saver.aput(cfg(f"t{i % 2}", ns=""), cp, {**md, "_n": i}, {})
                     continue
-                await saver.aput(cfg(f"t{i % 2}"), cp, {**md, "_n": i}, {})
-                await memory.aput(cfg(f"t{i % 2}"), cp, {**md, "_n": i}, {})
+                await saver.aput(cfg(f"t{i % 2}", ns=""), cp, {**md, "_n": i}, {})
+                await memory.aput(cfg(f"t{i % 2}", ns=""), cp, {**md, "_n": i}, {})
             ours = {t.metadata["_n"]: t.metadata async for t in saver.alist(None)}
             theirs = {t.metadata["_n"]: t.metadata async for t in memory.alist(None)}
             assert ours == theirs
@@ -177,8 +177,8 @@ def test_filters_match_in_memory(
                 want = sorted([t.metadata["_n"] async for t in memory.alist(None, filter=f)])
                 got = sorted([t.metadata["_n"] async for t in saver.alist(None, filter=f)])
                 assert got == want, f
-                want_t0 = [t.metadata["_n"] async for t in memory.alist(cfg("t0"), filter=f)]
-                got_t0 = [t.metadata["_n"] async for t in saver.alist(cfg("t0"), filter=f)]
+                want_t0 = [t.metadata["_n"] async for t in memory.alist(cfg("t0", ns=""), filter=f)]
+                got_t0 = [t.metadata["_n"] async for t in saver.alist(cfg("t0", ns=""), filter=f)]
                 assert got_t0 == want_t0, f
                 got_one = [t.metadata["_n"] async for t in saver.alist(None, filter=f, limit=1)]
                 assert len(got_one) == min(1, len(want)) and set(got_one) <= set(want), f

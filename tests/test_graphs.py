@@ -21,6 +21,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, Interrupt, StateSnapshot, interrupt
+from tool_node_helpers import cfg
 from typing_extensions import TypedDict
 
 # --------------------------------------------------------------------------- normalizing
@@ -66,10 +67,6 @@ def snap(s: StateSnapshot) -> dict[str, Any]:
 
 async def history(graph: Any, config: dict[str, Any]) -> list[dict[str, Any]]:
     return [snap(s) async for s in graph.aget_state_history(config)]
-
-
-def cfg(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 # --------------------------------------------------------------------------- graphs

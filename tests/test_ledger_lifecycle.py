@@ -26,17 +26,14 @@ from typing import Any
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
+from resume_worker import InvoiceModel, build_graph
+from tool_node_helpers import cfg
 
 from langgraph_idem_saver import IdempotentToolNode
 from langgraph_idem_saver.errors import LedgerStateError
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, owner_is_dead
-from tests.resume_worker import InvoiceModel, build_graph
 
 # --- part 1: maintenance operations on real graph runs -----------------------------------
-
-
-def cfg(thread_id: str, **extra: Any) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}, **extra}
 
 
 def pay(*invoices: str) -> dict[str, Any]:
@@ -329,10 +326,10 @@ async def test_aclaim_claims_a_batch_in_one_call_and_returns_existing_rows(saver
 async def test_afinish_only_by_the_owner_of_an_issued_row(saver: Any) -> None:
     await claim_one(saver, "k")
     kwargs = {"status": CallStatus.COMPLETED, "result_type": "json", "result": b'"r"'}
-    with pytest.raises(LedgerStateError):
+    with pytest.raises(LedgerStateError, match=f"entry is issued \\(owner '{ME}'\\)"):
         await saver.afinish("t", "k", owner=OTHER, **kwargs)
     assert (await saver.aget_entry("t", "k")).status is CallStatus.ISSUED
-    with pytest.raises(LedgerStateError):
+    with pytest.raises(LedgerStateError, match="entry is missing"):
         await saver.afinish("t", "missing", owner=ME, **kwargs)
     with pytest.raises(ValueError):
         await saver.afinish(

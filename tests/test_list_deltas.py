@@ -1,20 +1,26 @@
-"""Growing list channels are stored as appended deltas: O(N) bytes, identical reads."""
+"""Growing list channels are stored as appended deltas: O(N) bytes, identical reads,
+delta-aware collection, copy and prune - on both backends (the ``db`` fixture), then what
+only PostgreSQL does (client-side compression, the one-statement fallback, migration)."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
 from typing import Annotated, Any
 
+import psycopg
 import pytest
+from fault_child import Db
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
+from tool_node_helpers import cfg
 from typing_extensions import TypedDict
 
-from langgraph_idem_saver import AsyncSqliteSaver, CorruptRecordError
+from langgraph_idem_saver import CorruptRecordError
 from langgraph_idem_saver.list_deltas import MAX_CHAIN
+from langgraph_idem_saver.postgres import AsyncPostgresSaver
+from langgraph_idem_saver.postgres.saver import ZLIB_PREFIX
 
 
 class Chat(TypedDict):
@@ -33,133 +39,264 @@ def chat_graph(checkpointer: Any) -> Any:
 
 
 async def chat(graph: Any, thread: str, turns: int, start: int = 0) -> None:
-    config = {"configurable": {"thread_id": thread}}
     for i in range(start, start + turns):
-        await graph.ainvoke({"messages": [HumanMessage(content=f"turn {i}", id=f"h{i}")]}, config)
+        message = HumanMessage(content=f"turn {i}", id=f"h{i}")
+        await graph.ainvoke({"messages": [message]}, cfg(thread))
 
 
-def blob_stats(db: Path) -> tuple[int, int, int]:
+async def blob_stats(db: Db) -> tuple[int, int, int]:
     """(rows, delta rows, bytes) of the messages channel's stored versions."""
-    with sqlite3.connect(db) as conn:
-        rows, deltas, size = conn.execute(
-            "SELECT COUNT(*), COUNT(base_version), SUM(LENGTH(blob)) FROM idem_blobs "
-            "WHERE channel = 'messages'"
-        ).fetchone()
+    [(rows, deltas, size)] = await db.query(
+        "SELECT COUNT(*), COUNT(base_version), SUM(LENGTH(blob)) FROM idem_blobs "
+        "WHERE channel = 'messages'"
+    )
     return rows, deltas, size
 
 
 async def history(graph: Any, thread: str) -> list[Any]:
-    config = {"configurable": {"thread_id": thread}}
     return [
         # AI message ids are random uuids: compare what the model and user said
         [(m.type, m.content) for m in s.values.get("messages", [])]
-        async for s in graph.aget_state_history(config)
+        async for s in graph.aget_state_history(cfg(thread))
     ]
 
 
 async def test_a_long_chat_stores_each_message_about_once_and_reads_back_identically(
-    tmp_path: Path,
+    db: Db,
 ) -> None:
-    db = tmp_path / "chat.db"
     reference = chat_graph(InMemorySaver())
     await chat(reference, "t", 60)
-    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+    async with db.open() as saver:
         graph = chat_graph(saver)
         await chat(graph, "t", 60)
         assert await history(graph, "t") == await history(reference, "t")
-    rows, deltas, size = blob_stats(db)
+        serde = saver.serde
+    rows, deltas, size = await blob_stats(db)
     assert deltas > rows * 0.8, "most versions are stored as deltas"
     whole_each_time = sum(
-        len(AsyncSqliteSaver.serde.dumps_typed(msgs)[1])
+        len(serde.dumps_typed(msgs)[1])
         for msgs in [[AIMessage(content="x" * 520)] * n for n in range(2, 121, 2)]
     )
     assert size < whole_each_time / 5, "stored bytes grow with what each turn adds"
 
 
-async def test_reopened_saver_starts_a_fresh_chain_and_reads_stay_equal(tmp_path: Path) -> None:
-    db = tmp_path / "chat.db"
+async def test_reopened_saver_starts_a_fresh_chain_and_reads_stay_equal(db: Db) -> None:
     reference = chat_graph(InMemorySaver())
     await chat(reference, "t", 2 * MAX_CHAIN + 3)
     for start, turns in ((0, MAX_CHAIN + 2), (MAX_CHAIN + 2, MAX_CHAIN + 1)):
-        async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+        async with db.open() as saver:
             await chat(chat_graph(saver), "t", turns, start)
-    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+    async with db.open() as saver:
         assert await history(chat_graph(saver), "t") == await history(reference, "t")
+    # the resumed saver continued the chain from what it read (deltas after the reopen),
+    # and every chain is bounded
+    rows, deltas, _ = await blob_stats(db)
+    assert deltas > rows * 0.8
+    depths = await db.query(
+        """
+        WITH RECURSIVE d (version, base_version, depth) AS (
+            SELECT version, base_version, 0 FROM idem_blobs WHERE channel = 'messages'
+          UNION ALL
+            SELECT d.version, b.base_version, d.depth + 1
+            FROM d JOIN idem_blobs AS b ON b.channel = 'messages' AND b.version = d.base_version
+        )
+        SELECT MAX(depth) FROM d
+        """
+    )
+    assert depths[0][0] <= MAX_CHAIN
 
 
-async def test_a_replaced_or_removed_message_is_stored_whole(tmp_path: Path) -> None:
-    db = tmp_path / "chat.db"
-    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+async def test_a_replaced_or_removed_message_is_stored_whole(db: Db) -> None:
+    config = cfg("t")
+    async with db.open() as saver:
         graph = chat_graph(saver)
         await chat(graph, "t", 3)
-        config = {"configurable": {"thread_id": "t"}}
+        [(before,)] = await db.query("SELECT COUNT(base_version) FROM idem_blobs")
         await graph.aupdate_state(config, {"messages": [RemoveMessage(id="h1")]})
         await graph.aupdate_state(config, {"messages": [HumanMessage("edited", id="h0")]})
+        [(after,)] = await db.query("SELECT COUNT(base_version) FROM idem_blobs")
         values = (await graph.aget_state(config)).values["messages"]
+    assert after == before, "a removal and a replacement are not appends: stored whole"
     assert [m.id for m in values if m.type == "human"] == ["h0", "h2"]
     assert values[0].content == "edited"
-    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+    async with db.open() as saver:
         again = (await chat_graph(saver).aget_state(config)).values["messages"]
     assert [(m.id, m.content) for m in again] == [(m.id, m.content) for m in values]
 
 
-async def test_a_delta_whose_base_was_deleted_elsewhere_is_written_whole(tmp_path: Path) -> None:
-    db = tmp_path / "chat.db"
-    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+async def test_a_delta_whose_base_was_deleted_elsewhere_is_written_whole(db: Db) -> None:
+    async with db.open() as saver:
         graph = chat_graph(saver)
         await chat(graph, "t", 2)
         # another process deletes the thread's blobs behind this saver's back
-        with sqlite3.connect(db) as other:
-            other.execute("DELETE FROM idem_blobs WHERE channel = 'messages'")
+        await db.execute("DELETE FROM idem_blobs WHERE channel = 'messages'")
         await chat(graph, "t", 1, start=2)
-        state = await graph.aget_state({"configurable": {"thread_id": "t"}})
-    with sqlite3.connect(db) as conn:
-        first_after = conn.execute(
-            "SELECT base_version FROM idem_blobs WHERE channel = 'messages' ORDER BY version"
-        ).fetchone()
-    assert first_after == (None,), "the base it would extend is gone: stored whole"
+        state = await graph.aget_state(cfg("t"))
+    first_after = await db.query(
+        "SELECT base_version FROM idem_blobs WHERE channel = 'messages' ORDER BY version LIMIT 1"
+    )
+    assert first_after == [(None,)], "the base it would extend is gone: stored whole"
     # LangGraph rebuilt the lost versions from the pending writes it keeps
     human = [m.content for m in state.values["messages"] if m.type == "human"]
     assert human == ["turn 0", "turn 1", "turn 2"]
 
 
-async def test_a_missing_base_is_reported_as_corrupt_not_read_as_a_short_list(
-    tmp_path: Path,
-) -> None:
-    db = tmp_path / "chat.db"
-    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+async def test_a_missing_base_is_reported_as_corrupt_not_read_as_a_short_list(db: Db) -> None:
+    async with db.open() as saver:
         await chat(chat_graph(saver), "t", 4)
-    with sqlite3.connect(db) as conn:
-        (base,) = conn.execute(
-            "SELECT base_version FROM idem_blobs WHERE base_version IS NOT NULL "
-            "ORDER BY version DESC LIMIT 1"
-        ).fetchone()
-        conn.execute("DELETE FROM idem_blobs WHERE channel = 'messages' AND version = ?", (base,))
-    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+    [(base,)] = await db.query(
+        "SELECT base_version FROM idem_blobs WHERE base_version IS NOT NULL "
+        "ORDER BY version DESC LIMIT 1"
+    )
+    await db.execute("DELETE FROM idem_blobs WHERE channel = 'messages' AND version = ?", (base,))
+    async with db.open() as saver:
         with pytest.raises(CorruptRecordError, match="missing_base_version"):
-            await saver.aget_tuple({"configurable": {"thread_id": "t"}})
+            await saver.aget_tuple(cfg("t"))
+        with pytest.raises(CorruptRecordError, match="missing_base_version"):
+            [t async for t in saver.alist(cfg("t"))]
 
 
 @pytest.mark.parametrize("operation", ["prune", "copy", "delete_for_runs"])
-async def test_maintenance_keeps_the_bases_that_live_deltas_need(
-    tmp_path: Path, operation: str
-) -> None:
-    db = tmp_path / "chat.db"
-    async with AsyncSqliteSaver.from_conn_string(str(db)) as saver:
+async def test_maintenance_keeps_the_bases_that_live_deltas_need(db: Db, operation: str) -> None:
+    async with db.open() as saver:
         graph = chat_graph(saver)
         await chat(graph, "t", MAX_CHAIN // 2)
-        config = {"configurable": {"thread_id": "t"}, "metadata": {"run_id": "last-run"}}
+        config = cfg("t", metadata={"run_id": "last-run"})
         await graph.ainvoke({"messages": [HumanMessage("last", id="hl")]}, config)
         before = (await graph.aget_state(config)).values["messages"]
         target = "t"
         if operation == "prune":
             await saver.aprune(["t"], strategy="keep_latest")
+            # only the latest checkpoint is left, yet its chain's bases survived
+            [(checkpoints,)] = await db.query("SELECT COUNT(*) FROM idem_checkpoints")
+            assert checkpoints == 1
         elif operation == "copy":
             await saver.acopy_thread("t", "fork")
             await saver.adelete_thread("t")
             target = "fork"
         else:
             await saver.adelete_for_runs(["last-run"])
-        after = (await graph.aget_state({"configurable": {"thread_id": target}})).values
+        after = (await graph.aget_state(cfg(target))).values
+        # and the thread goes on from there, still as deltas of the kept versions
+        await chat(graph, target, 2, start=100)
+        last = (await graph.aget_state(cfg(target))).values
     expected = before if operation != "delete_for_runs" else before[:-2]
     assert [(m.id, m.content) for m in after["messages"]] == [(m.id, m.content) for m in expected]
+    assert [(m.id, m.content) for m in last["messages"][: len(expected)]] == [
+        (m.id, m.content) for m in expected
+    ]
+    assert [m.content for m in last["messages"] if m.type == "human"][-2:] == [
+        "turn 100",
+        "turn 101",
+    ]
+
+
+async def test_unreferenced_delta_chains_are_collected(db: Db) -> None:
+    """Collection keeps exactly what live checkpoints reach: after prune of a long chat,
+    the blobs left are the latest versions' chains, no more."""
+    async with db.open() as saver:
+        graph = chat_graph(saver)
+        await chat(graph, "t", MAX_CHAIN * 2)
+        await saver.aprune(["t"], strategy="keep_latest")
+        rows, deltas, _ = await blob_stats(db)
+        assert 1 <= rows <= MAX_CHAIN + 1 and deltas == rows - 1
+        await saver.aprune(["t"], strategy="delete")
+        assert await blob_stats(db) == (0, 0, None)
+
+
+# --- PostgreSQL only -------------------------------------------------------------------
+
+
+async def query(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(sql, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def test_delta_payloads_are_compressed_like_whole_values(pg_dsn: str) -> None:
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        graph = chat_graph(saver)
+        await chat(graph, "t", 2)
+        big = "y" * 5000
+        config = cfg("t")
+        await graph.ainvoke({"messages": [HumanMessage(big, id="big")]}, config)
+        [(type_, base)] = await query(
+            pg_dsn,
+            "SELECT type, base_version FROM idem_blobs WHERE channel = 'messages' "
+            "ORDER BY version DESC LIMIT 1",
+        )
+        assert base is not None and type_.startswith(ZLIB_PREFIX)
+        values = (await graph.aget_state(config)).values["messages"]
+    assert [m.content for m in values if m.type == "human"] == ["turn 0", "turn 1", big]
+
+
+async def test_the_write_itself_falls_back_to_whole_when_the_base_is_gone(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The encoder proposes a delta (same objects, appended), but the base row was
+    deleted since: the one statement writes nothing, and the retry stores it whole."""
+    items = [HumanMessage("a", id="a"), AIMessage("b", id="b")]
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        fallbacks: list[str] = []
+        whole = saver._deltas.whole
+
+        def spy(serde: Any, blob: Any) -> Any:
+            fallbacks.append(blob.channel)
+            return whole(serde, blob)
+
+        monkeypatch.setattr(saver._deltas, "whole", spy)
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        v1 = saver.get_next_version(None, None)
+        cp1 = empty_checkpoint()
+        cp1["channel_values"] = {"messages": items, "n": 1}
+        cp1["channel_versions"] = {"messages": v1, "n": v1}
+        stored = await saver.aput(config, cp1, {}, {"messages": v1, "n": v1})
+        await query(pg_dsn, "DELETE FROM idem_blobs WHERE channel = 'messages'")
+
+        v2 = saver.get_next_version(v1, None)
+        grown = [*items, HumanMessage("c", id="c")]
+        cp2 = empty_checkpoint()
+        cp2["channel_values"] = {"messages": grown, "n": 1}
+        cp2["channel_versions"] = {"messages": v2, "n": v1}
+        latest = await saver.aput(stored, cp2, {}, {"messages": v2})
+        assert fallbacks == ["messages"]
+        rows = await query(pg_dsn, "SELECT channel, version, base_version FROM idem_blobs")
+        assert sorted(rows) == [("messages", str(v2), None), ("n", str(v1), None)]
+        tup = await saver.aget_tuple(latest)
+        assert tup is not None
+        assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == ["a", "b", "c"]
+        assert tup.checkpoint["channel_values"]["n"] == 1
+
+        # and the next append (to the list just read, as a resumed graph does) is a
+        # delta of the version written whole
+        v3 = saver.get_next_version(v2, None)
+        read = tup.checkpoint["channel_values"]["messages"]
+        cp3 = empty_checkpoint()
+        cp3["channel_values"] = {"messages": [*read, AIMessage("d", id="d")], "n": 1}
+        cp3["channel_versions"] = {"messages": v3, "n": v1}
+        await saver.aput(latest, cp3, {}, {"messages": v3})
+        assert fallbacks == ["messages"]
+        [(base,)] = await query(
+            pg_dsn, "SELECT base_version FROM idem_blobs WHERE version = %s", (str(v3),)
+        )
+        assert base == str(v2)
+        tup = await saver.aget_tuple(config)
+        assert tup is not None
+        assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == list("abcd")
+
+
+async def test_migration_adds_base_version_to_an_existing_database(pg_dsn: str) -> None:
+    """A database at schema 2 (before deltas) is migrated in place; old rows read fine."""
+    from langgraph_idem_saver.postgres import sql
+
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        for version in range(3):
+            for statement in sql.MIGRATIONS[version]:
+                await conn.execute(statement)
+            await conn.execute(sql.INSERT_MIGRATION, (version,))
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await chat(chat_graph(saver), "t", 3)
+        [(v,)] = await query(pg_dsn, "SELECT MAX(v) FROM idem_saver_migrations")
+        assert v == sql.SCHEMA_VERSION >= 3
+        values = (await chat_graph(saver).aget_state(cfg("t"))).values
+    assert len(values["messages"]) == 6

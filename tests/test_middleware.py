@@ -27,10 +27,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.types import Command
 from pg_server import fresh_dsn
-
-from langgraph_idem_saver import NOT_APPLIED, CallStatus, ConfigError
-from langgraph_idem_saver.middleware import IdempotencyMiddleware
-from tests.tool_node_helpers import (
+from tool_node_helpers import (
     Counter,
     cfg,
     intent_for,
@@ -38,6 +35,9 @@ from tests.tool_node_helpers import (
     plant_unknown,
     scripted_model,
 )
+
+from langgraph_idem_saver import NOT_APPLIED, CallStatus, ConfigError
+from langgraph_idem_saver.middleware import IdempotencyMiddleware
 
 WORKER = Path(__file__).resolve().parent / "agent_crash_worker.py"
 

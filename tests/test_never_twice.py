@@ -27,13 +27,7 @@ from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent
 from langgraph.types import Command, RetryPolicy, Send
-
-from langgraph_idem_saver import CallStatus, ConfigError, LedgerStateError
-from langgraph_idem_saver.engine.core import REPLAY_EVENT
-from langgraph_idem_saver.inspection import aresolve_unknown, aretry_failed, astale_claims
-from langgraph_idem_saver.ledger import minted_here
-from langgraph_idem_saver.tool_node import NOT_APPLIED, IdempotentToolNode, NotAppliedError
-from tests.tool_node_helpers import (
+from tool_node_helpers import (
     Counter,
     ai_calls,
     cfg,
@@ -43,6 +37,12 @@ from tests.tool_node_helpers import (
     tool_graph,
     tool_messages,
 )
+
+from langgraph_idem_saver import CallStatus, ConfigError, LedgerStateError
+from langgraph_idem_saver.engine.core import REPLAY_EVENT
+from langgraph_idem_saver.inspection import aresolve_unknown, aretry_failed, astale_claims
+from langgraph_idem_saver.ledger import minted_here
+from langgraph_idem_saver.tool_node import NOT_APPLIED, IdempotentToolNode, NotAppliedError
 
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_child import Db, Secret, Tripwire, cfg
+from fault_child import Db, Secret, Tripwire
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from pg_server import afresh_dsn
-from tool_node_helpers import Counter, ai_calls, intent_for, plant_completed, tool_graph
+from tool_node_helpers import Counter, ai_calls, cfg, intent_for, plant_completed, tool_graph
 
 from langgraph_idem_saver import IdempotentToolNode
 from langgraph_idem_saver.errors import CorruptRecordError
@@ -32,13 +31,6 @@ CHILD = Path(__file__).with_name("fault_child.py")
 SECRET_KEY = (Secret.__module__, "Secret")
 TRIPWIRE_KEY = (Tripwire.__module__, "Tripwire")
 MARKER = "PLAINTEXT-MARKER-7f3a9c"
-
-
-@pytest.fixture
-async def db(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Db:
-    if backend == "sqlite":
-        return Db("sqlite", str(tmp_path / "serde.sqlite"))
-    return Db("postgres", await afresh_dsn(request.getfixturevalue("pg_server_dsn")))
 
 
 def strict() -> JsonPlusSerializer:

@@ -33,9 +33,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import START, StateGraph
-
-from langgraph_idem_saver.keys import agent_path_of
-from tests.subagent_harness import (
+from subagent_harness import (
     CRASH_EXIT_CODE,
     ChildState,
     Effects,
@@ -46,7 +44,9 @@ from tests.subagent_harness import (
     make_agent,
     summarize,
 )
-from tests.tool_node_helpers import intent_for, plant_unknown
+from tool_node_helpers import cfg, intent_for, plant_unknown
+
+from langgraph_idem_saver.keys import agent_path_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 
@@ -55,10 +55,6 @@ POINTS = ["before_issued", "after_issued", "after_effect", "after_completed", "a
 ALL_BOUGHT = {"researcher:alpha", "researcher:shared", "writer:beta", "writer:shared"}
 PG_DSN = os.environ.get("IDEM_SAVER_PG_DSN")
 CRASH_BACKENDS = ["sqlite"] + (["postgres"] if PG_DSN else [])
-
-
-def cfg(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 async def run_in_process(saver: Any, tmp_path: Path, thread: str, **scenario: Any) -> Any:

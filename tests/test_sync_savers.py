@@ -57,6 +57,16 @@ from langgraph.types import Command, interrupt
 from pg_server import fresh_dsn
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
+from tool_node_helpers import (
+    Counter,
+    ai_calls,
+    cfg,
+    intent_for,
+    plant_unknown,
+    scripted_model,
+    tool_graph,
+    tool_messages,
+)
 from typing_extensions import TypedDict
 
 from langgraph_idem_saver import (
@@ -69,20 +79,10 @@ from langgraph_idem_saver import (
     LedgerEntry,
     idempotent_task,
 )
+from langgraph_idem_saver.forwarding import LIST_CHUNK
 from langgraph_idem_saver.postgres import AsyncPostgresSaver, PostgresSaver
 from langgraph_idem_saver.saver_base import SyncCallOnEventLoopError
 from langgraph_idem_saver.sqlite import AsyncSqliteSaver, SqliteSaver
-from langgraph_idem_saver.sync_bridge import LIST_CHUNK
-from tests.tool_node_helpers import (
-    Counter,
-    ai_calls,
-    cfg,
-    intent_for,
-    plant_unknown,
-    scripted_model,
-    tool_graph,
-    tool_messages,
-)
 
 WORKER = Path(__file__).resolve().parent / "sync_crash_worker.py"
 

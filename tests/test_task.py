@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from langgraph.func import entrypoint
 from langgraph.types import Command, RetryPolicy
+from tool_node_helpers import Counter, cfg
 
 from langgraph_idem_saver import NOT_APPLIED, CallStatus, ConfigError
 from langgraph_idem_saver.task import RecordedFailureError, idempotent_task
-from tests.tool_node_helpers import Counter, cfg
 
 WORKER = Path(__file__).resolve().parent / "task_crash_worker.py"
 

@@ -20,20 +20,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import InjectedState, ToolNode, ToolRuntime, create_react_agent
 from langgraph.types import Command, interrupt
-from typing_extensions import TypedDict
-
-from langgraph_idem_saver import CallStatus, SerializationError
-from langgraph_idem_saver.errors import IdemSaverError
-from langgraph_idem_saver.keys import agent_path_of, args_hash, canonical_args, scope_of
-from langgraph_idem_saver.tool_node import (
-    NOT_APPLIED,
-    IdempotencyConflict,
-    IdempotentToolNode,
-    NoLedgerError,
-    ToolCallInProgress,
-    UnknownToolOutcome,
-)
-from tests.tool_node_helpers import (
+from tool_node_helpers import (
     Counter,
     ai_calls,
     by_id,
@@ -46,6 +33,19 @@ from tests.tool_node_helpers import (
     scripted_model,
     tool_graph,
     tool_messages,
+)
+from typing_extensions import TypedDict
+
+from langgraph_idem_saver import CallStatus, SerializationError
+from langgraph_idem_saver.errors import IdemSaverError
+from langgraph_idem_saver.keys import agent_path_of, args_hash, canonical_args, scope_of
+from langgraph_idem_saver.tool_node import (
+    NOT_APPLIED,
+    IdempotencyConflict,
+    IdempotentToolNode,
+    NoLedgerError,
+    ToolCallInProgress,
+    UnknownToolOutcome,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")

@@ -1,5 +1,8 @@
-"""Shared helpers for the IdempotentToolNode tests: a scripted chat model, small graphs,
-and a way to plant ledger entries exactly as a crashed process would have left them."""
+"""Shared test helpers: run configs (``cfg``), a scripted chat model, small graphs, and a
+way to plant ledger entries exactly as a crashed process would have left them.
+
+Imported as ``tool_node_helpers`` (not ``tests.tool_node_helpers``) everywhere: the
+worker scripts run in child processes import it that way too."""
 
 from __future__ import annotations
 
@@ -57,8 +60,18 @@ def tool_graph(node: ToolNode, checkpointer: Any, *, name: str = "tools") -> Com
     return builder.compile(checkpointer=checkpointer)
 
 
-def cfg(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}}
+def cfg(
+    thread_id: Any = "t", ns: str | None = None, checkpoint_id: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """A run config for ``thread_id``; ``checkpoint_ns``/``checkpoint_id`` only when given
+    (without a namespace, ``list`` spans them all; ``InMemorySaver.put`` needs ``ns=""``);
+    ``extra`` keys go beside ``configurable`` (``metadata=...``)."""
+    configurable: dict[str, Any] = {"thread_id": thread_id}
+    if ns is not None:
+        configurable["checkpoint_ns"] = ns
+    if checkpoint_id is not None:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable, **extra}
 
 
 def tool_messages(out: dict[str, Any]) -> list[ToolMessage]:

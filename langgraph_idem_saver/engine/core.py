@@ -201,10 +201,8 @@ class LedgerEngine:
             return  # nothing side-effecting: no ledger needed
         ledger = self.find_ledger(config)
         batch.ledger = ledger
-        loop = getattr(ledger, "loop", None)
-        batch.ledger_loop = loop if isinstance(loop, asyncio.AbstractEventLoop) else None
-        serde = getattr(ledger, "serde", None)
-        batch.serde = serde if serde is not None else JsonPlusSerializer()
+        batch.ledger_loop = ledger.loop
+        batch.serde = ledger.serde
 
         configurable = config.get("configurable", {})
         raw_thread_id = configurable.get("thread_id")

@@ -55,11 +55,10 @@ import asyncio
 import contextlib
 import json
 import math
-import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
@@ -77,6 +76,7 @@ from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline, Capabilities
 from psycopg.rows import TupleRow, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
+from langgraph_idem_saver.backend import Claims, Guarded, LedgerStatements
 from langgraph_idem_saver.errors import (
     ConfigError,
     ConnectionClosedError,
@@ -87,8 +87,7 @@ from langgraph_idem_saver.errors import (
     SerializationError,
 )
 from langgraph_idem_saver.group_commit import GroupCommit
-from langgraph_idem_saver.import_langgraph import awarn_if_unimported
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
+from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.postgres import sql
 from langgraph_idem_saver.postgres.inspect import PostgresInspection
@@ -106,11 +105,13 @@ from langgraph_idem_saver.saver_base import (
     decode_typed,
     encode_metadata,
     encode_versions,
+    has_number,
     make_config,
     metadata_matches,
     text_of,
     thread_id_of,
 )
+from langgraph_idem_saver.surrogates import utf8_ok
 
 T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
@@ -144,6 +145,7 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
         ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
     """
 
+    _sql: ClassVar[LedgerStatements] = sql
     lock: asyncio.Lock
     # values serialized to at least this many bytes are stored zlib-compressed (level 1)
     # when that saves 10% or more; None stores everything as serialized
@@ -173,10 +175,7 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
         self.conn = conn
         self.pipe = pipe
         self.lock = asyncio.Lock()
-        self._sql = sql
         self.supports_pipeline = Capabilities().has_pipeline()
-        self.is_setup = False
-        self._setup_lock: asyncio.Lock | None = None
         self._deltas = ListDeltaEncoder()
         # outcomes of calls that finish together share one transaction (group_commit.py)
         self._finishes = GroupCommit(self._finish_all)
@@ -219,25 +218,15 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
 
     # --- plumbing -------------------------------------------------------------------
 
-    async def setup(self) -> None:
-        """Apply pending migrations (idempotent; also runs on first use).
+    async def _setup_once(self) -> None:
+        """Apply pending migrations (``setup()``).
 
         One transaction under ``pg_advisory_xact_lock``, so workers starting together
         migrate once. On a connection already inside a transaction, the migrations join
         it (as a savepoint) and are committed with it. Raises :class:`SchemaVersionError`
         for a database written by a newer release.
         """
-        if self.is_setup:
-            return
-        self._remember_loop()
-        if self._setup_lock is None:
-            self._setup_lock = asyncio.Lock()
-        async with self._setup_lock:
-            if self.is_setup:
-                return
-            await self._execute(_migrate, tx=True)
-            self.is_setup = True
-            await awarn_if_unimported(self)  # LangGraph's own tables beside ours
+        await self._execute(_migrate, tx=True)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -787,44 +776,32 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
 
     # --- the tool-call ledger ----------------------------------------------------------
 
-    async def aclaim(
-        self, intents: Sequence[CallIntent], *, owner: str, lease_seconds: float
-    ) -> list[ClaimOutcome]:
+    async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
         """Claim the batch in one transaction: ``INSERT ... ON CONFLICT DO NOTHING`` for
-        every intent, then read every row back (pipelined: one round trip)."""
-        if not intents:
-            return []
-        now = time.time()
-        base = {"owner": owner, "now": now, "lease": now + lease_seconds}
+        every row, then read every row back (pipelined: one round trip)."""
+        base = {
+            "owner": claims.owner,
+            "now": claims.issued_at,
+            "lease": claims.lease_expires_at,
+        }
 
         async def claim(cur: Cursor) -> list[ClaimOutcome]:
-            pending = list(intents)
+            pending = claims.rows
             outcomes: dict[int, ClaimOutcome] = {}
-            positions = list(range(len(intents)))
+            positions = list(range(len(pending)))
             for _ in range(CLAIM_RETRIES):
-                params = {
-                    **base,
-                    "scopes": [i.scope for i in pending],
-                    "keys": [i.key for i in pending],
-                    "thread_ids": [i.thread_id for i in pending],
-                    "agent_paths": [i.agent_path for i in pending],
-                    "tool_names": [i.tool_name for i in pending],
-                    "args_hashes": [i.args_hash for i in pending],
-                    "args": [self.seal_args(i.args) for i in pending],
-                    "tool_call_ids": [i.tool_call_id for i in pending],
-                    "run_ids": [i.run_id for i in pending],
-                }
+                params = {**base, **claims.columns(pending)}
                 await cur.execute(sql.INSERT_ISSUED, params)
                 async with cur.connection.cursor(row_factory=tuple_row, binary=True) as read:
                     await read.execute(sql.SELECT_ENTRIES_BY_KEYS, params)
                     inserted = {(r[0], r[1]) for r in await cur.fetchall()}
                     rows = {(r[0], r[1]): self.entry_of(r) for r in await read.fetchall()}
-                missing: list[tuple[int, CallIntent]] = []
-                for pos, intent in zip(positions, pending, strict=True):
-                    k = (intent.scope, intent.key)
+                missing: list[tuple[int, tuple[Any, ...]]] = []
+                for pos, row in zip(positions, pending, strict=True):
+                    k = (row[0], row[1])  # scope, key
                     entry = rows.get(k)
                     if entry is None:  # deleted by a concurrent release/delete: claim again
-                        missing.append((pos, intent))
+                        missing.append((pos, row))
                         continue
                     claimed = k in inserted
                     inserted.discard(k)  # a key repeated in the batch is claimed once
@@ -832,43 +809,20 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
                 if not missing:
                     break
                 positions = [p for p, _ in missing]
-                pending = [i for _, i in missing]
+                pending = [r for _, r in missing]
             else:
                 raise LedgerStateError(
                     f"could not claim {len(pending)} tool call(s): their rows kept being "
                     "deleted concurrently"
                 )
-            return [outcomes[p] for p in range(len(intents))]
+            return [outcomes[p] for p in range(len(claims.rows))]
 
         return await self._run(claim, tx=True, pipeline=True)
 
-    async def afinish(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
-    ) -> LedgerEntry:
-        if status is CallStatus.ISSUED:
-            raise ValueError("afinish records an outcome: status must be completed or failed")
-        params = (
-            status.value, result_type, result, self.ledger_error(error), time.time(), scope,
-            key, owner,
-        )  # fmt: skip
-
-        done, row = await self._finishes.submit(params)
-        if not done:
-            state = "missing" if row is None else f"{row[8]} (owner {row[12]!r})"
-            raise LedgerStateError(
-                f"cannot record the outcome of tool call {key!r} in scope {scope!r}: "
-                f"entry is {state}, not issued to {owner!r}"
-            )
-        assert row is not None
-        return self.entry_of(row)
+    async def _finish_entry(self, finish: Guarded) -> LedgerEntry | None:
+        """Outcomes of calls that finish together share one transaction (_finish_all)."""
+        done, row = await self._finishes.submit(finish.params)
+        return self.entry_of(row) if done and row is not None else None
 
     async def _finish_all(self, batch: list[tuple[Any, ...]]) -> list[tuple[bool, TupleRow | None]]:
         """Record the outcomes of calls that finished together: one transaction (one
@@ -898,27 +852,14 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
 
         return await self._run(write)
 
-    async def _guarded_update(
-        self,
-        query: str,
-        params: tuple[Any, ...],
-        scope: str,
-        key: str,
-        *,
-        before_tool_runs: bool = False,
-    ) -> LedgerEntry | None:
+    async def _guarded_update(self, update: Guarded) -> LedgerEntry | None:
         """One ``UPDATE ... RETURNING`` statement (the server's durability applies)."""
-        return await self._update_returning(query, params)
 
-    async def _update_returning(self, query: str, params: tuple[Any, ...]) -> LedgerEntry | None:
-        """A guarded ``UPDATE ... RETURNING``: the row after it, or None when the guard
-        did not match (one statement)."""
-
-        async def update(cur: Cursor) -> TupleRow | None:
-            await cur.execute(query, params)
+        async def run(cur: Cursor) -> TupleRow | None:
+            await cur.execute(update.query, update.params)
             return await cur.fetchone()
 
-        row = await self._run(update)
+        row = await self._run(run)
         return None if row is None else self.entry_of(row)
 
     async def _select_entries(self, query: str, params: tuple[Any, ...]) -> list[LedgerEntry]:
@@ -1078,7 +1019,7 @@ def _text(value: str, what: str) -> str:
     if value.isascii():
         if "\x00" not in value:
             return value
-    elif "\x00" not in value and _utf8_ok(value):
+    elif "\x00" not in value and utf8_ok(value):
         return value
     raise ConfigError(
         f"{what} {value!r} cannot be stored in PostgreSQL: text cannot hold NUL characters "
@@ -1086,19 +1027,11 @@ def _text(value: str, what: str) -> str:
     )
 
 
-def _utf8_ok(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _clean_str(value: str) -> bool:
     """Whether JSONB holds this string exactly (no NUL, no unpaired surrogate)."""
     if "\x00" in value:
         return False
-    return value.isascii() or _utf8_ok(value)
+    return value.isascii() or utf8_ok(value)
 
 
 def _jsonb_exact(value: Any) -> bool:
@@ -1152,18 +1085,6 @@ def _metadata_columns(metadata: CheckpointMetadata) -> tuple[str, str | None]:
     return json.dumps(safe, ensure_ascii=False, sort_keys=True, separators=(",", ":")), text
 
 
-def _has_number(value: Any) -> bool:
-    """Whether a container holds a bool or number, which Python equates across types
-    (``True == 1 == 1.0``) and JSONB does not (``true`` is not ``1``)."""
-    if isinstance(value, (bool, int, float)):
-        return True
-    if isinstance(value, dict):
-        return any(_has_number(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_number(v) for v in value)
-    return False
-
-
 def _metadata_filter(filter: dict[str, Any], params: dict[str, Any]) -> list[str]:
     """SQL conditions that keep every row whose top-level metadata matches ``filter``
     (with keys and values bound); ``_matches`` then checks each row exactly.
@@ -1202,7 +1123,7 @@ def _metadata_filter(filter: dict[str, Any], params: dict[str, Any]) -> list[str
                 text = canonical_json(value)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"metadata filter value for {key!r} is not JSON: {exc}") from exc
-            if _has_number(value) or not isinstance(value, (dict, list, tuple)):
+            if has_number(value) or not isinstance(value, (dict, list, tuple)):
                 # JSONB compares true and 1 as different; narrow by kind only
                 params[v] = "object" if isinstance(value, dict) else "array"
                 clauses.append(f"jsonb_typeof(metadata -> %({k})s) = %({v})s")

@@ -22,6 +22,7 @@ prepared statements) or as arrays they ``unnest``, so every call is a single sta
 
 from __future__ import annotations
 
+from langgraph_idem_saver.backend import LEDGER_COLUMNS
 from langgraph_idem_saver.list_deltas import MAX_CHAIN
 
 # The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
@@ -551,22 +552,19 @@ WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = g.checkpoint_ns
 
 # --- ledger -------------------------------------------------------------------------
 
-LEDGER_COLUMNS = (
-    "scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status, "
-    "attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at, "
-    "result_type, result, error, run_id, adopted_by, history"
-)
+# LEDGER_COLUMNS (imported above): LedgerEntry's fields, in order
 
-# The claim: one INSERT for the whole batch; the keys it inserted come back.
+# The claim: one INSERT for the whole batch (an array per INTENT_COLUMNS name); the keys
+# it inserted come back.
 INSERT_ISSUED = """
 INSERT INTO idem_tool_calls
     (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
      status, attempts, owner, issued_at, lease_expires_at)
 SELECT u.scope, u.key, u.thread_id, u.agent_path, u.tool_name, u.args_hash, u.args,
        u.tool_call_id, u.run_id, 'issued', 1, %(owner)s, %(now)s, %(lease)s
-FROM unnest(%(scopes)s::text[], %(keys)s::text[], %(thread_ids)s::text[],
-            %(agent_paths)s::text[], %(tool_names)s::text[], %(args_hashes)s::text[],
-            %(args)b::bytea[], %(tool_call_ids)s::text[], %(run_ids)s::text[])
+FROM unnest(%(scope)s::text[], %(key)s::text[], %(thread_id)s::text[],
+            %(agent_path)s::text[], %(tool_name)s::text[], %(args_hash)s::text[],
+            %(args)b::bytea[], %(tool_call_id)s::text[], %(run_id)s::text[])
      WITH ORDINALITY AS u(scope, key, thread_id, agent_path, tool_name, args_hash, args,
                           tool_call_id, run_id, ord)
 ORDER BY u.ord
@@ -578,7 +576,7 @@ RETURNING scope, key
 # takes a new snapshot, so it sees a row a concurrent claimer committed after ours began.
 SELECT_ENTRIES_BY_KEYS = f"""
 SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE (scope, key) IN (SELECT * FROM unnest(%(scopes)s::text[], %(keys)s::text[]))
+WHERE (scope, key) IN (SELECT * FROM unnest(%(scope)s::text[], %(key)s::text[]))
 """
 
 SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = %s AND key = %s"

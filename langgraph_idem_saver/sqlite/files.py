@@ -29,6 +29,7 @@ from langgraph_idem_saver.errors import (
     NotADatabaseError,
     ReadOnlyDatabaseError,
 )
+from langgraph_idem_saver.sqlite.runner import connect_arguments
 
 _TRUE = ("1", "yes", "true", "on")
 
@@ -67,22 +68,15 @@ def parse_target(database: str, uri: bool) -> SqliteTarget:
 
 
 def target_of_connection(conn: Any) -> SqliteTarget:
-    """The target of an ``aiosqlite.Connection``, read from the arguments its connector
-    closed over (aiosqlite keeps no public record of them); ``read_only`` is None when
-    they cannot be found, so nothing is refused on a guess."""
-    connector = getattr(conn, "_connector", None)
-    code = getattr(connector, "__code__", None)
-    cells = getattr(connector, "__closure__", None) or ()
-    free = dict(zip(getattr(code, "co_freevars", ()), cells, strict=False))
-    try:
-        database = free["database"].cell_contents
-        kwargs = free["kwargs"].cell_contents if "kwargs" in free else {}
-    except (KeyError, ValueError):
+    """The target of an ``aiosqlite.Connection``, from the arguments it was opened with
+    (``runner.connect_arguments``); ``read_only`` is None when they cannot be found, so
+    nothing is refused on a guess."""
+    found = connect_arguments(conn)
+    if found is None:
         return SqliteTarget(None, None)
+    database, kwargs = found
     if isinstance(database, bytes):
         database = database.decode("utf-8", "replace")
-    if not isinstance(database, (str, os.PathLike)) or not isinstance(kwargs, dict):
-        return SqliteTarget(None, None)
     return parse_target(os.fspath(database), bool(kwargs.get("uri")))
 
 

@@ -22,14 +22,12 @@ production:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import aiosqlite
 from langchain_core.runnables import RunnableConfig
@@ -44,20 +42,19 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from langgraph_idem_saver.backend import Claims, Guarded, LedgerStatements
 from langgraph_idem_saver.errors import (
     ConfigError,
     ConnectionClosedError,
     CorruptRecordError,
     DatabaseLockedError,
     IdemSaverError,
-    LedgerStateError,
     NotADatabaseError,
     ReadOnlyDatabaseError,
     SchemaVersionError,
 )
 from langgraph_idem_saver.group_commit import GroupCommit
-from langgraph_idem_saver.import_langgraph import awarn_if_unimported
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
+from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import (
@@ -72,12 +69,13 @@ from langgraph_idem_saver.saver_base import (
     decode_typed,
     encode_metadata,
     encode_versions,
+    has_number,
     make_config,
     metadata_matches,
     text_of,
     thread_id_of,
 )
-from langgraph_idem_saver.sqlite import sql
+from langgraph_idem_saver.sqlite import runner, sql
 from langgraph_idem_saver.sqlite.files import (
     SqliteTarget,
     error_kind,
@@ -89,6 +87,7 @@ from langgraph_idem_saver.sqlite.files import (
 )
 from langgraph_idem_saver.sqlite.inspect import SqliteInspection
 from langgraph_idem_saver.sqlite.retention import SqliteRetention
+from langgraph_idem_saver.surrogates import utf8_ok
 
 T = TypeVar("T")
 Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
@@ -157,7 +156,7 @@ def _metadata_filter(filter: dict[str, Any]) -> tuple[list[str], list[Any]]:
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"metadata filter value for {key!r} is not JSON: {exc}") from exc
             kind = "object" if isinstance(value, dict) else "array"
-            if not _utf8_ok(text) or _has_number(value):
+            if not utf8_ok(text) or has_number(value):
                 # lone surrogates (not bindable), or numbers and bools, which Python
                 # equates across types ([1] == [True]) and JSON text does not: narrow by
                 # kind only, the exact check decides
@@ -171,32 +170,9 @@ def _metadata_filter(filter: dict[str, Any]) -> tuple[list[str], list[Any]]:
     return clauses, params
 
 
-def _utf8_ok(text: str) -> bool:
-    """Whether SQLite can take ``text`` as a bound parameter (no lone surrogates)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _has_number(value: Any) -> bool:
-    """Whether a container holds a bool or number (Python equates ``True == 1 == 1.0``;
-    their JSON texts differ)."""
-    if isinstance(value, (bool, int, float)):
-        return True
-    if isinstance(value, dict):
-        return any(_has_number(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_number(v) for v in value)
-    return False
-
-
 def _bindable(text: str) -> bool:
     """Whether ``text`` can narrow a filter in SQL: bindable, and without NUL."""
-    return "\x00" not in text and _utf8_ok(text)
+    return "\x00" not in text and utf8_ok(text)
 
 
 class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
@@ -212,6 +188,8 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
             :class:`DatabaseLockedError`.
         ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
     """
+
+    _sql: ClassVar[LedgerStatements] = sql
 
     def __init__(
         self,
@@ -229,12 +207,9 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
         self.conn = conn
         self.synchronous = synchronous
         self.busy_timeout = busy_timeout
-        self.is_setup = False
-        self._setup_lock: asyncio.Lock | None = None
         self._deltas = ListDeltaEncoder()
         # concurrent writes share one transaction and one fsync (group_commit.py)
         self._group: GroupCommit[_Write, tuple[bool, Any]] = GroupCommit(self._commit)
-        self._sql = sql
         # the file behind conn (for errors naming it); found on setup() if not given
         self._target: SqliteTarget | None = None
 
@@ -270,44 +245,32 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
 
     # --- plumbing -------------------------------------------------------------------
 
-    async def setup(self) -> None:
-        """Configure the connection and apply pending migrations (idempotent).
+    async def _setup_once(self) -> None:
+        """Configure the connection and apply pending migrations (``setup()``).
 
-        Runs automatically on first use. Refuses (``SchemaVersionError``) a database
-        written by a newer release, (``NotADatabaseError``) a file that is not SQLite,
-        (``ConfigError``) a path in a missing directory or naming a directory, and
-        (``ReadOnlyDatabaseError``) a database this process cannot write - unless the
-        connection was opened read-only on purpose (``mode=ro``/``immutable=1``): then
-        reads work and each write raises it.
+        Refuses (``SchemaVersionError``) a database written by a newer release,
+        (``NotADatabaseError``) a file that is not SQLite, (``ConfigError``) a path in a
+        missing directory or naming a directory, and (``ReadOnlyDatabaseError``) a
+        database this process cannot write - unless the connection was opened read-only
+        on purpose (``mode=ro``/``immutable=1``): then reads work and each write raises it.
         """
-        if self.is_setup:
-            return
-        self._remember_loop()
-        if self._setup_lock is None:
-            self._setup_lock = asyncio.Lock()
-        async with self._setup_lock:
-            if self.is_setup:
-                return
-            if self._target is None:
-                self._target = target_of_connection(self.conn)
-            if not _is_started(self.conn):
-                if not getattr(self.conn, "_running", True):
-                    raise ConnectionClosedError(
-                        "the aiosqlite connection was closed before the saver used it; "
-                        "open a new one"
-                    )
-                try:
-                    await self.conn
-                except sqlite3.Error as exc:
-                    # aiosqlite stops its worker thread without waiting: wait here, or it
-                    # may report to a loop that has closed by then
-                    thread = getattr(self.conn, "_thread", None)
-                    if thread is not None and thread.is_alive():
-                        thread.join(1.0)
-                    raise open_error(self._target, exc) from exc
-            await self._call(self._setup_sync)
-            self.is_setup = True
-            await awarn_if_unimported(self)  # LangGraph's own tables beside ours
+        if self._target is None:
+            self._target = target_of_connection(self.conn)
+        if not runner.is_started(self.conn):
+            if runner.was_closed(self.conn):
+                raise ConnectionClosedError(
+                    "the aiosqlite connection was closed before the saver used it; open a new one"
+                )
+            try:
+                await self.conn
+            except sqlite3.Error as exc:
+                # aiosqlite stops its worker thread without waiting: wait here, or it
+                # may report to a loop that has closed by then
+                thread = runner.worker_thread(self.conn)
+                if thread is not None and thread.is_alive():
+                    thread.join(1.0)
+                raise open_error(self._target, exc) from exc
+        await self._call(self._setup_sync)
 
     def _setup_sync(self, conn: sqlite3.Connection) -> None:
         target = self._target or SqliteTarget(None, None)
@@ -370,13 +333,13 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Ship ``fn`` to the aiosqlite worker thread: one hand-off, typed errors."""
         conn = self.conn
-        if not _is_started(conn):
+        if not runner.is_started(conn):
             raise ConnectionClosedError(
                 "the aiosqlite connection is closed (or was never opened); open a new one "
                 "and create a new saver, e.g. `async with AsyncSqliteSaver.from_conn_string(...)`"
             )
         try:
-            return cast(T, await conn._execute(lambda: fn(conn._conn)))  # type: ignore[no-untyped-call]
+            return await runner.run_in_worker(conn, fn)
         except IdemSaverError:
             raise
         except (ValueError, sqlite3.Error) as exc:
@@ -742,67 +705,16 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
 
     # --- the tool-call ledger ----------------------------------------------------------
 
-    async def aclaim(
-        self, intents: Sequence[CallIntent], *, owner: str, lease_seconds: float
-    ) -> list[ClaimOutcome]:
-        now = time.time()
-        rows = [
-            (
-                i.scope,
-                i.key,
-                i.thread_id,
-                i.agent_path,
-                i.tool_name,
-                i.args_hash,
-                self.seal_args(i.args),
-                i.tool_call_id,
-                i.run_id,
-                owner,
-                now,
-                now + lease_seconds,
-            )
-            for i in intents
-        ]
-
+    async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
         def claim(conn: sqlite3.Connection) -> list[ClaimOutcome]:
             outcomes = []
-            for row in rows:
-                claimed = conn.execute(sql.INSERT_ISSUED, row).rowcount == 1
+            for row in claims.rows:
+                claimed = conn.execute(sql.INSERT_ISSUED, claims.params(row)).rowcount == 1
                 entry = self.entry_of(conn.execute(sql.SELECT_ENTRY, row[:2]).fetchone())
                 outcomes.append(ClaimOutcome(claimed=claimed, entry=entry))
             return outcomes
 
         return await self._write(claim, before_tool_runs=True)
-
-    async def afinish(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
-    ) -> LedgerEntry:
-        if status is CallStatus.ISSUED:
-            raise ValueError("afinish records an outcome: status must be completed or failed")
-        params = (
-            status.value, result_type, result, self.ledger_error(error), time.time(), scope,
-            key, owner,
-        )  # fmt: skip
-
-        def finish(conn: sqlite3.Connection) -> LedgerEntry:
-            if conn.execute(sql.FINISH_ENTRY, params).rowcount != 1:
-                row = conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone()
-                state = "missing" if row is None else f"{row[8]} (owner {row[12]!r})"
-                raise LedgerStateError(
-                    f"cannot record the outcome of tool call {key!r} in scope {scope!r}: "
-                    f"entry is {state}, not issued to {owner!r}"
-                )
-            return self.entry_of(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
-
-        return await self._write(finish)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 
@@ -812,21 +724,14 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
     async def _ledger_write(self, query: str, params: tuple[Any, ...]) -> int:
         return await self._write(lambda c: c.execute(query, params).rowcount)
 
-    async def _guarded_update(
-        self,
-        query: str,
-        params: tuple[Any, ...],
-        scope: str,
-        key: str,
-        *,
-        before_tool_runs: bool = False,
-    ) -> LedgerEntry | None:
-        def update(conn: sqlite3.Connection) -> LedgerEntry | None:
-            if conn.execute(query, params).rowcount != 1:
+    async def _guarded_update(self, update: Guarded) -> LedgerEntry | None:
+        def run(conn: sqlite3.Connection) -> LedgerEntry | None:
+            if conn.execute(update.query, update.params).rowcount != 1:
                 return None
-            return self.entry_of(conn.execute(sql.SELECT_ENTRY, (scope, key)).fetchone())
+            at = (update.scope, update.key)
+            return self.entry_of(conn.execute(sql.SELECT_ENTRY, at).fetchone())
 
-        return await self._write(update, before_tool_runs=before_tool_runs)
+        return await self._write(run, before_tool_runs=update.before_tool_runs)
 
     # --- DeltaChannel history ----------------------------------------------------------
 
@@ -852,7 +757,7 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
         thread_id = thread_id_of(config)
         ns = checkpoint_ns_of(config)
         # a name SQLite text cannot hold (a lone surrogate) has nothing stored
-        walking = [ch for ch in wanted if _encodable(ch)]
+        walking = [ch for ch in wanted if utf8_ok(ch)]
         paths = [sql.delta_path(ch) for ch in walking]
         params: dict[str, Any] = {
             "thread_id": thread_id,
@@ -993,21 +898,6 @@ def _typed_error(
         # a file beside the database (-journal, -wal) could not be created or opened
         return read_only_error(target, exc) if read_only_reason(target) else open_error(target, exc)
     return exc
-
-
-def _encodable(text: str) -> bool:
-    """Whether SQLite can bind ``text`` (UTF-8 cannot carry lone surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _is_started(conn: aiosqlite.Connection) -> bool:
-    """Whether the aiosqlite worker thread is running with an open connection."""
-    thread = getattr(conn, "_thread", None)
-    return bool(thread is not None and thread.is_alive() and getattr(conn, "_connection", None))
 
 
 def _metadata_of(row: Sequence[Any]) -> dict[str, Any]:

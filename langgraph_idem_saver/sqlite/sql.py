@@ -14,6 +14,8 @@ for ``new_versions``: a thread costs what it adds, not the whole state per check
 
 from __future__ import annotations
 
+from langgraph_idem_saver.backend import LEDGER_COLUMNS
+
 MIGRATIONS: list[str] = [
     # 0: the bookkeeping table itself
     """
@@ -268,11 +270,7 @@ DELETE_BLOBS_OF_THREAD = "DELETE FROM idem_blobs WHERE thread_id = ?"
 
 # --- ledger -------------------------------------------------------------------------
 
-LEDGER_COLUMNS = (
-    "scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status, "
-    "attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at, "
-    "result_type, result, error, run_id, adopted_by, history"
-)
+# LEDGER_COLUMNS (imported above): LedgerEntry's fields, in order
 
 INSERT_ISSUED = """
 INSERT INTO idem_tool_calls

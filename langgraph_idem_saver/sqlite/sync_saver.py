@@ -32,24 +32,20 @@ pool); calls are serialized on the one connection, and concurrent writes share a
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any
 
-import aiosqlite
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
+from langgraph_idem_saver.sqlite.runner import BorrowedConnection, raw_connection
 from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver, Synchronous
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
 
 __all__ = ["SqliteSaver"]
-
-# aiosqlite's default; the saver fetches with its own cursors, so it is not used
-_ITER_CHUNK_SIZE = 64
 
 
 class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
@@ -90,7 +86,7 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
 
         async def open_saver(stack: AsyncExitStack) -> AsyncSqliteSaver:
             _check_usable_from_another_thread(conn)  # we are on the loop's thread
-            borrowed = _BorrowedConnection(conn)  # its worker thread is a daemon, as ours
+            borrowed = BorrowedConnection(conn)  # its worker thread is a daemon, as ours
             stack.push_async_callback(borrowed.close)
             return AsyncSqliteSaver(
                 borrowed, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout, ttl=ttl
@@ -129,7 +125,7 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
         saver = cls.__new__(cls)
         saver._start("SqliteSaver", open_saver)
         try:
-            saver.conn = saver.saver.conn._conn
+            saver.conn = raw_connection(saver.saver.conn)
             yield saver
         finally:
             saver.close()
@@ -138,34 +134,6 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
         """Configure the connection and create or migrate the tables (idempotent; also
         runs on first use). Raises what ``AsyncSqliteSaver.setup`` raises."""
         self._call(self.saver.setup())
-
-
-class _BorrowedConnection(aiosqlite.Connection):
-    """An ``aiosqlite.Connection`` over a ``sqlite3.Connection`` the caller owns.
-
-    Its worker thread runs the saver's SQL on that connection; closing it stops the
-    thread and leaves the connection open (aiosqlite would close it).
-    """
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        super().__init__(lambda: conn, _ITER_CHUNK_SIZE)
-
-    def stop(self) -> asyncio.Future[Any] | None:
-        # forget the connection first: aiosqlite's stop() closes whatever it still holds
-        self._connection = None
-        return super().stop()
-
-    async def close(self) -> None:
-        """Let queued work finish, then stop the worker thread (the connection stays open)."""
-        if self._connection is None:
-            return
-        try:
-            # the queue is FIFO: once this ran, everything submitted before it is done
-            await self._execute(lambda: None)  # type: ignore[no-untyped-call]
-        finally:
-            future = self.stop()
-            if future is not None:
-                await future
 
 
 def _check_usable_from_another_thread(conn: sqlite3.Connection) -> None:

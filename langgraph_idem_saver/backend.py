@@ -1,0 +1,84 @@
+"""The contract between the shared saver code and a backend: what the backend's SQL
+provides and the domain objects its ledger hooks receive.
+
+In the manner of DBOS's ``SystemDatabase``: the policy is written once
+(:class:`~langgraph_idem_saver.saver_base.IdemSaverBase`); a backend gives a ``sql``
+module that is a :class:`LedgerStatements` (mypy checks it) and implements narrow hooks
+that take these objects, not loose positional lists kept in step by convention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from langgraph_idem_saver.ledger import CallIntent, LedgerEntry
+
+__all__ = ["INTENT_COLUMNS", "LEDGER_COLUMNS", "Claims", "Guarded", "LedgerStatements"]
+
+# the ledger's columns as every backend selects them: LedgerEntry's fields, in order
+LEDGER_COLUMNS = ", ".join(f.name for f in dataclasses.fields(LedgerEntry))
+# what a claim inserts per call: CallIntent's fields, in order (then owner and lease)
+INTENT_COLUMNS = tuple(f.name for f in dataclasses.fields(CallIntent))
+
+
+class LedgerStatements(Protocol):
+    """The ledger SQL a backend's ``sql`` module provides (the base's ``_sql``).
+
+    Written once per dialect, bound in the order the base passes parameters (listed per
+    statement). ``SELECT_*`` statements and guarded updates yield ``LEDGER_COLUMNS`` rows.
+    """
+
+    SELECT_ENTRY: str  # scope, key
+    SELECT_ORPHAN_CANDIDATES: str  # scope, agent_path, tool_name, args_hash
+    SELECT_ALL_ENTRIES: str  # -
+    SELECT_ENTRIES_OF_THREAD: str  # thread_id
+    SELECT_ENTRIES_OF_AGENT: str  # thread_id, agent_path
+    SELECT_ISSUED: str  # -
+    # status, result_type, result, error, finished_at, scope, key, owner
+    FINISH_ENTRY: str
+    # owner, issued_at, lease_expires_at, scope, key, expected attempts, expected owner
+    RECLAIM_ENTRY: str
+    RELEASE_ENTRY: str  # scope, key, owner
+    ADOPT_ENTRY: str  # tool_call_id, scope, key, previous adopted_by
+    ABANDON_ENTRY: str  # lease_expires_at, error, scope, key, owner
+    # status, result_type, result, error, finished_at, scope, key, attempts, owner
+    RESOLVE_ENTRY: str
+    # status, owner, lease_expires_at, result_type, result, error, finished_at, history,
+    # then the guard: scope, key, status, attempts, owner
+    OPERATOR_UPDATE: str
+    NOTE_REPLAY: str  # scope, key
+    NOTE_CONFLICT: str  # scope, key
+
+
+@dataclasses.dataclass(frozen=True)
+class Guarded:
+    """A guarded UPDATE of the entry ``(scope, key)``: ``query`` (one of the
+    ``LedgerStatements``) with ``params``. ``before_tool_runs``: its commit lets a tool run,
+    so it must be durable whatever the backend's setting."""
+
+    query: str
+    params: tuple[Any, ...]
+    scope: str
+    key: str
+    before_tool_runs: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Claims:
+    """One ``aclaim`` as a backend writes it: per intent a row of ``INTENT_COLUMNS``
+    values (args as stored), and the owner and lease all rows share."""
+
+    rows: list[tuple[Any, ...]]
+    owner: str
+    issued_at: float
+    lease_expires_at: float
+
+    def params(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """One row's INSERT parameters: its intent's columns, owner, issued_at, lease."""
+        return (*row, self.owner, self.issued_at, self.lease_expires_at)
+
+    def columns(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+        """``rows`` column-wise, named by ``INTENT_COLUMNS`` (for one batched INSERT)."""
+        return {name: [row[i] for row in rows] for i, name in enumerate(INTENT_COLUMNS)}

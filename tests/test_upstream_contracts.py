@@ -1,0 +1,270 @@
+"""The private upstream internals we rely on, each checked where it is used, so an
+upgrade that changes one fails here, naming it, instead of somewhere deep in a saver.
+
+* aiosqlite: ``Connection._execute``, ``_conn``, ``_connection``, ``_thread``,
+  ``_running``, the ``(connector, iter_chunk_size)`` constructor, ``stop()`` and the
+  arguments ``connect()`` closes over - all used by ``sqlite/runner.py`` only (its
+  docstring says why there is no public way).
+* LangGraph's ``jsonplus`` module (``_option``, ``_msgpack_enc``,
+  ``_create_msgpack_ext_hook``, its ``ormsgpack`` global) and ``JsonPlusSerializer``'s
+  ``_unpack_ext_hook``/``_allowed_msgpack_modules``/``_custom_unpack_ext_hook``: used by
+  ``surrogates.py``, which otherwise falls back to LangGraph's lossy serializer quietly.
+* ``ToolNode._afunc``/``_func`` (one node run) and ``_arun_one``/``_run_one`` (one call),
+  ``_parse_input``, ``_extract_state``, ``_messages_key``: overridden or called by
+  ``tool_node.py``. The public ``wrap_tool_call``/``awrap_tool_call`` hooks cannot replace
+  them: they see one call at a time (the ledger claims a step's calls in one transaction
+  before any runs, and settles them in call order for stable ``interrupt()`` positions),
+  and an exception they raise becomes an error ``ToolMessage`` under
+  ``handle_tool_errors``, where a conflict or a call in progress elsewhere must reach the
+  caller.
+* psycopg_pool's ``ConnectionPool._configure``/``_check``: read by the sync Postgres
+  saver to rebuild a user's pool as an async one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import ormsgpack
+import pytest
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
+from langgraph.checkpoint.serde import jsonplus
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.prebuilt import ToolNode
+from langgraph.runtime import Runtime
+from tool_node_helpers import ai_calls, tool_graph
+
+from langgraph_idem_saver import surrogates
+from langgraph_idem_saver.sqlite import runner
+
+AIOSQLITE = f"aiosqlite {getattr(aiosqlite, '__version__', '?')}"
+LANGGRAPH_SERDE = "langgraph-checkpoint's jsonplus"
+
+
+def changed(upstream: str, what: str, user: str) -> str:
+    return (
+        f"{upstream} changed {what}, which {user} relies on: adapt that module (and the "
+        "version pin in pyproject.toml) to the new release"
+    )
+
+
+# --- aiosqlite (sqlite/runner.py) -------------------------------------------------------
+
+
+def test_aiosqlite_connection_has_the_private_members_the_runner_drives() -> None:
+    for name in runner.REQUIRED_METHODS:
+        assert hasattr(aiosqlite.Connection, name), changed(
+            AIOSQLITE, f"Connection.{name} (gone)", "sqlite/runner.py"
+        )
+    assert inspect.iscoroutinefunction(aiosqlite.Connection._execute), changed(
+        AIOSQLITE, "Connection._execute (no longer a coroutine function)", "sqlite/runner.py"
+    )
+    params = list(inspect.signature(aiosqlite.Connection.__init__).parameters)
+    assert params[1:3] == ["connector", "iter_chunk_size"], changed(
+        AIOSQLITE, f"Connection.__init__ (now {params})", "runner.BorrowedConnection"
+    )
+
+
+async def test_aiosqlite_runs_a_function_on_its_worker_with_the_sqlite3_connection(
+    tmp_path: Path,
+) -> None:
+    conn = aiosqlite.connect(str(tmp_path / "x.db"), isolation_level=None)
+    assert not runner.is_started(conn) and not runner.was_closed(conn), changed(
+        AIOSQLITE, "_thread/_connection/_running before the connection opens", "runner"
+    )
+    found = runner.connect_arguments(conn)
+    assert found is not None and found[0] == str(tmp_path / "x.db"), changed(
+        AIOSQLITE, "the arguments connect() closes over (_connector)", "runner"
+    )
+    await conn
+    try:
+        assert runner.is_started(conn), changed(AIOSQLITE, "_thread/_connection", "runner")
+        here = threading.get_ident()
+
+        def probe(c: sqlite3.Connection) -> tuple[bool, int, Any]:
+            return (
+                isinstance(c, sqlite3.Connection),
+                threading.get_ident(),
+                c.execute("SELECT 41 + 1").fetchone()[0],
+            )
+
+        is_sqlite3, worker, answer = await runner.run_in_worker(conn, probe)
+        assert is_sqlite3 and answer == 42, changed(AIOSQLITE, "_execute/_conn", "runner")
+        assert worker != here, changed(AIOSQLITE, "where _execute runs functions", "runner")
+        assert runner.raw_connection(conn) is not None
+    finally:
+        await conn.close()
+    assert runner.was_closed(conn) and not runner.is_started(conn), changed(
+        AIOSQLITE, "_running/_connection after close()", "runner"
+    )
+    with pytest.raises(ValueError):  # the saver turns it into ConnectionClosedError
+        await runner.run_in_worker(conn, lambda c: None)
+
+
+async def test_a_borrowed_connection_leaves_the_callers_connection_open() -> None:
+    raw = sqlite3.connect(":memory:", check_same_thread=False)
+    borrowed = runner.BorrowedConnection(raw)
+    await borrowed
+    assert await runner.run_in_worker(borrowed, lambda c: c is raw), changed(
+        AIOSQLITE, "the connector the constructor takes", "runner.BorrowedConnection"
+    )
+    await borrowed.close()
+    assert raw.execute("SELECT 1").fetchone() == (1,), changed(
+        AIOSQLITE, "stop() (it closed a connection it no longer holds)", "BorrowedConnection"
+    )
+    raw.close()
+
+
+# --- LangGraph's jsonplus (surrogates.py) -----------------------------------------------
+
+
+def test_jsonplus_has_the_internals_the_lossless_serializer_copies() -> None:
+    assert surrogates.AVAILABLE, changed(
+        LANGGRAPH_SERDE,
+        "_option/_msgpack_enc/_create_msgpack_ext_hook (without them lone surrogates are "
+        "stored as '?' again)",
+        "surrogates.py",
+    )
+    assert jsonplus._option & ormsgpack.OPT_REPLACE_SURROGATES, changed(
+        LANGGRAPH_SERDE, "_option (no OPT_REPLACE_SURROGATES)", "surrogates.py"
+    )
+    assert jsonplus.ormsgpack is ormsgpack, changed(
+        LANGGRAPH_SERDE, "how it reaches ormsgpack (a module global)", "surrogates.py"
+    )
+    serde = JsonPlusSerializer()
+    for name in ("_unpack_ext_hook", "_allowed_msgpack_modules", "_custom_unpack_ext_hook"):
+        assert hasattr(serde, name), changed(
+            LANGGRAPH_SERDE, f"JsonPlusSerializer.{name}", "surrogates.py"
+        )
+    custom = JsonPlusSerializer(__unpack_ext_hook__=lambda code, data: None)
+    assert custom._custom_unpack_ext_hook is True, changed(
+        LANGGRAPH_SERDE, "_custom_unpack_ext_hook", "surrogates._custom_hook"
+    )
+
+
+def test_the_private_encoder_copy_writes_langgraphs_very_bytes() -> None:
+    value = {"messages": [AIMessage("hi", id="a")], "n": [1, 2.5, None], "s": "é"}
+    ours = surrogates.lossless(JsonPlusSerializer())
+    assert type(ours) is surrogates.LosslessJsonPlusSerializer
+    assert ours.dumps_typed(value) == JsonPlusSerializer().dumps_typed(value), changed(
+        LANGGRAPH_SERDE, "_msgpack_enc (the copy no longer matches it)", "surrogates.py"
+    )
+    lone = {"text": "a\ud800b", "nested": [ToolMessage("x\udfff", tool_call_id="c")]}
+    type_, data = ours.dumps_typed(lone)
+    assert type_ == surrogates.LOSSLESS_TYPE, changed(
+        LANGGRAPH_SERDE, "how _msgpack_enc packs nested values", "surrogates._EscapingMsgpack"
+    )
+    back = ours.loads_typed((type_, data))
+    assert back["text"] == "a\ud800b" and back["nested"][0].content == "x\udfff", changed(
+        LANGGRAPH_SERDE, "_create_msgpack_ext_hook", "surrogates.py"
+    )
+
+
+# --- ToolNode (tool_node.py) ------------------------------------------------------------
+
+TOOL_NODE_HOOKS = {
+    "_afunc": ["self", "input", "config", "runtime"],
+    "_func": ["self", "input", "config", "runtime"],
+    "_arun_one": ["self", "call", "input_type", "tool_runtime"],
+    "_run_one": ["self", "call", "input_type", "tool_runtime"],
+    "_parse_input": ["self", "input"],
+    "_extract_state": ["self", "input", "config"],
+}
+
+
+def test_tool_node_has_the_private_methods_we_override_with_their_signatures() -> None:
+    for name, params in TOOL_NODE_HOOKS.items():
+        method = getattr(ToolNode, name, None)
+        assert method is not None, changed("langgraph-prebuilt", f"ToolNode.{name}", "tool_node")
+        found = list(inspect.signature(method).parameters)[: len(params)]
+        assert found == params, changed(
+            "langgraph-prebuilt", f"ToolNode.{name} (now {found})", "tool_node.py"
+        )
+        is_async = name in ("_afunc", "_arun_one")
+        assert inspect.iscoroutinefunction(method) is is_async, changed(
+            "langgraph-prebuilt", f"ToolNode.{name} (sync/async)", "tool_node.py"
+        )
+    assert ToolNode([])._messages_key == "messages", changed(
+        "langgraph-prebuilt", "ToolNode._messages_key", "tool_node.py"
+    )
+
+
+class _Spy(ToolNode):
+    """A ToolNode recording which of our hooks LangGraph's own code went through."""
+
+    seen: list[str]
+
+    # typed as ToolNode's: LangGraph passes config and runtime to what asks for them
+    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+        self.seen.append("_afunc")
+        return await super()._afunc(input, config, runtime)
+
+    def _func(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+        self.seen.append("_func")
+        return super()._func(input, config, runtime)
+
+    async def _arun_one(self, call: Any, *args: Any) -> Any:
+        self.seen.append(f"_arun_one {call['id']}")
+        return await super()._arun_one(call, *args)
+
+    def _run_one(self, call: Any, *args: Any) -> Any:
+        self.seen.append(f"_run_one {call['id']}")
+        return super()._run_one(call, *args)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+async def test_tool_node_runs_each_step_and_each_call_through_the_hooks(mode: str) -> None:
+    @tool
+    def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    node = _Spy([echo])
+    node.seen = []
+    state = {"messages": [ai_calls(("echo", {"text": "a"}, "c1"), ("echo", {"text": "b"}, "c2"))]}
+    graph = tool_graph(node, None)
+    if mode == "async":
+        out = await graph.ainvoke(state)
+    else:
+        out = await asyncio.to_thread(graph.invoke, state)
+    prefix = "_arun_one" if mode == "async" else "_run_one"
+    step = "_afunc" if mode == "async" else "_func"
+    assert node.seen[0] == step and sorted(node.seen[1:]) == [f"{prefix} c1", f"{prefix} c2"], (
+        changed("langgraph-prebuilt", f"how ToolNode dispatches ({node.seen})", "tool_node.py")
+    )
+    assert [m.content for m in out["messages"][1:]] == ["a", "b"]
+
+
+# --- psycopg_pool (postgres/sync_saver.py) ----------------------------------------------
+
+
+def test_connection_pool_keeps_configure_and_check_where_the_sync_saver_reads_them() -> None:
+    """``PostgresSaver(pool)`` refuses a pool with a ``configure`` callback (it cannot run
+    on the async pool built from it) and carries ``check`` over: both are private."""
+    from psycopg_pool import ConnectionPool
+
+    def configure(conn: Any) -> None:
+        return None
+
+    pool: Any = ConnectionPool(
+        "dbname=x", configure=configure, check=ConnectionPool.check_connection, open=False
+    )
+    plain: Any = ConnectionPool("dbname=x", open=False)
+    where = "postgres/sync_saver._async_pool_args"
+    assert getattr(pool, "_configure", None) is configure, changed(
+        "psycopg_pool", "ConnectionPool._configure", where
+    )
+    assert getattr(pool, "_check", None) is not None, changed(
+        "psycopg_pool", "ConnectionPool._check", where
+    )
+    assert plain._configure is None and plain._check is None, changed(
+        "psycopg_pool", "the defaults of _configure/_check", where
+    )
