@@ -232,8 +232,9 @@ def tables_of(saver: IdemSaverBase) -> LangGraphTables:
         from langgraph_idem_saver.sqlite.import_sql import SqliteTables
 
         return SqliteTables(saver)
-    # by module name: psycopg may not be installed, and then no saver can be a Postgres one
-    if type(saver).__module__.startswith("langgraph_idem_saver.postgres"):
+    # by the modules of its classes (subclasses too): without psycopg installed the
+    # Postgres saver cannot be imported, and then no saver can be one
+    if any(c.__module__.startswith("langgraph_idem_saver.postgres") for c in type(saver).__mro__):
         from langgraph_idem_saver.postgres.import_sql import PostgresTables
         from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 
