@@ -63,6 +63,16 @@ class CallIntent:
     args: bytes  # canonical JSON of the model-emitted args (before injection)
     tool_call_id: str
     run_id: str | None = None
+    # the fork slot (see ``engine.forks``): None when the call's place in the thread's
+    # history is unknown (outside a graph, or a key policy that forks share anyway)
+    position: str | None = None
+    branch: str | None = None
+    occurrence: int = 0
+
+
+def slot_of(call: CallIntent | LedgerEntry) -> tuple[Any, ...]:
+    """The fork slot a call claims: (scope, position, tool, arguments, occurrence)."""
+    return (call.scope, call.position, call.tool_name, call.args_hash, call.occurrence)
 
 
 @dataclass(frozen=True)
@@ -91,15 +101,19 @@ class LedgerEntry:
     run_id: str | None = None
     adopted_by: str | None = None
     history: str | None = None  # JSON list of decisions: see ``events``
+    position: str | None = None  # the fork slot: see ``CallIntent``
+    branch: str | None = None
+    occurrence: int | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> LedgerEntry:
         """An entry from a row in the column order every backend selects
         (``LEDGER_COLUMNS`` of its ``sql`` module: the fields above, in order, with
-        ``run_id``, ``adopted_by`` and ``history`` last)."""
+        ``run_id``, ``adopted_by``, ``history`` and the fork slot last)."""
         (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, status,
          attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
-         result_type, result, error, run_id, adopted_by, history) = row  # fmt: skip
+         result_type, result, error, run_id, adopted_by, history, *slot) = row  # fmt: skip
+        position, branch, occurrence = (*slot, None, None, None)[:3]
         return cls(
             scope=scope,
             key=key,
@@ -123,6 +137,9 @@ class LedgerEntry:
             run_id=run_id,
             adopted_by=adopted_by,
             history=history,
+            position=position,
+            branch=branch,
+            occurrence=occurrence,
         )
 
     def events(self) -> list[dict[str, Any]]:
@@ -361,6 +378,15 @@ class ToolCallLedger(ABC):
         """Every entry with this call signature (scope, agent path, tool, args hash),
         adopted or not, oldest first: what orphan adoption looks at, by index, so its
         cost does not grow with the thread's other calls."""
+
+    async def afind_at_position(
+        self, scope: str, position: str, tool_name: str
+    ) -> list[LedgerEntry]:
+        """Every entry one tool claimed at one position of the thread's history (one
+        step, any branch, any arguments), oldest first: what a call regenerated after
+        a lost message looks at (``engine.forks``). Not abstract, for ledgers written
+        before fork slots: they have none, so nothing is found."""
+        return []
 
     @abstractmethod
     async def alist_entries(

@@ -86,7 +86,13 @@ from langgraph_idem_saver.errors import (
     SchemaVersionError,
     SerializationError,
 )
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, ClaimOutcome, LedgerEntry
+from langgraph_idem_saver.ledger import (
+    CallIntent,
+    CallStatus,
+    ClaimOutcome,
+    LedgerEntry,
+    slot_of,
+)
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.postgres import sql
 from langgraph_idem_saver.saver_base import (
@@ -793,16 +799,24 @@ class AsyncPostgresSaver(IdemSaverBase):
                     "args": [self.seal_args(i.args) for i in pending],
                     "tool_call_ids": [i.tool_call_id for i in pending],
                     "run_ids": [i.run_id for i in pending],
+                    "positions": [i.position for i in pending],
+                    "branches": [i.branch for i in pending],
+                    "occurrences": [i.occurrence for i in pending],
                 }
                 await cur.execute(sql.INSERT_ISSUED, params)
                 async with cur.connection.cursor(row_factory=tuple_row, binary=True) as read:
                     await read.execute(sql.SELECT_ENTRIES_BY_KEYS, params)
                     inserted = {(r[0], r[1]) for r in await cur.fetchall()}
                     rows = {(r[0], r[1]): self.entry_of(r) for r in await read.fetchall()}
+                    holders = {}
+                    if any(i.position is not None for i in pending):
+                        await read.execute(sql.SELECT_SLOT_HOLDERS, params)
+                        holders = {slot_of(e): e for e in map(self.entry_of, await read.fetchall())}
                 missing: list[tuple[int, CallIntent]] = []
                 for pos, intent in zip(positions, pending, strict=True):
                     k = (intent.scope, intent.key)
-                    entry = rows.get(k)
+                    # a key refused by the fork slot: another branch's call holds the slot
+                    entry = rows.get(k) or holders.get(slot_of(intent))
                     if entry is None:  # deleted by a concurrent release/delete: claim again
                         missing.append((pos, intent))
                         continue

@@ -724,6 +724,9 @@ class AsyncSqliteSaver(IdemSaverBase):
                 owner,
                 now,
                 now + lease_seconds,
+                i.position,
+                i.branch,
+                i.occurrence,
             )
             for i in intents
         ]
@@ -732,8 +735,11 @@ class AsyncSqliteSaver(IdemSaverBase):
             outcomes = []
             for row in rows:
                 claimed = conn.execute(sql.INSERT_ISSUED, row).rowcount == 1
-                entry = self.entry_of(conn.execute(sql.SELECT_ENTRY, row[:2]).fetchone())
-                outcomes.append(ClaimOutcome(claimed=claimed, entry=entry))
+                found = conn.execute(sql.SELECT_ENTRY, row[:2]).fetchone()
+                if found is None:  # refused by the fork slot: another branch's call
+                    slot = (row[0], row[12], row[4], row[5], row[14])
+                    found = conn.execute(sql.SELECT_SLOT_HOLDER, slot).fetchone()
+                outcomes.append(ClaimOutcome(claimed=claimed, entry=self.entry_of(found)))
             return outcomes
 
         return await self._write(claim, before_tool_runs=True)
