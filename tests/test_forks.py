@@ -10,9 +10,7 @@ it).
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,8 @@ from langgraph.config import get_config
 from langgraph.graph import START, MessagesState, StateGraph
 from pg_server import fresh_dsn
 from resume_worker import CRASH_EXIT_CODE, FAILED_EXIT_CODE, effects_lines
+from test_concurrent_resume import collect
+from test_concurrent_resume import spawn as spawn_worker
 
 from langgraph_idem_saver.engine.forks import fork_point
 
@@ -42,19 +42,7 @@ def run_children(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def spawn(scenario: dict[str, Any]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps(scenario)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def collect(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any] | None, str]:
-    out, err = proc.communicate(timeout=120)
-    lines = out.strip().splitlines()
-    payload = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
-    return proc.returncode, payload, err[-3000:]
+    return spawn_worker(scenario, WORKER)
 
 
 def where(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, Any]:

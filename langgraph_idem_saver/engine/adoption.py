@@ -208,6 +208,7 @@ async def aadopt_superseded(
     known = batch.known_ids
     taken: set[str] = {p.ledger_key for p in batch.all_plans if p.ledger_key is not None}
     durable: set[str] | None = None
+    at_position: dict[tuple[str, str], list[LedgerEntry]] = {}
     for plan in plans:
         intent = plan.intent
         if intent is None or intent.position is None or plan.entry is not None:
@@ -217,9 +218,12 @@ async def aadopt_superseded(
             for call_id, msg in batch.pairs
             for key in tool_call_keys(intent.agent_path, call_id, msg)
         }
-        found = await engine.lg(
-            batch, batch.ledger.afind_at_position(batch.scope, intent.position, intent.tool_name)
-        )
+        spot = (intent.position, intent.tool_name)
+        if spot not in at_position:  # one read per tool and step, not per call
+            at_position[spot] = await engine.lg(
+                batch, batch.ledger.afind_at_position(batch.scope, *spot)
+            )
+        found = at_position[spot]
         if intent.key in {e.key for e in found}:
             continue  # its own entry: the claim returns it
         mine = [e for e in found if e.adopted_by == intent.tool_call_id and e.key not in taken]

@@ -178,20 +178,7 @@ async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple
                 tool_call_id=call["id"],
                 status="error",
             )
-        result_type, data = engine.dumps(batch, result)
-        settled = await engine.lg(
-            batch,
-            ledger.aresolve(
-                batch.scope,
-                entry.key,
-                status=status,
-                result_type=result_type,
-                result=data,
-                error=error,
-                expected_attempts=entry.attempts,
-                expected_owner=entry.owner,
-            ),
-        )
+        settled = await asettle_entry(engine, batch, entry, status, result, error)
         if settled is not None:
             plan.kind, plan.result, plan.entry = Kind.RETURN, result, settled
             return
@@ -231,7 +218,6 @@ async def aclose_superseded(engine: LedgerEngine, batch: Batch, plan: Plan) -> b
     """A lost call that did not happen, replaced by ``plan``'s call: record it ``failed``
     (not applied, superseded) and let the new call be claimed on its own. False when
     the row changed under us (someone else settled it)."""
-    ledger = cast(ToolCallLedger, batch.ledger)
     entry = cast(LedgerEntry, plan.entry)
     call = plan.call
     note = (
@@ -241,25 +227,38 @@ async def aclose_superseded(engine: LedgerEngine, batch: Batch, plan: Plan) -> b
     result = ToolMessage(
         content=f"Error: {note}", name=call["name"], tool_call_id=entry.tool_call_id, status="error"
     )
-    result_type, data = engine.dumps(batch, result)
-    closed = await engine.lg(
-        batch,
-        ledger.aresolve(
-            batch.scope,
-            entry.key,
-            status=CallStatus.FAILED,
-            result_type=result_type,
-            result=data,
-            error=note,
-            expected_attempts=entry.attempts,
-            expected_owner=entry.owner,
-        ),
-    )
-    if closed is None:
+    if await asettle_entry(engine, batch, entry, CallStatus.FAILED, result, note) is None:
         return False
     plan.entry = plan.ledger_key = None
     plan.superseded = False
     return True
+
+
+async def asettle_entry(
+    engine: LedgerEngine,
+    batch: Batch,
+    entry: LedgerEntry,
+    status: CallStatus,
+    result: Any,
+    error: str | None,
+) -> LedgerEntry | None:
+    """Record the decided outcome of an unknown entry, guarded by the attempt and owner
+    it was decided about (None: the row changed since)."""
+    ledger = cast(ToolCallLedger, batch.ledger)
+    result_type, data = engine.dumps(batch, result)
+    return await engine.lg(
+        batch,
+        ledger.aresolve(
+            batch.scope,
+            entry.key,
+            status=status,
+            result_type=result_type,
+            result=data,
+            error=error,
+            expected_attempts=entry.attempts,
+            expected_owner=entry.owner,
+        ),
+    )
 
 
 def answer_mismatch(value: Mapping[str, Any], entry: LedgerEntry, *, sole: bool) -> str | None:
