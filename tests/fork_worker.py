@@ -15,6 +15,9 @@ line (``{"ok": true, "counters": ..., "ledger": ...}`` or ``{"ok": false, "error
   resumer has read the same checkpoint, so each one's model answer forks the thread,
   each with its own fresh tool-call ids.
 
+``ask_human``: no ``verify`` hook; unknown outcomes are interrupts, answered by a human who
+looks the charge up at the vendor (:func:`human`); the payloads are reported as ``asked``.
+
 ``reword``: every model answer adds a fresh ``memo`` to each charge's arguments, as a real
 model rewords a call it makes again.
 
@@ -31,13 +34,32 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatResult
-from resume_worker import FAILED_EXIT_CODE, InvoiceModel, _barrier, build_graph, make_node
+from langgraph.types import Command
+from resume_worker import (
+    FAILED_EXIT_CODE,
+    InvoiceModel,
+    _barrier,
+    build_graph,
+    effects_lines,
+    make_node,
+)
+
+from langgraph_idem_saver import IdempotentToolNode
 
 PAY = "pay invoices inv-0 inv-1"
+
+
+def human(asked: dict[str, Any], effects: str) -> dict[str, Any]:
+    """A human who looks the charge asked about up at the vendor (the effects file)."""
+    answer = {"key": asked["key"], "attempt": asked["attempt"]}
+    if asked["args"]["invoice"] in effects_lines(Path(effects)):
+        return {**answer, "action": "completed", "result": "charged (checked by hand)"}
+    return {**answer, "action": "rerun"}
 
 
 class MeetingModel(InvoiceModel):
@@ -80,6 +102,9 @@ async def run(scenario: dict[str, Any]) -> dict[str, Any]:
     turn = {"messages": [HumanMessage(content=PAY)]}
     async with open_saver(scenario) as saver:
         node = make_node(scenario)  # crashes only in phase "run"
+        if scenario.get("ask_human"):  # no verify hook: unknown outcomes go to a human
+            node = IdempotentToolNode(list(node.tools_by_name.values()))
+        asked: list[Any] = []
         model = MeetingModel(barrier=scenario.get("barrier"), reword=scenario.get("reword", False))
         if phase == "prepare":
             graph = build_graph(model, node, saver, interrupt_before=["agent"])
@@ -91,6 +116,11 @@ async def run(scenario: dict[str, Any]) -> dict[str, Any]:
             state = await graph.aget_state(config)
             pending = None if state.values.get("messages") else turn
             out = await graph.ainvoke(pending, config, durability=durability)
+            while out.get("__interrupt__") and scenario.get("ask_human"):
+                interrupts = out["__interrupt__"]
+                asked += [i.value for i in interrupts]
+                answers = {i.id: human(i.value, scenario["effects"]) for i in interrupts}
+                out = await graph.ainvoke(Command(resume=answers), config, durability=durability)
             if out.get("__interrupt__"):
                 raise RuntimeError(f"unexpected interrupt: {out['__interrupt__']!r}")
         entries = await saver.alist_entries("t1")
@@ -98,6 +128,7 @@ async def run(scenario: dict[str, Any]) -> dict[str, Any]:
             "ok": True,
             "counters": node.counters.as_dict(),
             "ledger": [[e.tool_name, e.status.value, e.attempts] for e in entries],
+            "asked": asked,
         }
 
 

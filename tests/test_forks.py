@@ -100,6 +100,34 @@ def test_a_reworded_call_after_a_lost_message_is_settled_by_the_lost_one(
     assert statuses["completed"] == 2 and resumed["counters"]["adopted"] >= 1
 
 
+def test_a_reworded_call_asks_the_human_about_the_lost_one_first(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Item 5 without a ``verify`` hook: the lost charge is surfaced as an interrupt about
+    *its* arguments, naming the new call that waits on it - never run past it. The human
+    found the charge: the new call is answered with it, nothing runs twice."""
+    scenario = {
+        **where(backend, tmp_path, request),
+        "effects": str(tmp_path / "effects"),
+        "reword": True,
+        "durability": "exit",
+        "crash_at": "after_effect",
+        "crash_invoice": "inv-1",
+        "ask_human": True,
+    }
+    code, _, err = collect(spawn({**scenario, "phase": "run"}))
+    assert code == CRASH_EXIT_CODE, err
+    [resumed] = run_children([{**scenario, "phase": "resume"}])
+
+    assert resumed["ok"], resumed.get("traceback")
+    assert Counter(effects_lines(tmp_path / "effects")) == dict.fromkeys(INVOICES, 1)
+    [lost] = [q for q in resumed["asked"] if q["args"]["invoice"] == "inv-1"]
+    assert lost["kind"] == "unknown_tool_outcome"
+    assert lost["superseded_by"]["args"]["invoice"] == "inv-1"
+    assert lost["superseded_by"]["args"]["memo"] != lost["args"]["memo"], "asked: the lost call"
+    assert all(status != "issued" for _, status, _ in resumed["ledger"])
+
+
 async def test_a_graph_step_has_a_fork_point() -> None:
     """``fork_point`` reads LangGraph's private ``checkpoint_map``: if LangGraph stops
     putting it (or the step) in a task's config, forks would silently run twice - fail

@@ -22,7 +22,7 @@ from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.results import collect_tool_calls
 from langgraph_idem_saver.engine.types import Batch, Plan
 from langgraph_idem_saver.keys import agent_path_of, tool_call_keys
-from langgraph_idem_saver.ledger import CallIntent, LedgerEntry, minted_here
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, minted_here
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.engine.core import LedgerEngine
@@ -227,12 +227,15 @@ async def aadopt_superseded(
         if intent.key in {e.key for e in found}:
             continue  # its own entry: the claim returns it
         mine = [e for e in found if e.adopted_by == intent.tool_call_id and e.key not in taken]
+        # a lost call settled by the call that replaced it hands over to that call's entry
+        successors = {e.tool_call_id for e in found}
         lost = [
             e
             for e in found
             if e.key not in taken
             and e.args_hash != intent.args_hash
             and e.branch != intent.branch
+            and not (e.adopted_by in successors and e.status is not CallStatus.ISSUED)
             and _maybe_orphan(e, known, known_keys)
         ]
         if not mine and lost and durable is None:

@@ -291,11 +291,12 @@ class LedgerEngine:
         # a fork slot held by an identical call of this branch: claim the next occurrence;
         # held by another branch: that is this call (see ``forks``), settled below
         again = siblings_refused(plans)
+        for plan in plans:
+            entry = plan.entry
+            if entry is not None and entry.key != cast(CallIntent, plan.intent).key:
+                self.counters.bump("adopted")
         if again:
             await self.aclaim(batch, again)
-        for plan in plans:
-            if plan.entry is not None and plan.entry.key != cast(CallIntent, plan.intent).key:
-                self.counters.bump("adopted")
 
     async def asettle(self, batch: Batch, plans: list[Plan]) -> None:
         """Decide what to do with calls that already had an entry.
