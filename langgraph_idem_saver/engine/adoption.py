@@ -207,6 +207,9 @@ async def aadopt_superseded(
         return
     known = batch.known_ids
     taken: set[str] = {p.ledger_key for p in batch.all_plans if p.ledger_key is not None}
+    # a lost call whose arguments a call of this run asks for is that call's, not one
+    # reworded: (tool, args hash) of every ledgered call here
+    asked = {(p.intent.tool_name, p.intent.args_hash) for p in batch.all_plans if p.intent}
     durable: set[str] | None = None
     at_position: dict[tuple[str, str], list[LedgerEntry]] = {}
     for plan in plans:
@@ -233,7 +236,7 @@ async def aadopt_superseded(
             e
             for e in found
             if e.key not in taken
-            and e.args_hash != intent.args_hash
+            and (e.tool_name, e.args_hash) not in asked
             and e.branch != intent.branch
             and not (e.adopted_by in successors and e.status is not CallStatus.ISSUED)
             and _maybe_orphan(e, known, known_keys)
