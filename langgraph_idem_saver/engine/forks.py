@@ -17,6 +17,10 @@ settled as an unknown outcome - instead of running again. A claim refused by a s
 its *own* branch is another identical call of the same step (a ``Send`` sibling): it
 takes the next occurrence.
 
+Time travel (resuming from an earlier ``checkpoint_id``) is not such a fork: LangGraph
+first writes a "fork" checkpoint one step later, so its calls get other positions - a
+new line of history (docs/guarantees.md).
+
 The position comes from LangGraph's task config: ``metadata["langgraph_step"]`` and the
 private ``checkpoint_map`` (namespace -> id of the checkpoint the step ran from). This
 module is the only reader of the latter; ``tests/test_forks.py`` fails loudly if
