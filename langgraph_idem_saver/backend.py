@@ -21,6 +21,8 @@ __all__ = ["INTENT_COLUMNS", "LEDGER_COLUMNS", "Claims", "Guarded", "LedgerState
 LEDGER_COLUMNS = ", ".join(f.name for f in dataclasses.fields(LedgerEntry))
 # what a claim inserts per call: CallIntent's fields, in order (then owner and lease)
 INTENT_COLUMNS = tuple(f.name for f in dataclasses.fields(CallIntent))
+# a fork slot's columns, in the order of ``ledger.slot_of``
+SLOT_COLUMNS = ("scope", "position", "tool_name", "args_hash", "occurrence")
 
 
 class LedgerStatements(Protocol):
@@ -32,6 +34,7 @@ class LedgerStatements(Protocol):
 
     SELECT_ENTRY: str  # scope, key
     SELECT_ORPHAN_CANDIDATES: str  # scope, agent_path, tool_name, args_hash
+    SELECT_AT_POSITION: str  # scope, position, tool_name (oldest first)
     SELECT_ALL_ENTRIES: str  # -
     SELECT_ENTRIES_OF_THREAD: str  # thread_id
     SELECT_ENTRIES_OF_AGENT: str  # thread_id, agent_path
@@ -78,6 +81,11 @@ class Claims:
     def params(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         """One row's INSERT parameters: its intent's columns, owner, issued_at, lease."""
         return (*row, self.owner, self.issued_at, self.lease_expires_at)
+
+    def slot(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The fork slot ``row`` claims, as ``ledger.slot_of`` gives it for an entry."""
+        named = dict(zip(INTENT_COLUMNS, row, strict=True))
+        return tuple(named[c] for c in SLOT_COLUMNS)
 
     def columns(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
         """``rows`` column-wise, named by ``INTENT_COLUMNS`` (for one batched INSERT)."""

@@ -39,6 +39,7 @@ __all__ = [
     "args_hash",
     "canonical_args",
     "compute_key",
+    "fork_position",
     "scope_of",
     "tool_call_keys",
 ]
@@ -187,6 +188,13 @@ def tool_call_keys(agent_path: str, tool_call_id: str, message_id: str) -> set[s
     if message_id:
         keys.add(_digest("tool_call", agent_path, tool_call_id, message_id))
     return keys
+
+
+def fork_position(thread_id: str, graph_ns: str, node: str, step: int) -> str:
+    """Where in a thread's history a step runs, the same in every branch forked from one
+    checkpoint: the thread, the namespace of the graph running the node (with its task
+    ids: one invocation of a sub-agent), the node, and the step."""
+    return _digest("position", thread_id, graph_ns, node, str(step))
 
 
 def compute_key(

@@ -67,6 +67,16 @@ class CallIntent:
     args: bytes  # canonical JSON of the model-emitted args (before injection)
     tool_call_id: str
     run_id: str | None = None
+    # the fork slot (see ``engine.forks``): None when the call's place in the thread's
+    # history is unknown (outside a graph, or a key policy that forks share anyway)
+    position: str | None = None
+    branch: str | None = None
+    occurrence: int = 0
+
+
+def slot_of(call: CallIntent | LedgerEntry) -> tuple[Any, ...]:
+    """The fork slot a call claims: (scope, position, tool, arguments, occurrence)."""
+    return (call.scope, call.position, call.tool_name, call.args_hash, call.occurrence)
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,9 @@ class LedgerEntry:
     run_id: str | None = None
     adopted_by: str | None = None
     history: str | None = None  # JSON list of decisions: see ``events``
+    position: str | None = None  # the fork slot: see ``CallIntent``
+    branch: str | None = None
+    occurrence: int | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> LedgerEntry:
@@ -352,6 +365,15 @@ class ToolCallLedger(ABC):
         """Every entry with this call signature (scope, agent path, tool, args hash),
         adopted or not, oldest first: what orphan adoption looks at, by index, so its
         cost does not grow with the thread's other calls."""
+
+    async def afind_at_position(
+        self, scope: str, position: str, tool_name: str
+    ) -> list[LedgerEntry]:
+        """Every entry one tool claimed at one position of the thread's history (one
+        step, any branch, any arguments), oldest first: what a call regenerated after
+        a lost message looks at (``engine.forks``). Not abstract, for ledgers written
+        before fork slots: they have none, so nothing is found."""
+        return []
 
     @abstractmethod
     async def alist_entries(

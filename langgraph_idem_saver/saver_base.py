@@ -456,6 +456,13 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
             self._sql.SELECT_ORPHAN_CANDIDATES, (scope, agent_path, tool_name, args_hash)
         )
 
+    async def afind_at_position(
+        self, scope: str, position: str, tool_name: str
+    ) -> list[LedgerEntry]:
+        return await self._select_entries(
+            self._sql.SELECT_AT_POSITION, (scope, position, tool_name)
+        )
+
     async def alist_entries(
         self, thread_id: str | None = None, *, agent_path: str | None = None
     ) -> list[LedgerEntry]:

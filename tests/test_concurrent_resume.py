@@ -55,9 +55,9 @@ the ledger lost track of a call.
 """
 
 
-def spawn(scenario: dict[str, Any]) -> subprocess.Popen[str]:
+def spawn(scenario: dict[str, Any], worker: Path = WORKER) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps(scenario)],
+        [sys.executable, str(worker), json.dumps(scenario)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -25,6 +25,7 @@ from langgraph.checkpoint.base.id import UUID, uuid6
 from langgraph.graph import START, StateGraph
 from pg_server import fresh_dsn
 from test_prune_race import open_savers
+from tool_node_helpers import intent_for
 from typing_extensions import TypedDict
 
 from langgraph_idem_saver import (
@@ -37,7 +38,6 @@ from langgraph_idem_saver import (
 from langgraph_idem_saver.postgres import PostgresSaver
 from langgraph_idem_saver.retention import Cutoffs, checkpoint_time, first_checkpoint_id_at
 from langgraph_idem_saver.sqlite import SqliteSaver
-from tests.tool_node_helpers import intent_for
 
 DAY = 86_400.0
 NOW = time.time()

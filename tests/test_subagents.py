@@ -33,6 +33,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import START, StateGraph
+from pg_server import fresh_dsn
 from subagent_harness import (
     CRASH_EXIT_CODE,
     ChildState,
@@ -395,3 +396,28 @@ def test_handoff_after_a_crash_is_replayed(
     assert effects == {"researcher:alpha": 1, "researcher:handoff": 1, "writer:gamma": 1}
     assert resumed["counters"]["researcher"]["replayed"] == 1
     same_as_uncrashed(resumed, baseline("handoff", backend, str(tmp_path_factory.getbasetemp())))
+
+
+@pytest.mark.parametrize("crash_at", ["after_effect", "after_completed"])
+def test_handoff_under_exit_durability_then_a_crash_in_the_next_agent_buys_once(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest, crash_at: str
+) -> None:
+    """Issue 15 item 3. Durability ``"exit"``: the researcher buys and hands off
+    (``Command.PARENT``); the process dies later, in the writer. The researcher's
+    checkpoint was written when it exited through the handoff, the root's never was: the
+    calls found there belong to a branch of history nobody will continue. On resume the
+    researcher's re-run calls must take their entries back (replayed), not run again."""
+    if backend == "postgres":
+        dsn = fresh_dsn(request.getfixturevalue("pg_server_dsn"))
+        loc: dict[str, Any] = {"backend": "postgres", "db": dsn, "thread_id": uuid.uuid4().hex}
+    else:
+        loc = {"db": str(tmp_path / "a.db")}
+    scenario = {**loc, "effects": str(tmp_path / "fx"), "topology": "handoff"}
+    scenario.update(durability="exit", crash_at=crash_at, crash_target="writer:gamma")
+    code, _, err = run_phase(scenario, "run")
+    assert code == CRASH_EXIT_CODE, err
+    code, resumed, err = run_phase(scenario, "resume")
+    assert code == 0 and resumed is not None, err
+    effects = Counter(Effects(scenario["effects"]).lines())
+    assert effects == {"researcher:alpha": 1, "researcher:handoff": 1, "writer:gamma": 1}
+    assert resumed["interrupts"] == []

@@ -38,19 +38,17 @@ scenario reports:
 * **open** (ours) - ledger entries left ``issued``: unknown outcomes nobody will settle.
 
 Variants (see :data:`VARIANTS`): our saver + ``IdempotentToolNode`` with the default keys
-(tool-call ids, orphan adoption) and one process per round; the same with
-``key_policy="args"`` and concurrent resumers; and the control, LangGraph's own saver +
-the stock ``ToolNode`` on the concurrent schedules. Ours must show none of the problems
-above on both backends and under every durability; the control must show at least one
-duplicate per backend and durability - proof that the harness sees one - and no corrupt
-database. ``pytest -s`` prints the summary table.
+(tool-call ids, orphan adoption) and one process per round; the same with concurrent
+resumers; and the control, LangGraph's own saver + the stock ``ToolNode`` on the
+concurrent schedules. Ours must show none of the problems above on both backends and
+under every durability; the control must show at least one duplicate per backend and
+durability - proof that the harness sees one - and no corrupt database. ``pytest -s``
+prints the summary table.
 
-Why concurrent resumers run with ``key_policy="args"`` only: two processes that both run
-the same *model* step get two model answers, with different tool-call ids, and under the
-default key policy those are two calls - both run. That happens without any crash
-(reported with issue 15's torture results); keys derived from the arguments make the
-two answers one call. Concurrency of the ledger itself (claims, waits, reclaims, verify
-races) is what the pairs test.
+Two processes that both run the same *model* step get two model answers, with different
+tool-call ids: LangGraph forks the thread. Under the default key those would be two
+calls; fork slots (``engine/forks.py``) make them one, and the concurrent variant holds
+them to it, besides the ledger's own concurrency (claims, waits, reclaims, verify races).
 """
 
 from __future__ import annotations
@@ -105,19 +103,17 @@ class Variant:
 
 VARIANTS = [
     Variant("ours", "ours", pairs=False, seeds=(1, 2, 3)),
-    Variant("ours/args", "ours", pairs=True, seeds=(1, 2, 3), options=(("key_policy", "args"),)),
+    Variant("ours/pairs", "ours", pairs=True, seeds=(2, 5, 9)),
     Variant("stock", "stock", pairs=True, seeds=(1, 2)),
 ]
 """Per backend and durability. The seeds are fixed: a failing one replays the same kill
 schedule (the moments relative to the processes' progress vary a little from run to run).
-The control runs the schedules of the first seeds of ``ours/args``.
 
-Why ``ours/args`` for the concurrent rounds: two resumers that both re-run a *model* step
-fork the thread, and under the default key each fork's calls are new calls (issue 15 item
-11, documented in docs/guarantees.md; no thread-level resume lease yet). With default keys
-and ``pairs=True`` these seeds give duplicates - sync: 2, 9 (sqlite), 2, 6, 9 (postgres);
-exit: 5, 9, 10 (both); async: 2 leaves an entry unsettled. Once a lease exists, give
-``ours`` ``pairs=True`` and those seeds: this becomes its regression test."""
+``ours/pairs`` runs concurrent resumers with the default key policy. Two resumers that
+both re-run a *model* step fork the thread, each fork with its own tool-call ids (issue
+15 item 11); fork slots (``engine/forks.py``) make the two branches' calls one call.
+Its seeds are those that gave duplicates before fork slots existed - sync: 2, 9;
+exit: 5, 9; async: 2 left an entry unsettled - so this is their regression test."""
 
 MAX_KILL_ROUNDS = 3
 CLEAN_ROUNDS = 3
@@ -607,7 +603,7 @@ def test_random_sigkills_never_charge_twice(
     assert sum(r.kills for r in ours) >= len(ours), "the schedules killed about every run:\n" + (
         "\n".join(f"{r.describe()}, {r.kills} kills" for r in ours)
     )
-    assert any(r.pair_rounds for r in rows if r.variant == "ours/args"), "concurrent rounds ran"
+    assert any(r.pair_rounds for r in rows if r.variant == "ours/pairs"), "concurrent rounds ran"
     assert sum(len(r.duplicates) for r in stock) >= 1, (
         "the control (stock ToolNode) showed no duplicate: the harness cannot see one\n"
         + "\n".join(r.describe() for r in stock)

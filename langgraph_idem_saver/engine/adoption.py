@@ -22,7 +22,7 @@ from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.results import collect_tool_calls
 from langgraph_idem_saver.engine.types import Batch, Plan
 from langgraph_idem_saver.keys import agent_path_of, tool_call_keys
-from langgraph_idem_saver.ledger import CallIntent, LedgerEntry, minted_here
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, minted_here
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.engine.core import LedgerEngine
@@ -102,15 +102,7 @@ async def aadopt_orphans(
         for call_id, msg in batch.pairs
         for key in tool_call_keys(first.agent_path, call_id, msg)
     }
-    orphans = [
-        e
-        for e in entries
-        if e.key not in known_keys
-        and not minted_here(e.owner)
-        and (
-            e.adopted_by is None or (e.adopted_by not in known and not _adopted_here(e.adopted_by))
-        )
-    ]
+    orphans = [e for e in entries if _maybe_orphan(e, known, known_keys)]
     taken: set[str] = set()
     durable: set[str] | None = None  # tool call ids found in the thread's checkpoints
     for plan in candidates:
@@ -153,29 +145,113 @@ async def aadopt_orphans(
         for e in matching:
             if e.key in durable or (e.adopted_by or "") in durable:
                 continue  # its message exists: a sibling's (or an earlier) call
-            # noted before the write: a sibling task of this process that reads the
-            # entry right after it must already see it as adopted here, not as an orphan
-            _note_adopted_here(intent.tool_call_id)
-            adopted = await engine.lg(
-                batch,
-                batch.ledger.aadopt(
-                    batch.scope,
-                    e.key,
-                    tool_call_id=intent.tool_call_id,
-                    previous=e.adopted_by,
-                ),
-            )
+            adopted = await _atake(engine, batch, e, intent.tool_call_id)
             if adopted is None:
-                # Someone adopted it first. A call of this process (a sibling task) is
-                # another call: look further. Another process resuming the same lost call
-                # is this call: follow its entry (wait for it, replay, or settle it), never
-                # claim the call afresh.
-                latest = await engine.lg(batch, batch.ledger.aget_entry(batch.scope, e.key))
-                if latest is None or _adopted_here(latest.adopted_by):
-                    continue
-                adopted = latest
+                continue
             taken.add(e.key)
             plan.entry, plan.ledger_key = adopted, adopted.key
+            engine.counters.bump("adopted")
+            break
+
+
+def _maybe_orphan(e: LedgerEntry, known: set[str], known_keys: set[str]) -> bool:
+    """Not a call of this state, not a claim or adoption of a live run here."""
+    return (
+        e.key not in known_keys
+        and not minted_here(e.owner)
+        and (
+            e.adopted_by is None or (e.adopted_by not in known and not _adopted_here(e.adopted_by))
+        )
+    )
+
+
+async def _atake(
+    engine: LedgerEngine, batch: Batch, e: LedgerEntry, tool_call_id: str
+) -> LedgerEntry | None:
+    """Adopt ``e`` for ``tool_call_id``; None when a sibling task of this process took it."""
+    assert batch.ledger is not None
+    # noted before the write: a sibling task of this process that reads the
+    # entry right after it must already see it as adopted here, not as an orphan
+    _note_adopted_here(tool_call_id)
+    adopted = await engine.lg(
+        batch,
+        batch.ledger.aadopt(batch.scope, e.key, tool_call_id=tool_call_id, previous=e.adopted_by),
+    )
+    if adopted is not None:
+        return adopted
+    # Someone adopted it first. A call of this process (a sibling task) is another call:
+    # look further. Another process resuming the same lost call is this call: follow its
+    # entry (wait for it, replay, or settle it), never claim the call afresh.
+    latest = await engine.lg(batch, batch.ledger.aget_entry(batch.scope, e.key))
+    if latest is None or _adopted_here(latest.adopted_by):
+        return None
+    return latest
+
+
+async def aadopt_superseded(
+    engine: LedgerEngine, batch: Batch, plans: list[Plan], config: RunnableConfig
+) -> None:
+    """Give a call the entry of a lost call of the same step that it replaced.
+
+    A model re-run after its message was lost may ask for the same effect with other
+    arguments (another wording of the same email). Nothing proves the two are one call,
+    and nothing proves they are two; the lost one may have happened. So the new call
+    takes the entry of a lost call of the *same tool at the same point of history* (the
+    same fork position: thread, agent invocation, step - see ``forks``), oldest first,
+    each at most once, and is settled by it (``plan.superseded``): a recorded outcome is
+    replayed; an unknown one goes to ``verify`` (with the lost call's arguments) ->
+    ``on_unknown`` -> a human, and only when it did not happen does the new call run
+    (``unknown.aapply``). Never silently past it.
+    """
+    if batch.ledger is None or batch.known_ids is None:
+        return
+    known = batch.known_ids
+    taken: set[str] = {p.ledger_key for p in batch.all_plans if p.ledger_key is not None}
+    # a lost call whose arguments a call of this run asks for is that call's, not one
+    # reworded: (tool, args hash) of every ledgered call here
+    asked = {(p.intent.tool_name, p.intent.args_hash) for p in batch.all_plans if p.intent}
+    durable: set[str] | None = None
+    at_position: dict[tuple[str, str], list[LedgerEntry]] = {}
+    for plan in plans:
+        intent = plan.intent
+        if intent is None or intent.position is None or plan.entry is not None:
+            continue
+        known_keys = {
+            key
+            for call_id, msg in batch.pairs
+            for key in tool_call_keys(intent.agent_path, call_id, msg)
+        }
+        spot = (intent.position, intent.tool_name)
+        if spot not in at_position:  # one read per tool and step, not per call
+            at_position[spot] = await engine.lg(
+                batch, batch.ledger.afind_at_position(batch.scope, *spot)
+            )
+        found = at_position[spot]
+        if intent.key in {e.key for e in found}:
+            continue  # its own entry: the claim returns it
+        mine = [e for e in found if e.adopted_by == intent.tool_call_id and e.key not in taken]
+        # a lost call settled by the call that replaced it hands over to that call's entry
+        successors = {e.tool_call_id for e in found}
+        lost = [
+            e
+            for e in found
+            if e.key not in taken
+            and (e.tool_name, e.args_hash) not in asked
+            and e.branch != intent.branch
+            and not (e.adopted_by in successors and e.status is not CallStatus.ISSUED)
+            and _maybe_orphan(e, known, known_keys)
+        ]
+        if not mine and lost and durable is None:
+            wanted = {e.key for e in lost} | {e.adopted_by or "" for e in lost}
+            durable = await adurable_calls(batch, config, intent.thread_id, wanted - {""})
+        for e in mine or lost:
+            if not mine and (e.key in (durable or ()) or (e.adopted_by or "") in (durable or ())):
+                continue  # its message exists: a call of another live branch
+            adopted = e if mine else await _atake(engine, batch, e, intent.tool_call_id)
+            if adopted is None:
+                continue
+            taken.add(e.key)
+            plan.entry, plan.ledger_key, plan.superseded = adopted, adopted.key, True
             engine.counters.bump("adopted")
             break
 
@@ -184,9 +260,10 @@ async def adurable_calls(
     batch: Batch, config: RunnableConfig, thread_id: str, wanted: set[str]
 ) -> set[str]:
     """Which of ``wanted`` (ledger keys and tool call ids) belong to a call found in a
-    saved checkpoint (or pending write) of the thread, in any namespace. Newest first,
-    stopping once all are found. A call found there is known by its id and by every
-    key it may have been recorded under (see ``tool_call_keys``).
+    saved checkpoint (or pending write) of the thread, in any namespace, whose parent
+    checkpoints were saved too. Newest first, stopping once all are found. A call found
+    there is known by its id and by every key it may have been recorded under (see
+    ``tool_call_keys``).
 
     Without a checkpointer that can list the thread, nothing is known (empty set).
     """
@@ -198,16 +275,33 @@ async def adurable_calls(
 
     async def scan() -> set[str]:
         found: set[str] = set()
+        saved: set[tuple[str, str]] = set()  # (namespace, checkpoint id) of every checkpoint
+        # calls in a subgraph's checkpoint count only if the checkpoints it ran from
+        # (metadata "parents": namespace -> id) were saved too: under durability "exit" a
+        # sub-agent that leaves through a handoff saves its own checkpoint, while the
+        # root's is never written - a branch of history nobody will continue
+        anchored: list[tuple[dict[str, str], set[str]]] = []
         async for tup in alist({"configurable": {"thread_id": thread_id}}):
+            configurable = tup.config["configurable"]
+            saved.add((str(configurable.get("checkpoint_ns", "")), configurable["checkpoint_id"]))
             pairs: set[tuple[str, str]] = set()
             collect_tool_calls(tup.checkpoint.get("channel_values"), pairs)
             for write in tup.pending_writes or ():
                 collect_tool_calls(write[2], pairs)
+            calls: set[str] = set()
             for call_id, message_id in pairs:
-                found.add(call_id)
-                found |= tool_call_keys(agent_path, call_id, message_id)
+                calls.add(call_id)
+                calls |= tool_call_keys(agent_path, call_id, message_id)
+            parents = (tup.metadata or {}).get("parents") or {}
+            if parents and calls & wanted:
+                anchored.append((dict(parents), calls))
+                continue
+            found |= calls
             if wanted <= found:
-                break
+                return found & wanted
+        for parents, calls in anchored:  # the scan was complete: ``saved`` is all there is
+            if all((ns, cid) in saved for ns, cid in parents.items()):
+                found |= calls
         return found & wanted
 
     if checkpointer is batch.ledger:

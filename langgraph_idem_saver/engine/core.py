@@ -37,7 +37,8 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
-from langgraph_idem_saver.engine.adoption import aadopt_orphans
+from langgraph_idem_saver.engine.adoption import aadopt_orphans, aadopt_superseded
+from langgraph_idem_saver.engine.forks import assign_slots, fork_point, siblings_refused
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.options import LedgerOptions
 from langgraph_idem_saver.engine.results import dumps, replayed_result, retarget, text_of
@@ -256,9 +257,12 @@ class LedgerEngine:
             plan.kind = Kind.FOLLOW
             plan.leader = leader
 
+        assign_slots(list(leaders.values()), fork_point(config, thread_id))
+
         # Any exception from here on (conflict, interrupt(), timeout) releases the fresh
         # claims of this run: the front door calls ``arelease_unstarted`` in a finally.
         await aadopt_orphans(self, batch, list(leaders.values()), config)
+        await aadopt_superseded(self, batch, list(leaders.values()), config)
         await self.aclaim(batch, [p for p in leaders.values() if p.entry is None])
         await self.asettle(batch, [p for p in leaders.values() if p.kind is Kind.PENDING])
 
@@ -282,6 +286,15 @@ class LedgerEngine:
             plan.ledger_key = outcome.entry.key
             if outcome.claimed:
                 plan.kind, plan.owned = Kind.RUN, True
+        # a fork slot held by an identical call of this branch: claim the next occurrence;
+        # held by another branch: that is this call (see ``forks``), settled below
+        again = siblings_refused(plans)
+        for plan in plans:
+            entry = plan.entry
+            if entry is not None and entry.key != cast(CallIntent, plan.intent).key:
+                self.counters.bump("adopted")
+        if again:
+            await self.aclaim(batch, again)
 
     async def asettle(self, batch: Batch, plans: list[Plan]) -> None:
         """Decide what to do with calls that already had an entry.
@@ -296,6 +309,8 @@ class LedgerEngine:
         for plan in plans:
             entry, intent = plan.entry, plan.intent
             assert entry is not None and intent is not None
+            if plan.superseded:
+                continue  # other arguments by design: a lost call this one replaced
             if entry.args_hash != intent.args_hash or entry.tool_name != intent.tool_name:
                 await self.lg(
                     batch, batch.ledger.anote_replay(batch.scope, entry.key, conflict=True)
@@ -332,6 +347,11 @@ class LedgerEngine:
         decisions = [(plan, await adecide(self, batch, plan, sole=sole)) for plan in unknown]
         for plan, decision in decisions:
             await aapply(self, batch, plan, decision)
+        # replaced a lost call that did not happen: now a call of its own
+        fresh = [p for p in unknown if p.kind is Kind.PENDING and p.entry is None]
+        if fresh:
+            await self.aclaim(batch, fresh)
+            await self.asettle(batch, [p for p in fresh if p.kind is Kind.PENDING])
 
     async def await_settled(self, batch: Batch, plan: Plan) -> None:
         """Poll a call another owner is running until it finishes, lapses or vanishes."""

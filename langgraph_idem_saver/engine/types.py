@@ -185,6 +185,9 @@ class Plan:
     leader: Plan | None = None
     owned: bool = False  # we hold an ``issued`` claim on (scope, ledger_key)
     started: bool = False  # the tool was handed to ToolNode (its effect may have happened)
+    # the entry is a lost call of the same step with other arguments (adoption.
+    # aadopt_superseded): settled by it, and run only if it did not happen
+    superseded: bool = False
     outcome: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
 
 

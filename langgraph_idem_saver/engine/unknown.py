@@ -9,6 +9,7 @@ re-entered after an interrupt asks the same questions in the same order);
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -49,7 +50,7 @@ async def adecide(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool)
         return ("rerun", None)  # an operator settled it: it did not happen
     hook = engine.options.verify.get(name)
     if hook is not None:
-        outcome = await call_maybe_async(hook, dict(call["args"]))
+        outcome = await call_maybe_async(hook, asked_args(plan))
         if outcome is NOT_APPLIED:
             return ("rerun", None)
         if outcome is None:
@@ -95,7 +96,7 @@ def ask(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool) -> Any:
     payload: dict[str, Any] = {
         "kind": "unknown_tool_outcome",
         "tool": name,
-        "args": call["args"],
+        "args": asked_args(plan),
         "tool_call_id": call["id"],
         "key": entry.key,
         "attempt": entry.attempts,
@@ -105,6 +106,8 @@ def ask(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool) -> Any:
         "issued_at": entry.issued_at,
         "error": entry.error,
     }
+    if plan.superseded:  # the lost call is asked about; this one waits on the answer
+        payload["superseded_by"] = {"tool_call_id": call["id"], "args": call["args"]}
     while True:
         if INTERRUPT_HAS_SCHEMA:
             answer = interrupt(payload, response_schema=cast(Any, UnknownOutcomeResume))
@@ -145,7 +148,10 @@ async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple
             status="error",
         )
         return
-    if action == "rerun":
+    if action == "rerun" and plan.superseded:
+        if await aclose_superseded(engine, batch, plan):
+            return
+    elif action == "rerun":
         fresh = await engine.lg(
             batch,
             ledger.areclaim(
@@ -172,20 +178,7 @@ async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple
                 tool_call_id=call["id"],
                 status="error",
             )
-        result_type, data = engine.dumps(batch, result)
-        settled = await engine.lg(
-            batch,
-            ledger.aresolve(
-                batch.scope,
-                entry.key,
-                status=status,
-                result_type=result_type,
-                result=data,
-                error=error,
-                expected_attempts=entry.attempts,
-                expected_owner=entry.owner,
-            ),
-        )
+        settled = await asettle_entry(engine, batch, entry, status, result, error)
         if settled is not None:
             plan.kind, plan.result, plan.entry = Kind.RETURN, result, settled
             return
@@ -204,6 +197,67 @@ async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple
     raise ToolCallInProgress(
         f"the unknown outcome of {call['name']!r} call {call['id']!r} (key {entry.key!r}) "
         "was taken over concurrently by another resumer; retry later"
+    )
+
+
+def asked_args(plan: Plan) -> dict[str, Any]:
+    """The arguments an unknown outcome is about: the call's, or for a call that replaced
+    a lost one with other arguments, the lost call's (what may have happened)."""
+    entry = cast(LedgerEntry, plan.entry)
+    if plan.superseded:
+        try:
+            args = json.loads(entry.args)
+        except ValueError:
+            args = None
+        if isinstance(args, dict):
+            return args
+    return dict(plan.call["args"])
+
+
+async def aclose_superseded(engine: LedgerEngine, batch: Batch, plan: Plan) -> bool:
+    """A lost call that did not happen, replaced by ``plan``'s call: record it ``failed``
+    (not applied, superseded) and let the new call be claimed on its own. False when
+    the row changed under us (someone else settled it)."""
+    entry = cast(LedgerEntry, plan.entry)
+    call = plan.call
+    note = (
+        f"not applied; superseded by call {call['id']!r} with other arguments after its "
+        "model message was lost"
+    )
+    result = ToolMessage(
+        content=f"Error: {note}", name=call["name"], tool_call_id=entry.tool_call_id, status="error"
+    )
+    if await asettle_entry(engine, batch, entry, CallStatus.FAILED, result, note) is None:
+        return False
+    plan.entry = plan.ledger_key = None
+    plan.superseded = False
+    return True
+
+
+async def asettle_entry(
+    engine: LedgerEngine,
+    batch: Batch,
+    entry: LedgerEntry,
+    status: CallStatus,
+    result: Any,
+    error: str | None,
+) -> LedgerEntry | None:
+    """Record the decided outcome of an unknown entry, guarded by the attempt and owner
+    it was decided about (None: the row changed since)."""
+    ledger = cast(ToolCallLedger, batch.ledger)
+    result_type, data = engine.dumps(batch, result)
+    return await engine.lg(
+        batch,
+        ledger.aresolve(
+            batch.scope,
+            entry.key,
+            status=status,
+            result_type=result_type,
+            result=data,
+            error=error,
+            expected_attempts=entry.attempts,
+            expected_owner=entry.owner,
+        ),
     )
 
 

@@ -87,7 +87,7 @@ from langgraph_idem_saver.errors import (
     SerializationError,
 )
 from langgraph_idem_saver.group_commit import GroupCommit
-from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry
+from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, slot_of
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.postgres import sql
 from langgraph_idem_saver.postgres.inspect import PostgresInspection
@@ -790,16 +790,21 @@ class AsyncPostgresSaver(PostgresInspection, PostgresRetention, IdemSaverBase):
             outcomes: dict[int, ClaimOutcome] = {}
             positions = list(range(len(pending)))
             for _ in range(CLAIM_RETRIES):
-                params = {**base, **claims.columns(pending)}
+                params: dict[str, Any] = {**base, **claims.columns(pending)}
                 await cur.execute(sql.INSERT_ISSUED, params)
                 async with cur.connection.cursor(row_factory=tuple_row, binary=True) as read:
                     await read.execute(sql.SELECT_ENTRIES_BY_KEYS, params)
                     inserted = {(r[0], r[1]) for r in await cur.fetchall()}
                     rows = {(r[0], r[1]): self.entry_of(r) for r in await read.fetchall()}
+                    holders: dict[tuple[Any, ...], LedgerEntry] = {}
+                    if any(p is not None for p in params["position"]):
+                        await read.execute(sql.SELECT_SLOT_HOLDERS, params)
+                        holders = {slot_of(e): e for e in map(self.entry_of, await read.fetchall())}
                 missing: list[tuple[int, tuple[Any, ...]]] = []
                 for pos, row in zip(positions, pending, strict=True):
                     k = (row[0], row[1])  # scope, key
-                    entry = rows.get(k)
+                    # a key refused by the fork slot: another branch's call holds the slot
+                    entry = rows.get(k) or holders.get(claims.slot(row))
                     if entry is None:  # deleted by a concurrent release/delete: claim again
                         missing.append((pos, row))
                         continue

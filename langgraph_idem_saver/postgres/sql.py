@@ -166,6 +166,24 @@ MIGRATIONS: list[list[str]] = [
         END $$
         """,
     ],
+    # 5: fork slots (engine/forks.py): where in the thread's history a call was made
+    # (position: thread, namespace, step), from which checkpoint (branch) and which
+    # identical call of its step it is (occurrence). Unique per position, tool and
+    # arguments, so two forked branches of one step cannot both claim the same call.
+    [
+        """
+        DO $$ BEGIN
+            ALTER TABLE idem_tool_calls ADD COLUMN IF NOT EXISTS position TEXT COLLATE "C";
+            ALTER TABLE idem_tool_calls ADD COLUMN IF NOT EXISTS branch TEXT COLLATE "C";
+            ALTER TABLE idem_tool_calls ADD COLUMN IF NOT EXISTS occurrence INTEGER;
+        END $$
+        """,
+        """
+        CREATE UNIQUE INDEX IF NOT EXISTS idem_tool_calls_fork_slot
+            ON idem_tool_calls (scope, position, tool_name, args_hash, occurrence)
+            WHERE position IS NOT NULL
+        """,
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
@@ -559,17 +577,35 @@ WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = g.checkpoint_ns
 INSERT_ISSUED = """
 INSERT INTO idem_tool_calls
     (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
-     status, attempts, owner, issued_at, lease_expires_at)
+     position, branch, occurrence, status, attempts, owner, issued_at, lease_expires_at)
 SELECT u.scope, u.key, u.thread_id, u.agent_path, u.tool_name, u.args_hash, u.args,
-       u.tool_call_id, u.run_id, 'issued', 1, %(owner)s, %(now)s, %(lease)s
+       u.tool_call_id, u.run_id, u.position, u.branch, u.occurrence,
+       'issued', 1, %(owner)s, %(now)s, %(lease)s
 FROM unnest(%(scope)s::text[], %(key)s::text[], %(thread_id)s::text[],
             %(agent_path)s::text[], %(tool_name)s::text[], %(args_hash)s::text[],
-            %(args)b::bytea[], %(tool_call_id)s::text[], %(run_id)s::text[])
+            %(args)b::bytea[], %(tool_call_id)s::text[], %(run_id)s::text[],
+            %(position)s::text[], %(branch)s::text[], %(occurrence)s::int[])
      WITH ORDINALITY AS u(scope, key, thread_id, agent_path, tool_name, args_hash, args,
-                          tool_call_id, run_id, ord)
+                          tool_call_id, run_id, position, branch, occurrence, ord)
 ORDER BY u.ord
-ON CONFLICT (scope, key) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING scope, key
+"""
+
+# the entries holding fork slots (claims refused by the slot, not by the key)
+SELECT_SLOT_HOLDERS = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE position IS NOT NULL
+  AND (scope, position, tool_name, args_hash, occurrence) IN (
+      SELECT * FROM unnest(%(scope)s::text[], %(position)s::text[], %(tool_name)s::text[],
+                           %(args_hash)s::text[], %(occurrence)s::int[]))
+"""
+
+# every entry made at one position by one tool (calls of the same step, any branch)
+SELECT_AT_POSITION = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE scope = %s AND position = %s AND tool_name = %s
+ORDER BY seq
 """
 
 # The read-back, a separate statement of the same transaction: under READ COMMITTED it

@@ -710,8 +710,10 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
             outcomes = []
             for row in claims.rows:
                 claimed = conn.execute(sql.INSERT_ISSUED, claims.params(row)).rowcount == 1
-                entry = self.entry_of(conn.execute(sql.SELECT_ENTRY, row[:2]).fetchone())
-                outcomes.append(ClaimOutcome(claimed=claimed, entry=entry))
+                found = conn.execute(sql.SELECT_ENTRY, row[:2]).fetchone()
+                if found is None:  # refused by the fork slot: another branch's call
+                    found = conn.execute(sql.SELECT_SLOT_HOLDER, claims.slot(row)).fetchone()
+                outcomes.append(ClaimOutcome(claimed=claimed, entry=self.entry_of(found)))
             return outcomes
 
         return await self._write(claim, before_tool_runs=True)

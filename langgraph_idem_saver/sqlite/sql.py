@@ -101,6 +101,18 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE idem_tool_calls ADD COLUMN history TEXT;
     """,
+    # 5: fork slots (engine/forks.py): where in the thread's history a call was made
+    # (position: thread, namespace, step), from which checkpoint (branch) and which
+    # identical call of its step it is (occurrence). Unique per position, tool and
+    # arguments, so two forked branches of one step cannot both claim the same call.
+    """
+    ALTER TABLE idem_tool_calls ADD COLUMN position TEXT;
+    ALTER TABLE idem_tool_calls ADD COLUMN branch TEXT;
+    ALTER TABLE idem_tool_calls ADD COLUMN occurrence INTEGER;
+    CREATE UNIQUE INDEX IF NOT EXISTS idem_tool_calls_fork_slot
+        ON idem_tool_calls (scope, position, tool_name, args_hash, occurrence)
+        WHERE position IS NOT NULL;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
@@ -275,9 +287,22 @@ DELETE_BLOBS_OF_THREAD = "DELETE FROM idem_blobs WHERE thread_id = ?"
 INSERT_ISSUED = """
 INSERT INTO idem_tool_calls
     (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
-     status, attempts, owner, issued_at, lease_expires_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'issued', 1, ?, ?, ?)
-ON CONFLICT (scope, key) DO NOTHING
+     position, branch, occurrence, status, attempts, owner, issued_at, lease_expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'issued', 1, ?, ?, ?)
+ON CONFLICT DO NOTHING
+"""
+
+# the entry holding a fork slot (a claim refused by the slot, not by the key)
+SELECT_SLOT_HOLDER = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE scope = ? AND position = ? AND tool_name = ? AND args_hash = ? AND occurrence = ?
+"""
+
+# every entry made at one position by one tool (calls of the same step, any branch)
+SELECT_AT_POSITION = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE scope = ? AND position = ? AND tool_name = ?
+ORDER BY rowid
 """
 
 SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = ? AND key = ?"
