@@ -1,0 +1,211 @@
+"""Running a saver's statements on PostgreSQL: a connection per call (the pool's, or
+ours under a lock), transactions, pipelining, cancellation safety, typed errors, and
+the migrations ``setup()`` applies (mixed into :class:`AsyncPostgresSaver`).
+
+Kept apart from the checkpoint methods so that every statement the saver runs goes
+through one place that turns psycopg's exceptions into the package's typed errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline
+from psycopg.rows import TupleRow, tuple_row
+from psycopg_pool import AsyncConnectionPool, PoolClosed
+
+from langgraph_idem_saver.errors import (
+    ConfigError,
+    ConnectionClosedError,
+    ReadOnlyDatabaseError,
+    SchemaVersionError,
+    SerializationError,
+)
+from langgraph_idem_saver.postgres import sql
+
+T = TypeVar("T")
+Cursor = AsyncCursor[TupleRow]
+Conn = AsyncConnection[Any] | AsyncConnectionPool[Any]
+
+# SQLSTATEs meaning the session is gone: connection exceptions (class 08) and the
+# server shutting the backend down (admin / crash / cannot connect now).
+_LOST_SQLSTATES = ("57P01", "57P02", "57P03")
+
+
+class PostgresConnection:
+    """How :class:`AsyncPostgresSaver` runs a function on a cursor (``_run``)."""
+
+    conn: Conn
+    pipe: AsyncPipeline | None
+    lock: asyncio.Lock
+    supports_pipeline: bool
+
+    if TYPE_CHECKING:
+
+        async def setup(self) -> None: ...
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection for one call: the pool's next one, or ours under the lock."""
+        conn = self.conn
+        if isinstance(conn, AsyncConnectionPool):
+            async with conn.connection() as pooled:
+                yield pooled
+            return
+        async with self.lock:
+            if conn.closed:
+                raise ConnectionClosedError(
+                    "the PostgreSQL connection is closed; open a new connection and create "
+                    "a new saver (e.g. `async with AsyncPostgresSaver.from_conn_string(dsn)"
+                    "`), or pass an AsyncConnectionPool, which replaces lost connections"
+                )
+            yield conn
+
+    async def _execute(
+        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+    ) -> T:
+        """Run ``fn`` to completion even if the caller is cancelled.
+
+        LangGraph cancels sibling tasks when one fails or interrupts; a query cancelled
+        mid-flight makes psycopg close its connection, which on a single shared
+        connection would break the saver for everyone. So the work runs in its own task
+        and the caller only stops *waiting* for it.
+        """
+        task = asyncio.ensure_future(self._execute_now(fn, tx=tx, pipeline=pipeline))
+        task.add_done_callback(_consume_outcome)
+        return await asyncio.shield(task)
+
+    async def _execute_now(
+        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+    ) -> T:
+        """Run ``fn`` on a cursor of a connection: atomically, with typed errors.
+
+        A single statement on an autocommit connection is atomic by itself; ``tx=True``
+        (or a non-autocommit connection) wraps ``fn`` in a transaction committed before
+        returning. ``pipeline=True`` sends all of ``fn``'s statements in one round trip
+        where libpq supports pipeline mode.
+        """
+        used: AsyncConnection[Any] | None = None
+        try:
+            async with self._connection() as conn:
+                used = conn
+                if pipeline and self.pipe is None and self.supports_pipeline:
+                    async with conn.pipeline():
+                        result = await _in_transaction(conn, fn, tx)
+                else:
+                    result = await _in_transaction(conn, fn, tx)
+                if self.pipe is not None:
+                    await self.pipe.sync()
+                return result
+        except (psycopg.Error, PoolClosed) as exc:
+            error = self._typed_error(exc, used)
+            if error is None:
+                raise
+            if isinstance(error, ConnectionClosedError):
+                await self._discard_dead_connections()
+            raise error from exc
+
+    async def _run(
+        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+    ) -> T:
+        await self.setup()
+        return await self._execute(fn, tx=tx, pipeline=pipeline)
+
+    def _typed_error(
+        self, exc: BaseException, conn: AsyncConnection[Any] | None
+    ) -> Exception | None:
+        """The package's exception for a psycopg/pool error, or None to re-raise it."""
+        pooled = isinstance(self.conn, AsyncConnectionPool)
+        if isinstance(exc, PoolClosed):
+            return ConnectionClosedError(
+                f"the AsyncConnectionPool is closed ({exc}); open it (`await pool.open()` "
+                "or `async with pool:`) before using the saver"
+            )
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        lost = (
+            sqlstate.startswith("08")
+            or sqlstate in _LOST_SQLSTATES
+            or (conn is not None and (conn.closed or conn.broken))
+            or (isinstance(exc, psycopg.OperationalError) and "connection is closed" in str(exc))
+        )
+        if lost:
+            if pooled:
+                hint = (
+                    "the pool discards the dead connection: retry the call (the outcome "
+                    "of a write in flight is unknown until you read it back)"
+                )
+            else:
+                hint = (
+                    "open a new connection and create a new saver (e.g. `async with "
+                    "AsyncPostgresSaver.from_conn_string(dsn)`), or pass an "
+                    "AsyncConnectionPool, which replaces lost connections"
+                )
+            return ConnectionClosedError(f"the PostgreSQL connection was lost ({exc}); {hint}")
+        if sqlstate == "25006":  # read_only_sql_transaction
+            where = f"database {conn.info.dbname!r}" if conn is not None else "the database"
+            return ReadOnlyDatabaseError(
+                f"PostgreSQL refused a write to {where}: {exc} (a read-only session - "
+                "default_transaction_read_only - or a hot standby); nothing was written"
+            )
+        if sqlstate == "54000":  # program_limit_exceeded: e.g. an id too long to index
+            return ConfigError(
+                f"a value is too large for PostgreSQL to index ({exc}); use a shorter thread "
+                "id / namespace / key (nothing was written)"
+            )
+        if isinstance(exc, psycopg.DataError) and "NUL" in str(exc):
+            return SerializationError(
+                f"PostgreSQL text cannot hold NUL (\\x00) characters: {exc}; nothing was written"
+            )
+        return None
+
+    async def _discard_dead_connections(self) -> None:
+        """After a lost connection, make the pool drop its other dead idle connections
+        (a server restart or ``pg_terminate_backend`` kills them all), so the next call
+        gets a live one."""
+        if isinstance(self.conn, AsyncConnectionPool):
+            # the pool closing or the server being down leaves nothing to do here
+            with contextlib.suppress(Exception):
+                await self.conn.check()
+
+
+async def _in_transaction(
+    conn: AsyncConnection[Any], fn: Callable[[Cursor], Awaitable[T]], tx: bool
+) -> T:
+    if tx or not conn.autocommit:
+        async with (
+            conn.transaction(),
+            conn.cursor(row_factory=tuple_row, binary=True) as cur,
+        ):
+            return await fn(cur)
+    async with conn.cursor(row_factory=tuple_row, binary=True) as cur:
+        return await fn(cur)
+
+
+async def migrate(cur: Cursor) -> None:
+    """Bring the schema up to date; the caller runs this in one transaction."""
+    await cur.execute(sql.TAKE_MIGRATION_LOCK, (sql.MIGRATION_LOCK_KEY,))
+    await cur.execute(sql.SELECT_MIGRATIONS_TABLE)
+    row = await cur.fetchone()
+    found = -1
+    if row is not None and row[0]:
+        await cur.execute(sql.SELECT_SCHEMA_VERSION)
+        version_row = await cur.fetchone()
+        if version_row is not None and version_row[0] is not None:
+            found = int(version_row[0])
+    if found > sql.SCHEMA_VERSION:
+        raise SchemaVersionError(found, sql.SCHEMA_VERSION, "this PostgreSQL database")
+    for version in range(found + 1, len(sql.MIGRATIONS)):
+        for statement in sql.MIGRATIONS[version]:
+            await cur.execute(statement, prepare=False)
+        await cur.execute(sql.INSERT_MIGRATION, (version,), prepare=False)
+
+
+def _consume_outcome(task: asyncio.Future[Any]) -> None:
+    """Mark a shielded task's exception as seen (its caller may have stopped waiting)."""
+    if not task.cancelled():
+        task.exception()
