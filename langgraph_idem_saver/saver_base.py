@@ -1,5 +1,5 @@
-"""What every backend's saver shares: config parsing, encoding, versions, ``setup()``
-once, the ledger, and the sync methods.
+"""What every backend's saver shares: ``setup()`` once, the ledger, versions, and the sync
+methods (config parsing: :mod:`.saver_config`; encoding: :mod:`.saver_codec`).
 
 Backends subclass :class:`IdemSaverBase`, implement the checkpoint methods of
 ``BaseCheckpointSaver`` and the narrow hooks of :mod:`~langgraph_idem_saver.backend`
@@ -21,16 +21,14 @@ from abc import abstractmethod
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
-    ChannelVersions,
-    CheckpointMetadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from langgraph_idem_saver import saver_codec, saver_config
 from langgraph_idem_saver.backend import (
     INTENT_COLUMNS,
     Claims,
@@ -38,11 +36,8 @@ from langgraph_idem_saver.backend import (
     LedgerStatements,
 )
 from langgraph_idem_saver.errors import (
-    ConfigError,
-    CorruptRecordError,
     IdemSaverError,
     LedgerStateError,
-    SerializationError,
 )
 from langgraph_idem_saver.forwarding import blocking, paging
 from langgraph_idem_saver.ledger import (
@@ -52,16 +47,30 @@ from langgraph_idem_saver.ledger import (
     LedgerEntry,
     ToolCallLedger,
 )
-from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair, lossless
+from langgraph_idem_saver.saver_codec import *  # noqa: F403  (re-exported, see __all__)
+from langgraph_idem_saver.saver_codec import decode_typed
+from langgraph_idem_saver.saver_config import *  # noqa: F403
+from langgraph_idem_saver.surrogates import lossless
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.import_langgraph import ImportReport
 
+# config parsing (saver_config.py) and encoding (saver_codec.py) moved out; importable
+# from here as before
+__all__ = [
+    "PRUNE_STRATEGIES",
+    "SEALED_ARGS",
+    "IdemSaverBase",
+    "SyncCallOnEventLoopError",
+    "check_prune_strategy",
+    "checkpoints_to_keep",
+]
+__all__ += saver_codec.__all__
+__all__ += saver_config.__all__
+
 T = TypeVar("T")
 
 PRUNE_STRATEGIES = ("keep_latest", "delete")
-# longest thread id / namespace / checkpoint id accepted, in UTF-8 bytes
-MAX_ID_BYTES = 1024
 # marks tool args stored encrypted (canonical JSON never starts with a NUL byte)
 SEALED_ARGS = b"\x00sealed\x00"
 
@@ -72,183 +81,6 @@ class SyncCallOnEventLoopError(IdemSaverError, asyncio.InvalidStateError):
     Blocking that thread would deadlock (the result can only be produced by the loop
     we would be blocking). Use the ``a``-prefixed method, or ``await graph.ainvoke``.
     """
-
-
-def thread_id_of(config: RunnableConfig | None) -> str:
-    """The config's ``thread_id`` as a string, or a :class:`ConfigError` naming the key."""
-    configurable = (config or {}).get("configurable")
-    if not isinstance(configurable, dict):
-        raise ConfigError(
-            "config has no 'configurable' dict; pass "
-            "{'configurable': {'thread_id': ...}} (LangGraph needs a thread_id to checkpoint)"
-        )
-    thread_id = configurable.get("thread_id")
-    if thread_id is None or thread_id == "":
-        raise ConfigError(
-            "config['configurable'] has no 'thread_id'; pass "
-            "{'configurable': {'thread_id': ...}} to use a checkpointer"
-        )
-    if not isinstance(thread_id, (str, int)) or isinstance(thread_id, bool):
-        raise ConfigError(
-            f"config['configurable']['thread_id'] must be a str (or int), got "
-            f"{type(thread_id).__name__}"
-        )
-    return _storable(str(thread_id), "thread_id")
-
-
-def _storable(value: str, what: str) -> str:
-    """``value`` if a database can store it as text; a :class:`ConfigError` otherwise
-    (lone surrogates cannot be encoded; NUL is refused by PostgreSQL and truncates in
-    some SQLite functions)."""
-    if "\x00" in value:
-        raise ConfigError(f"{what} must not contain NUL (\\x00) characters")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise ConfigError(f"{what} is not valid text (lone surrogate): {exc}") from exc
-    if size > MAX_ID_BYTES:
-        # PostgreSQL cannot index keys much longer (btree rows max out near 2.7 KB); the
-        # same limit on every backend keeps a thread portable between them
-        raise ConfigError(f"{what} is {size} bytes long; the limit is {MAX_ID_BYTES}")
-    return value
-
-
-def checkpoint_ns_of(config: RunnableConfig) -> str:
-    """The config's ``checkpoint_ns`` ('' when absent), validated to be a string."""
-    ns = config["configurable"].get("checkpoint_ns", "")
-    if ns is None:
-        return ""
-    if not isinstance(ns, str):
-        raise ConfigError(
-            f"config['configurable']['checkpoint_ns'] must be a str, got {type(ns).__name__}"
-        )
-    return _storable(ns, "checkpoint_ns")
-
-
-def checkpoint_id_of(config: RunnableConfig) -> str | None:
-    """The config's ``checkpoint_id`` or None, validated to be a string."""
-    cid = config["configurable"].get("checkpoint_id")
-    if cid is None or cid == "":
-        return None
-    if not isinstance(cid, str):
-        raise ConfigError(
-            f"config['configurable']['checkpoint_id'] must be a str, got {type(cid).__name__}"
-        )
-    return _storable(cid, "checkpoint_id")
-
-
-def text_of(value: str, what: str) -> str:
-    """``value`` if it is text a database can hold (no lone surrogates); a
-    :class:`ConfigError` otherwise, before anything is written (SQLite's and psycopg's
-    drivers would raise a raw ``UnicodeEncodeError`` mid-call). For the ids of writes
-    and channels, which LangGraph makes and ``_storable``'s other limits do not apply to.
-    """
-    if value.isascii():
-        return value
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConfigError(f"{what} {value!r} is not valid text (lone surrogate): {exc}") from exc
-    return value
-
-
-def encode_metadata(metadata: CheckpointMetadata) -> str:
-    """Metadata as canonical JSON text (sorted keys), the form filters compare against.
-
-    UTF-8 text, with lone surrogates (which UTF-8 cannot carry) as ``\\uXXXX`` escapes, so
-    such strings round-trip exactly. A high surrogate directly followed by a low one
-    cannot (JSON reads the two escapes back as one character): :class:`SerializationError`
-    before anything is written.
-    """
-    try:
-        text = json.dumps(
-            metadata, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
-        )
-    except (TypeError, ValueError) as exc:
-        raise SerializationError(
-            f"checkpoint metadata must be JSON-serializable (str/int/float/bool/None, "
-            f"lists and dicts of them): {exc}"
-        ) from exc
-    escaped = escape_surrogates(text)
-    if escaped is not text and has_split_pair(text):
-        raise SerializationError(
-            "checkpoint metadata holds a high surrogate directly followed by a low one "
-            "(two code points), which JSON cannot store exactly (it would read back as one "
-            "character); nothing was written"
-        )
-    return escaped
-
-
-def metadata_matches(metadata: dict[str, Any], filter: dict[str, Any]) -> bool:
-    """LangGraph's InMemorySaver rule for ``alist(filter=...)``: every filter value
-    ``==`` the metadata's (Python equality: ``1 == 1.0 == True``; ``None`` also matches
-    an absent key). Backends narrow in SQL, then decide with this."""
-    return all(value == metadata.get(key) for key, value in filter.items())
-
-
-def has_number(value: Any) -> bool:
-    """Whether a filter value holds a bool or number, which Python equates across types
-    (``True == 1 == 1.0``) and JSON texts do not: SQL must not narrow by its text."""
-    if isinstance(value, (bool, int, float)):
-        return True
-    if isinstance(value, dict):
-        return any(has_number(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(has_number(v) for v in value)
-    return False
-
-
-def canonical_json(value: Any) -> str:
-    """Canonical JSON for equality comparisons inside the database (metadata filters)."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-
-
-def encode_versions(versions: ChannelVersions) -> str:
-    """``channel_versions`` as a JSON object of strings: the blob keys of a checkpoint."""
-    return json.dumps({k: str(v) for k, v in versions.items()}, separators=(",", ":"))
-
-
-def decode_typed(
-    serde: SerializerProtocol, type_: str, data: bytes | None, what: str, **location: Any
-) -> Any:
-    """``serde.loads_typed`` that turns any decoding failure into :class:`CorruptRecordError`."""
-    try:
-        return serde.loads_typed((type_, data if data is not None else b""))
-    except Exception as exc:
-        raise CorruptRecordError(what, location=location, cause=exc) from exc
-
-
-def decode_checkpoint(
-    serde: SerializerProtocol, type_: str, data: bytes | None, **location: Any
-) -> dict[str, Any]:
-    """Decode a stored checkpoint, insisting it decodes to a checkpoint-shaped dict."""
-    value = decode_typed(serde, type_, data, "checkpoint", **location)
-    if not isinstance(value, dict) or "id" not in value:
-        raise CorruptRecordError(
-            "checkpoint",
-            location=location,
-            cause=TypeError(f"decoded to {type(value).__name__}, not a checkpoint dict"),
-        )
-    return value
-
-
-def decode_json(text: str | bytes, what: str, **location: Any) -> Any:
-    """``json.loads`` that turns a failure into :class:`CorruptRecordError`."""
-    try:
-        return json.loads(text)
-    except Exception as exc:
-        raise CorruptRecordError(what, location=location, cause=exc) from exc
-
-
-def make_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
-    """The config that addresses one stored checkpoint."""
-    return {
-        "configurable": {
-            "thread_id": thread_id,
-            "checkpoint_ns": checkpoint_ns,
-            "checkpoint_id": checkpoint_id,
-        }
-    }
 
 
 class _LosslessSerde:

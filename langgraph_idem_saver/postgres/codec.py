@@ -13,12 +13,8 @@ from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata, Checkpoint
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.list_deltas import resolve_value
-from langgraph_idem_saver.saver_base import (
-    decode_checkpoint,
-    decode_json,
-    decode_typed,
-    make_config,
-)
+from langgraph_idem_saver.saver_codec import decode_checkpoint, decode_json, decode_typed
+from langgraph_idem_saver.saver_config import make_config
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.serde.base import SerializerProtocol

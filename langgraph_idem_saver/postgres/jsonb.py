@@ -15,7 +15,7 @@ from typing import Any
 from langgraph.checkpoint.base import CheckpointMetadata
 
 from langgraph_idem_saver.errors import ConfigError
-from langgraph_idem_saver.saver_base import canonical_json, encode_metadata, has_number
+from langgraph_idem_saver.saver_codec import canonical_json, encode_metadata, has_number
 from langgraph_idem_saver.surrogates import utf8_ok
 
 

@@ -15,7 +15,7 @@ from psycopg.rows import TupleRow, tuple_row
 from langgraph_idem_saver.backend import Claims, Guarded
 from langgraph_idem_saver.errors import LedgerStateError
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, slot_of
-from langgraph_idem_saver.postgres import sql
+from langgraph_idem_saver.postgres import ledger_sql as sql
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.group_commit import GroupCommit

@@ -75,7 +75,7 @@ from langgraph_idem_saver.backend import LedgerStatements
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
-from langgraph_idem_saver.postgres import sql
+from langgraph_idem_saver.postgres import ledger_sql, sql
 from langgraph_idem_saver.postgres.codec import COMPRESS_MIN_BYTES, ZLIB_PREFIX, PostgresCodec
 from langgraph_idem_saver.postgres.connection import Conn, Cursor, PostgresConnection, migrate
 from langgraph_idem_saver.postgres.delta_history import PostgresDeltaHistory
@@ -84,15 +84,12 @@ from langgraph_idem_saver.postgres.jsonb import as_text, metadata_columns, metad
 from langgraph_idem_saver.postgres.ledger_store import CLAIM_RETRIES, PostgresLedgerStore
 from langgraph_idem_saver.postgres.retention import PostgresRetention
 from langgraph_idem_saver.retention import TTLConfig
-from langgraph_idem_saver.saver_base import (
-    IdemSaverBase,
-    check_prune_strategy,
+from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
+from langgraph_idem_saver.saver_codec import encode_versions, metadata_matches
+from langgraph_idem_saver.saver_config import (
     checkpoint_id_of,
     checkpoint_ns_of,
-    checkpoints_to_keep,
-    encode_versions,
     make_config,
-    metadata_matches,
     text_of,
     thread_id_of,
 )
@@ -122,7 +119,7 @@ class AsyncPostgresSaver(
         ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
     """
 
-    _sql: ClassVar[LedgerStatements] = sql
+    _sql: ClassVar[LedgerStatements] = ledger_sql
 
     def __init__(
         self,

@@ -22,12 +22,11 @@ production:
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, ClassVar, Literal, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import aiosqlite
 from langchain_core.runnables import RunnableConfig
@@ -37,94 +36,59 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    DeltaChannelHistory,
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from langgraph_idem_saver.backend import Claims, Guarded, LedgerStatements
+from langgraph_idem_saver.backend import LedgerStatements
 from langgraph_idem_saver.errors import (
     ConfigError,
-    ConnectionClosedError,
     CorruptRecordError,
-    DatabaseLockedError,
-    IdemSaverError,
-    NotADatabaseError,
-    ReadOnlyDatabaseError,
-    SchemaVersionError,
 )
 from langgraph_idem_saver.group_commit import GroupCommit
-from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.retention import TTLConfig
-from langgraph_idem_saver.saver_base import (
-    IdemSaverBase,
+from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
+from langgraph_idem_saver.saver_codec import (
     canonical_json,
-    check_prune_strategy,
-    checkpoint_id_of,
-    checkpoint_ns_of,
-    checkpoints_to_keep,
     decode_checkpoint,
     decode_json,
     decode_typed,
     encode_metadata,
     encode_versions,
     has_number,
-    make_config,
     metadata_matches,
+)
+from langgraph_idem_saver.saver_config import (
+    checkpoint_id_of,
+    checkpoint_ns_of,
+    make_config,
     text_of,
     thread_id_of,
 )
-from langgraph_idem_saver.sqlite import runner, sql
+from langgraph_idem_saver.sqlite import sql
+from langgraph_idem_saver.sqlite.connection import (
+    SqliteConnection,
+    Synchronous,
+    Write,
+    read_tx,
+)
+from langgraph_idem_saver.sqlite.delta_history import SqliteDeltaHistory
 from langgraph_idem_saver.sqlite.files import (
     SqliteTarget,
-    error_kind,
-    open_error,
     parse_target,
-    read_only_error,
-    read_only_reason,
-    target_of_connection,
 )
 from langgraph_idem_saver.sqlite.inspect import SqliteInspection
+from langgraph_idem_saver.sqlite.ledger_store import SqliteLedgerStore
 from langgraph_idem_saver.sqlite.retention import SqliteRetention
 from langgraph_idem_saver.surrogates import utf8_ok
 
 T = TypeVar("T")
-Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
-# a write for the group commit: its body, and whether it must be synced (a claim)
-_Write = tuple[Callable[[sqlite3.Connection], Any], bool]
+
+# moved with their jobs; importable from here as before
+__all__ = ["AsyncSqliteSaver", "Synchronous"]
 
 LIST_PAGE_SIZE = 100
-
-
-def _write_tx(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction and commit it.
-
-    IMMEDIATE takes the write lock up front, so a busy database waits in
-    ``busy_timeout`` instead of failing later on a lock upgrade.
-    """
-    if not conn.in_transaction:
-        conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = body(conn)
-        conn.commit()
-    except BaseException:
-        if conn.in_transaction:
-            conn.rollback()
-        raise
-    return result
-
-
-def _read_tx(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``body``'s SELECTs in one read transaction: a consistent snapshot."""
-    own = not conn.in_transaction
-    if own:
-        conn.execute("BEGIN")
-    try:
-        return body(conn)
-    finally:
-        if own and conn.in_transaction:
-            conn.commit()
 
 
 def _metadata_filter(filter: dict[str, Any]) -> tuple[list[str], list[Any]]:
@@ -175,7 +139,14 @@ def _bindable(text: str) -> bool:
     return "\x00" not in text and utf8_ok(text)
 
 
-class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
+class AsyncSqliteSaver(
+    SqliteLedgerStore,
+    SqliteDeltaHistory,
+    SqliteConnection,
+    SqliteInspection,
+    SqliteRetention,
+    IdemSaverBase,
+):
     """Async SQLite checkpointer and tool-call ledger (see the module docstring).
 
     Args:
@@ -209,7 +180,7 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
         self.busy_timeout = busy_timeout
         self._deltas = ListDeltaEncoder()
         # concurrent writes share one transaction and one fsync (group_commit.py)
-        self._group: GroupCommit[_Write, tuple[bool, Any]] = GroupCommit(self._commit)
+        self._group: GroupCommit[Write, tuple[bool, Any]] = GroupCommit(self._commit)
         # the file behind conn (for errors naming it); found on setup() if not given
         self._target: SqliteTarget | None = None
 
@@ -242,158 +213,6 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
             yield saver
         finally:
             await conn.close()
-
-    # --- plumbing -------------------------------------------------------------------
-
-    async def _setup_once(self) -> None:
-        """Configure the connection and apply pending migrations (``setup()``).
-
-        Refuses (``SchemaVersionError``) a database written by a newer release,
-        (``NotADatabaseError``) a file that is not SQLite, (``ConfigError``) a path in a
-        missing directory or naming a directory, and (``ReadOnlyDatabaseError``) a
-        database this process cannot write - unless the connection was opened read-only
-        on purpose (``mode=ro``/``immutable=1``): then reads work and each write raises it.
-        """
-        if self._target is None:
-            self._target = target_of_connection(self.conn)
-        if not runner.is_started(self.conn):
-            if runner.was_closed(self.conn):
-                raise ConnectionClosedError(
-                    "the aiosqlite connection was closed before the saver used it; open a new one"
-                )
-            try:
-                await self.conn
-            except sqlite3.Error as exc:
-                # aiosqlite stops its worker thread without waiting: wait here, or it
-                # may report to a loop that has closed by then
-                thread = runner.worker_thread(self.conn)
-                if thread is not None and thread.is_alive():
-                    thread.join(1.0)
-                raise open_error(self._target, exc) from exc
-        await self._call(self._setup_sync)
-
-    def _setup_sync(self, conn: sqlite3.Connection) -> None:
-        target = self._target or SqliteTarget(None, None)
-        # before the first read, which may create -wal/-shm files beside the database
-        if target.read_only is False and read_only_reason(target):
-            raise read_only_error(target, at_open=True)
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-            main = [row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"]
-        except sqlite3.DatabaseError as exc:
-            raise open_error(target, exc) from exc
-        if main and main[0]:
-            self._target = target = SqliteTarget(main[0], target.read_only)
-        if str(mode).lower() not in ("wal", "memory") and not target.read_only:
-            try:
-                conn.execute("PRAGMA journal_mode = WAL")
-            except sqlite3.OperationalError as exc:
-                # a connection that cannot write cannot switch to WAL; it may still
-                # read, unless it was meant to write
-                if error_kind(exc) != "readonly" or target.read_only is False:
-                    raise
-        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-
-        def schema_version(c: sqlite3.Connection) -> int:
-            if not c.execute(sql.SELECT_MIGRATIONS_TABLE).fetchone():
-                return -1
-            row = c.execute(sql.SELECT_SCHEMA_VERSION).fetchone()
-            found = -1 if row[0] is None else int(row[0])
-            if found > sql.SCHEMA_VERSION:
-                raise SchemaVersionError(found, sql.SCHEMA_VERSION, f"SQLite database {where}")
-            return found
-
-        def migrate(c: sqlite3.Connection) -> None:
-            for version in range(schema_version(c) + 1, len(sql.MIGRATIONS)):
-                for statement in sql.MIGRATIONS[version].split(";"):
-                    if statement.strip():
-                        c.execute(statement)
-                c.execute(sql.INSERT_MIGRATION, (version,))
-
-        where = target.shown
-        # a current database is only read: opening a saver must not need the write lock
-        # (another process may hold it for a while); migrations take it and re-check
-        found = _read_tx(conn, schema_version)
-        if found < sql.SCHEMA_VERSION:
-            try:
-                _write_tx(conn, migrate)
-            except sqlite3.OperationalError as exc:
-                if error_kind(exc) != "readonly":
-                    raise
-                why = read_only_reason(target) or f"SQLite refused the write ({exc})"
-                raise ReadOnlyDatabaseError(
-                    f"SQLite database {where} is at schema version {found} and this release "
-                    f"needs {sql.SCHEMA_VERSION}; upgrading it is a write, and {why}. Open it "
-                    "read-write once (e.g. with the application) to upgrade it; nothing was "
-                    "written",
-                    path=target.path,
-                ) from exc
-
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Ship ``fn`` to the aiosqlite worker thread: one hand-off, typed errors."""
-        conn = self.conn
-        if not runner.is_started(conn):
-            raise ConnectionClosedError(
-                "the aiosqlite connection is closed (or was never opened); open a new one "
-                "and create a new saver, e.g. `async with AsyncSqliteSaver.from_conn_string(...)`"
-            )
-        try:
-            return await runner.run_in_worker(conn, fn)
-        except IdemSaverError:
-            raise
-        except (ValueError, sqlite3.Error) as exc:
-            typed = _typed_error(exc, self.busy_timeout, self._target)
-            if typed is exc:
-                raise
-            raise typed from exc
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        await self.setup()
-        return await self._call(fn)
-
-    async def _write(
-        self, body: Callable[[sqlite3.Connection], T], *, before_tool_runs: bool = False
-    ) -> T:
-        """Run ``body`` in a write transaction, committed before this returns.
-
-        Writes that arrive while another is being committed are **group-committed**: one
-        worker hand-off, one transaction and one fsync for all of them, each body in its
-        own SAVEPOINT so a failing one is rolled back alone. The parallel tool tasks of a
-        step (``create_react_agent`` v2 sends one task per call) then share their claims'
-        commit, and checkpoint writes share theirs.
-
-        A transaction holding a claim (``before_tool_runs``: the ``issued`` row that lets
-        a tool run, first or again) is committed with at least ``synchronous=FULL``
-        whatever the setting: at-most-once rests on that row surviving power loss. Other
-        writes follow the setting; losing a ``completed`` row to a power cut leaves the
-        call ``issued``: an unknown outcome, verified, never silently re-run.
-        """
-        await self.setup()
-        ok, value = await self._group.submit((body, before_tool_runs))
-        if ok:
-            return cast(T, value)
-        if isinstance(value, (ValueError, sqlite3.Error)) and not isinstance(value, IdemSaverError):
-            raise _typed_error(value, self.busy_timeout, self._target) from value
-        raise value
-
-    async def _commit(self, batch: list[_Write]) -> list[tuple[bool, Any]]:
-        """One transaction for a group of writes: per write, (True, its result) or
-        (False, its exception), each rolled back alone (a savepoint each when several)."""
-        force_full = self.synchronous == "NORMAL" and any(synced for _, synced in batch)
-
-        def run(conn: sqlite3.Connection) -> list[tuple[bool, Any]]:
-            if force_full:
-                conn.execute("PRAGMA synchronous = FULL")
-            try:
-                if len(batch) == 1:  # alone in its transaction: no savepoint needed
-                    return _write_tx(conn, lambda c: [_alone(c, batch[0][0])])
-                return _write_tx(conn, lambda c: [_in_savepoint(c, b) for b, _ in batch])
-            finally:
-                if force_full:
-                    conn.execute("PRAGMA synchronous = NORMAL")
-
-        return await self._call(run)
 
     # --- reads ---------------------------------------------------------------------
 
@@ -468,7 +287,7 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
                 row = conn.execute(sql.SELECT_LATEST_CHECKPOINT, (thread_id, ns)).fetchone()
             return None if row is None else self._row_to_tuple(conn, row, loading=True)
 
-        return await self._run(lambda conn: _read_tx(conn, read))
+        return await self._run(lambda conn: read_tx(conn, read))
 
     async def alist(
         self,
@@ -524,7 +343,7 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
                     rows = [r for r in rows if metadata_matches(_metadata_of(r), filter)]
                 return fetched, last, [self._row_to_tuple(conn, row) for row in rows]
 
-            fetched, last, tuples = await self._run(lambda conn, r=read: _read_tx(conn, r))  # type: ignore[misc]
+            fetched, last, tuples = await self._run(lambda conn, r=read: read_tx(conn, r))  # type: ignore[misc]
             for tup in tuples:
                 if remaining is not None:
                     if remaining <= 0:
@@ -702,204 +521,6 @@ class AsyncSqliteSaver(SqliteInspection, SqliteRetention, IdemSaverBase):
                     conn.execute(sql.DELETE_WRITES_OF_CHECKPOINT, (thread_id, ns, checkpoint_id))
                     conn.execute(sql.DELETE_CHECKPOINT, (thread_id, ns, checkpoint_id))
             _collect_blobs(conn, thread_id)
-
-    # --- the tool-call ledger ----------------------------------------------------------
-
-    async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
-        def claim(conn: sqlite3.Connection) -> list[ClaimOutcome]:
-            outcomes = []
-            for row in claims.rows:
-                claimed = conn.execute(sql.INSERT_ISSUED, claims.params(row)).rowcount == 1
-                found = conn.execute(sql.SELECT_ENTRY, row[:2]).fetchone()
-                if found is None:  # refused by the fork slot: another branch's call
-                    found = conn.execute(sql.SELECT_SLOT_HOLDER, claims.slot(row)).fetchone()
-                outcomes.append(ClaimOutcome(claimed=claimed, entry=self.entry_of(found)))
-            return outcomes
-
-        return await self._write(claim, before_tool_runs=True)
-
-    # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
-
-    async def _select_entries(self, query: str, params: tuple[Any, ...]) -> list[LedgerEntry]:
-        return await self._run(lambda conn: [self.entry_of(r) for r in conn.execute(query, params)])
-
-    async def _ledger_write(self, query: str, params: tuple[Any, ...]) -> int:
-        return await self._write(lambda c: c.execute(query, params).rowcount)
-
-    async def _guarded_update(self, update: Guarded) -> LedgerEntry | None:
-        def run(conn: sqlite3.Connection) -> LedgerEntry | None:
-            if conn.execute(update.query, update.params).rowcount != 1:
-                return None
-            at = (update.scope, update.key)
-            return self.entry_of(conn.execute(sql.SELECT_ENTRY, at).fetchone())
-
-        return await self._write(run, before_tool_runs=update.before_tool_runs)
-
-    # --- DeltaChannel history ----------------------------------------------------------
-
-    async def aget_delta_channel_history(
-        self, *, config: RunnableConfig, channels: Sequence[str]
-    ) -> Mapping[str, DeltaChannelHistory]:
-        """Per requested channel: the writes on the parent chain since the nearest
-        ancestor that stores the channel's value, and that value (``seed``, absent when
-        the walk reaches the root without one) - exactly what LangGraph's default
-        returns, in one worker hand-off whatever the chain's length.
-
-        LangGraph calls this whenever it loads a thread with a ``DeltaChannel``. Its
-        default walks the chain with one ``aget_tuple`` per ancestor, each decoding every
-        channel value and write of that checkpoint. Here one recursive statement walks
-        the chain (read lazily: it stops once every channel has its seed, or at an id
-        seen before), one more fetches just the requested channels' writes of the
-        ancestors each channel's walk visited, and each seed is one primary-key read
-        (plus its list-delta bases); all in one read transaction.
-        """
-        wanted = list(dict.fromkeys(channels))
-        if not wanted:
-            return {}
-        thread_id = thread_id_of(config)
-        ns = checkpoint_ns_of(config)
-        # a name SQLite text cannot hold (a lone surrogate) has nothing stored
-        walking = [ch for ch in wanted if utf8_ok(ch)]
-        paths = [sql.delta_path(ch) for ch in walking]
-        params: dict[str, Any] = {
-            "thread_id": thread_id,
-            "ns": ns,
-            "checkpoint_id": checkpoint_id_of(config),
-        }
-        for i, (ch, path) in enumerate(zip(walking, paths, strict=True)):
-            params[f"c{i}"] = ch
-            if path is not None:
-                params[f"p{i}"] = path
-        chain_sql = sql.delta_chain_sql(tuple(p is not None for p in paths))
-
-        def read(conn: sqlite3.Connection) -> dict[str, DeltaChannelHistory]:
-            result: dict[str, DeltaChannelHistory] = {ch: {"writes": []} for ch in wanted}
-            if not walking:
-                return result
-            walked: list[str] = []  # ancestor ids, nearest first
-            visits: dict[int, int] = {}  # channel index -> ancestors its walk visited
-            seeds: dict[str, tuple[str, str]] = {}  # channel -> (checkpoint id, version)
-            remaining = dict(enumerate(walking))
-            rows = conn.execute(chain_sql, params)
-            try:
-                target = rows.fetchone()
-                if target is None:
-                    return result
-                seen = {target[0]}
-                for row in rows:
-                    if row[0] in seen:  # a chain that loops: stop where it repeats
-                        break
-                    seen.add(row[0])
-                    walked.append(row[0])
-                    for i in [i for i in remaining if row[i + 1] is not None]:
-                        seeds[remaining.pop(i)] = (row[0], row[i + 1])
-                        visits[i] = len(walked)
-                    if not remaining:
-                        break
-            finally:
-                rows.close()
-            for i in remaining:
-                visits[i] = len(walked)
-            if walked:
-                oldest_first = walked[::-1]
-                args: dict[str, Any] = {
-                    "thread_id": thread_id,
-                    "ns": ns,
-                    "chain": json.dumps(oldest_first),
-                }
-                for i, ch in enumerate(walking):
-                    args[f"c{i}"] = ch
-                    args[f"f{i}"] = len(walked) - visits[i]
-                writes = conn.execute(sql.delta_writes_sql(len(walking)), args).fetchall()
-                # oldest checkpoint first, each in writes_sort_key order (get_tuple's)
-                writes.sort(key=lambda w: (w[0], w[1], w[2], w[3]))
-                for pos, _path, task_id, _idx, channel, wtype, value in writes:
-                    value = decode_typed(
-                        self.serde, wtype, value, "pending write", thread_id=thread_id,
-                        checkpoint_ns=ns, checkpoint_id=oldest_first[pos], task_id=task_id,
-                        channel=channel,
-                    )  # fmt: skip
-                    result[channel]["writes"].append((task_id, channel, value))
-            for ch, (checkpoint_id, version) in seeds.items():
-                where = {
-                    "thread_id": thread_id,
-                    "checkpoint_ns": ns,
-                    "checkpoint_id": checkpoint_id,
-                }
-
-                def fetch(v: str, ch: str = ch) -> Any:
-                    return conn.execute(sql.SELECT_BLOB, (thread_id, ns, ch, v)).fetchone()
-
-                row = fetch(version)
-                if row is None:  # the chain statement saw it in this same transaction
-                    raise CorruptRecordError(
-                        "channel value",
-                        location={**where, "channel": ch, "version": version},
-                        cause=LookupError("the seed's blob vanished within one read"),
-                    )
-                result[ch]["seed"], _ = resolve_value(
-                    self.serde, row[0], row[1], row[2], fetch, channel=ch, **where
-                )
-            return result
-
-        return await self._run(lambda conn: _read_tx(conn, read))
-
-
-def _alone(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> tuple[bool, Any]:
-    """Run the only body of a transaction: its failure rolls back the transaction (two
-    statements fewer than a savepoint, on every sequential write)."""
-    try:
-        return True, body(conn)
-    except Exception as exc:
-        conn.rollback()
-        return False, exc
-
-
-def _in_savepoint(
-    conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]
-) -> tuple[bool, Any]:
-    """Run one body of a group commit; its failure rolls back only its own statements."""
-    conn.execute("SAVEPOINT idem_write")
-    try:
-        result = body(conn)
-    except Exception as exc:
-        conn.execute("ROLLBACK TO idem_write")
-        conn.execute("RELEASE idem_write")
-        return False, exc
-    conn.execute("RELEASE idem_write")
-    return True, result
-
-
-def _typed_error(
-    exc: ValueError | sqlite3.Error, busy_timeout: float, target: SqliteTarget | None = None
-) -> Exception:
-    """The package's exception for an aiosqlite/sqlite3 failure (the original otherwise);
-    ``target`` names the database in the message."""
-    msg = str(exc)
-    if isinstance(exc, ValueError):
-        if "closed" in msg or "no active connection" in msg:
-            return ConnectionClosedError(f"the aiosqlite connection is closed: {msg}")
-        return exc
-    if isinstance(exc, sqlite3.ProgrammingError) and "closed" in msg:
-        return ConnectionClosedError(f"the SQLite connection is closed: {msg}")
-    if isinstance(exc, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg):
-        return DatabaseLockedError(
-            f"the SQLite database stayed locked by another writer for more than "
-            f"busy_timeout={busy_timeout}s ({msg}); nothing was written, retry"
-        )
-    if not isinstance(exc, sqlite3.DatabaseError):
-        return exc
-    target = target or SqliteTarget(None, None)
-    kind = error_kind(exc)
-    if kind == "readonly":
-        return read_only_error(target, exc)
-    if kind == "notadb":
-        where = f" {target.path}" if target.path else ""
-        return NotADatabaseError(f"the SQLite file{where} is not a usable database: {msg}")
-    if kind == "cantopen" and target.path is not None:
-        # a file beside the database (-journal, -wal) could not be created or opened
-        return read_only_error(target, exc) if read_only_reason(target) else open_error(target, exc)
-    return exc
 
 
 def _metadata_of(row: Sequence[Any]) -> dict[str, Any]:

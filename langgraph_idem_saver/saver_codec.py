@@ -1,0 +1,115 @@
+"""How both backends encode what they store as JSON text, and decode what they read back:
+metadata (canonical, lossless, filterable), channel versions, serialized values. A
+stored value that does not decode is a :class:`CorruptRecordError` naming where it is.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from langgraph.checkpoint.base import ChannelVersions, CheckpointMetadata
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from langgraph_idem_saver.errors import CorruptRecordError, SerializationError
+from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair
+
+
+def encode_metadata(metadata: CheckpointMetadata) -> str:
+    """Metadata as canonical JSON text (sorted keys), the form filters compare against.
+
+    UTF-8 text, with lone surrogates (which UTF-8 cannot carry) as ``\\uXXXX`` escapes, so
+    such strings round-trip exactly. A high surrogate directly followed by a low one
+    cannot (JSON reads the two escapes back as one character): :class:`SerializationError`
+    before anything is written.
+    """
+    try:
+        text = json.dumps(
+            metadata, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(
+            f"checkpoint metadata must be JSON-serializable (str/int/float/bool/None, "
+            f"lists and dicts of them): {exc}"
+        ) from exc
+    escaped = escape_surrogates(text)
+    if escaped is not text and has_split_pair(text):
+        raise SerializationError(
+            "checkpoint metadata holds a high surrogate directly followed by a low one "
+            "(two code points), which JSON cannot store exactly (it would read back as one "
+            "character); nothing was written"
+        )
+    return escaped
+
+
+def metadata_matches(metadata: dict[str, Any], filter: dict[str, Any]) -> bool:
+    """LangGraph's InMemorySaver rule for ``alist(filter=...)``: every filter value
+    ``==`` the metadata's (Python equality: ``1 == 1.0 == True``; ``None`` also matches
+    an absent key). Backends narrow in SQL, then decide with this."""
+    return all(value == metadata.get(key) for key, value in filter.items())
+
+
+def has_number(value: Any) -> bool:
+    """Whether a filter value holds a bool or number, which Python equates across types
+    (``True == 1 == 1.0``) and JSON texts do not: SQL must not narrow by its text."""
+    if isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, dict):
+        return any(has_number(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(has_number(v) for v in value)
+    return False
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON for equality comparisons inside the database (metadata filters)."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def encode_versions(versions: ChannelVersions) -> str:
+    """``channel_versions`` as a JSON object of strings: the blob keys of a checkpoint."""
+    return json.dumps({k: str(v) for k, v in versions.items()}, separators=(",", ":"))
+
+
+def decode_typed(
+    serde: SerializerProtocol, type_: str, data: bytes | None, what: str, **location: Any
+) -> Any:
+    """``serde.loads_typed`` that turns any decoding failure into :class:`CorruptRecordError`."""
+    try:
+        return serde.loads_typed((type_, data if data is not None else b""))
+    except Exception as exc:
+        raise CorruptRecordError(what, location=location, cause=exc) from exc
+
+
+def decode_checkpoint(
+    serde: SerializerProtocol, type_: str, data: bytes | None, **location: Any
+) -> dict[str, Any]:
+    """Decode a stored checkpoint, insisting it decodes to a checkpoint-shaped dict."""
+    value = decode_typed(serde, type_, data, "checkpoint", **location)
+    if not isinstance(value, dict) or "id" not in value:
+        raise CorruptRecordError(
+            "checkpoint",
+            location=location,
+            cause=TypeError(f"decoded to {type(value).__name__}, not a checkpoint dict"),
+        )
+    return value
+
+
+def decode_json(text: str | bytes, what: str, **location: Any) -> Any:
+    """``json.loads`` that turns a failure into :class:`CorruptRecordError`."""
+    try:
+        return json.loads(text)
+    except Exception as exc:
+        raise CorruptRecordError(what, location=location, cause=exc) from exc
+
+
+__all__ = [
+    "canonical_json",
+    "decode_checkpoint",
+    "decode_json",
+    "decode_typed",
+    "encode_metadata",
+    "encode_versions",
+    "has_number",
+    "metadata_matches",
+]

@@ -1,0 +1,112 @@
+"""Reading a ``RunnableConfig`` the way every saver must: the thread, namespace and
+checkpoint ids, each checked once (a :class:`ConfigError` naming the key, before anything
+is written) so that no backend's driver sees text it cannot store.
+"""
+
+from __future__ import annotations
+
+from langchain_core.runnables import RunnableConfig
+
+from langgraph_idem_saver.errors import ConfigError
+
+# longest thread id / namespace / checkpoint id accepted, in UTF-8 bytes
+MAX_ID_BYTES = 1024
+
+
+def thread_id_of(config: RunnableConfig | None) -> str:
+    """The config's ``thread_id`` as a string, or a :class:`ConfigError` naming the key."""
+    configurable = (config or {}).get("configurable")
+    if not isinstance(configurable, dict):
+        raise ConfigError(
+            "config has no 'configurable' dict; pass "
+            "{'configurable': {'thread_id': ...}} (LangGraph needs a thread_id to checkpoint)"
+        )
+    thread_id = configurable.get("thread_id")
+    if thread_id is None or thread_id == "":
+        raise ConfigError(
+            "config['configurable'] has no 'thread_id'; pass "
+            "{'configurable': {'thread_id': ...}} to use a checkpointer"
+        )
+    if not isinstance(thread_id, (str, int)) or isinstance(thread_id, bool):
+        raise ConfigError(
+            f"config['configurable']['thread_id'] must be a str (or int), got "
+            f"{type(thread_id).__name__}"
+        )
+    return _storable(str(thread_id), "thread_id")
+
+
+def _storable(value: str, what: str) -> str:
+    """``value`` if a database can store it as text; a :class:`ConfigError` otherwise
+    (lone surrogates cannot be encoded; NUL is refused by PostgreSQL and truncates in
+    some SQLite functions)."""
+    if "\x00" in value:
+        raise ConfigError(f"{what} must not contain NUL (\\x00) characters")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{what} is not valid text (lone surrogate): {exc}") from exc
+    if size > MAX_ID_BYTES:
+        # PostgreSQL cannot index keys much longer (btree rows max out near 2.7 KB); the
+        # same limit on every backend keeps a thread portable between them
+        raise ConfigError(f"{what} is {size} bytes long; the limit is {MAX_ID_BYTES}")
+    return value
+
+
+def checkpoint_ns_of(config: RunnableConfig) -> str:
+    """The config's ``checkpoint_ns`` ('' when absent), validated to be a string."""
+    ns = config["configurable"].get("checkpoint_ns", "")
+    if ns is None:
+        return ""
+    if not isinstance(ns, str):
+        raise ConfigError(
+            f"config['configurable']['checkpoint_ns'] must be a str, got {type(ns).__name__}"
+        )
+    return _storable(ns, "checkpoint_ns")
+
+
+def checkpoint_id_of(config: RunnableConfig) -> str | None:
+    """The config's ``checkpoint_id`` or None, validated to be a string."""
+    cid = config["configurable"].get("checkpoint_id")
+    if cid is None or cid == "":
+        return None
+    if not isinstance(cid, str):
+        raise ConfigError(
+            f"config['configurable']['checkpoint_id'] must be a str, got {type(cid).__name__}"
+        )
+    return _storable(cid, "checkpoint_id")
+
+
+def text_of(value: str, what: str) -> str:
+    """``value`` if it is text a database can hold (no lone surrogates); a
+    :class:`ConfigError` otherwise, before anything is written (SQLite's and psycopg's
+    drivers would raise a raw ``UnicodeEncodeError`` mid-call). For the ids of writes
+    and channels, which LangGraph makes and ``_storable``'s other limits do not apply to.
+    """
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{what} {value!r} is not valid text (lone surrogate): {exc}") from exc
+    return value
+
+
+def make_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
+    """The config that addresses one stored checkpoint."""
+    return {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": checkpoint_ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
+__all__ = [
+    "MAX_ID_BYTES",
+    "checkpoint_id_of",
+    "checkpoint_ns_of",
+    "make_config",
+    "text_of",
+    "thread_id_of",
+]

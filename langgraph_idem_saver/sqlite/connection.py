@@ -1,0 +1,293 @@
+"""Running a saver's work on SQLite: ``setup()`` (pragmas, migrations, refusals that name
+the file), one worker hand-off per call, transactions, the group commit of writes, and
+typed errors (mixed into :class:`AsyncSqliteSaver`).
+
+Kept apart from the checkpoint methods so that every function shipped to the aiosqlite
+worker goes through one place that commits, syncs and types its errors.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+from langgraph_idem_saver.errors import (
+    ConnectionClosedError,
+    DatabaseLockedError,
+    IdemSaverError,
+    NotADatabaseError,
+    ReadOnlyDatabaseError,
+    SchemaVersionError,
+)
+from langgraph_idem_saver.sqlite import runner, sql
+from langgraph_idem_saver.sqlite.files import (
+    SqliteTarget,
+    error_kind,
+    open_error,
+    read_only_error,
+    read_only_reason,
+    target_of_connection,
+)
+
+if TYPE_CHECKING:
+    import aiosqlite
+
+    from langgraph_idem_saver.group_commit import GroupCommit
+
+T = TypeVar("T")
+Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
+# a write for the group commit: its body, and whether it must be synced (a claim)
+Write = tuple[Callable[[sqlite3.Connection], Any], bool]
+
+
+def write_tx(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction and commit it.
+
+    IMMEDIATE takes the write lock up front, so a busy database waits in
+    ``busy_timeout`` instead of failing later on a lock upgrade.
+    """
+    if not conn.in_transaction:
+        conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body(conn)
+        conn.commit()
+    except BaseException:
+        if conn.in_transaction:
+            conn.rollback()
+        raise
+    return result
+
+
+def read_tx(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``body``'s SELECTs in one read transaction: a consistent snapshot."""
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        return body(conn)
+    finally:
+        if own and conn.in_transaction:
+            conn.commit()
+
+
+class SqliteConnection:
+    """How :class:`AsyncSqliteSaver` runs a function on its connection (``_run``,
+    ``_write``)."""
+
+    conn: aiosqlite.Connection
+    synchronous: Synchronous
+    busy_timeout: float
+    _target: SqliteTarget | None
+
+    if TYPE_CHECKING:
+        _group: GroupCommit[Write, tuple[bool, Any]]
+
+        async def setup(self) -> None: ...
+
+    async def _setup_once(self) -> None:
+        """Configure the connection and apply pending migrations (``setup()``).
+
+        Refuses (``SchemaVersionError``) a database written by a newer release,
+        (``NotADatabaseError``) a file that is not SQLite, (``ConfigError``) a path in a
+        missing directory or naming a directory, and (``ReadOnlyDatabaseError``) a
+        database this process cannot write - unless the connection was opened read-only
+        on purpose (``mode=ro``/``immutable=1``): then reads work and each write raises it.
+        """
+        if self._target is None:
+            self._target = target_of_connection(self.conn)
+        if not runner.is_started(self.conn):
+            if runner.was_closed(self.conn):
+                raise ConnectionClosedError(
+                    "the aiosqlite connection was closed before the saver used it; open a new one"
+                )
+            try:
+                await self.conn
+            except sqlite3.Error as exc:
+                # aiosqlite stops its worker thread without waiting: wait here, or it
+                # may report to a loop that has closed by then
+                thread = runner.worker_thread(self.conn)
+                if thread is not None and thread.is_alive():
+                    thread.join(1.0)
+                raise open_error(self._target, exc) from exc
+        await self._call(self._setup_sync)
+
+    def _setup_sync(self, conn: sqlite3.Connection) -> None:
+        target = self._target or SqliteTarget(None, None)
+        # before the first read, which may create -wal/-shm files beside the database
+        if target.read_only is False and read_only_reason(target):
+            raise read_only_error(target, at_open=True)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            main = [row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"]
+        except sqlite3.DatabaseError as exc:
+            raise open_error(target, exc) from exc
+        if main and main[0]:
+            self._target = target = SqliteTarget(main[0], target.read_only)
+        if str(mode).lower() not in ("wal", "memory") and not target.read_only:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                # a connection that cannot write cannot switch to WAL; it may still
+                # read, unless it was meant to write
+                if error_kind(exc) != "readonly" or target.read_only is False:
+                    raise
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+
+        def schema_version(c: sqlite3.Connection) -> int:
+            if not c.execute(sql.SELECT_MIGRATIONS_TABLE).fetchone():
+                return -1
+            row = c.execute(sql.SELECT_SCHEMA_VERSION).fetchone()
+            found = -1 if row[0] is None else int(row[0])
+            if found > sql.SCHEMA_VERSION:
+                raise SchemaVersionError(found, sql.SCHEMA_VERSION, f"SQLite database {where}")
+            return found
+
+        def migrate(c: sqlite3.Connection) -> None:
+            for version in range(schema_version(c) + 1, len(sql.MIGRATIONS)):
+                for statement in sql.MIGRATIONS[version].split(";"):
+                    if statement.strip():
+                        c.execute(statement)
+                c.execute(sql.INSERT_MIGRATION, (version,))
+
+        where = target.shown
+        # a current database is only read: opening a saver must not need the write lock
+        # (another process may hold it for a while); migrations take it and re-check
+        found = read_tx(conn, schema_version)
+        if found < sql.SCHEMA_VERSION:
+            try:
+                write_tx(conn, migrate)
+            except sqlite3.OperationalError as exc:
+                if error_kind(exc) != "readonly":
+                    raise
+                why = read_only_reason(target) or f"SQLite refused the write ({exc})"
+                raise ReadOnlyDatabaseError(
+                    f"SQLite database {where} is at schema version {found} and this release "
+                    f"needs {sql.SCHEMA_VERSION}; upgrading it is a write, and {why}. Open it "
+                    "read-write once (e.g. with the application) to upgrade it; nothing was "
+                    "written",
+                    path=target.path,
+                ) from exc
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Ship ``fn`` to the aiosqlite worker thread: one hand-off, typed errors."""
+        conn = self.conn
+        if not runner.is_started(conn):
+            raise ConnectionClosedError(
+                "the aiosqlite connection is closed (or was never opened); open a new one "
+                "and create a new saver, e.g. `async with AsyncSqliteSaver.from_conn_string(...)`"
+            )
+        try:
+            return await runner.run_in_worker(conn, fn)
+        except IdemSaverError:
+            raise
+        except (ValueError, sqlite3.Error) as exc:
+            typed = typed_error(exc, self.busy_timeout, self._target)
+            if typed is exc:
+                raise
+            raise typed from exc
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        await self.setup()
+        return await self._call(fn)
+
+    async def _write(
+        self, body: Callable[[sqlite3.Connection], T], *, before_tool_runs: bool = False
+    ) -> T:
+        """Run ``body`` in a write transaction, committed before this returns.
+
+        Writes that arrive while another is being committed are **group-committed**: one
+        worker hand-off, one transaction and one fsync for all of them, each body in its
+        own SAVEPOINT so a failing one is rolled back alone. The parallel tool tasks of a
+        step (``create_react_agent`` v2 sends one task per call) then share their claims'
+        commit, and checkpoint writes share theirs.
+
+        A transaction holding a claim (``before_tool_runs``: the ``issued`` row that lets
+        a tool run, first or again) is committed with at least ``synchronous=FULL``
+        whatever the setting: at-most-once rests on that row surviving power loss. Other
+        writes follow the setting; losing a ``completed`` row to a power cut leaves the
+        call ``issued``: an unknown outcome, verified, never silently re-run.
+        """
+        await self.setup()
+        ok, value = await self._group.submit((body, before_tool_runs))
+        if ok:
+            return cast(T, value)
+        if isinstance(value, (ValueError, sqlite3.Error)) and not isinstance(value, IdemSaverError):
+            raise typed_error(value, self.busy_timeout, self._target) from value
+        raise value
+
+    async def _commit(self, batch: list[Write]) -> list[tuple[bool, Any]]:
+        """One transaction for a group of writes: per write, (True, its result) or
+        (False, its exception), each rolled back alone (a savepoint each when several)."""
+        force_full = self.synchronous == "NORMAL" and any(synced for _, synced in batch)
+
+        def run(conn: sqlite3.Connection) -> list[tuple[bool, Any]]:
+            if force_full:
+                conn.execute("PRAGMA synchronous = FULL")
+            try:
+                if len(batch) == 1:  # alone in its transaction: no savepoint needed
+                    return write_tx(conn, lambda c: [alone(c, batch[0][0])])
+                return write_tx(conn, lambda c: [in_savepoint(c, b) for b, _ in batch])
+            finally:
+                if force_full:
+                    conn.execute("PRAGMA synchronous = NORMAL")
+
+        return await self._call(run)
+
+
+def alone(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> tuple[bool, Any]:
+    """Run the only body of a transaction: its failure rolls back the transaction (two
+    statements fewer than a savepoint, on every sequential write)."""
+    try:
+        return True, body(conn)
+    except Exception as exc:
+        conn.rollback()
+        return False, exc
+
+
+def in_savepoint(
+    conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]
+) -> tuple[bool, Any]:
+    """Run one body of a group commit; its failure rolls back only its own statements."""
+    conn.execute("SAVEPOINT idem_write")
+    try:
+        result = body(conn)
+    except Exception as exc:
+        conn.execute("ROLLBACK TO idem_write")
+        conn.execute("RELEASE idem_write")
+        return False, exc
+    conn.execute("RELEASE idem_write")
+    return True, result
+
+
+def typed_error(
+    exc: ValueError | sqlite3.Error, busy_timeout: float, target: SqliteTarget | None = None
+) -> Exception:
+    """The package's exception for an aiosqlite/sqlite3 failure (the original otherwise);
+    ``target`` names the database in the message."""
+    msg = str(exc)
+    if isinstance(exc, ValueError):
+        if "closed" in msg or "no active connection" in msg:
+            return ConnectionClosedError(f"the aiosqlite connection is closed: {msg}")
+        return exc
+    if isinstance(exc, sqlite3.ProgrammingError) and "closed" in msg:
+        return ConnectionClosedError(f"the SQLite connection is closed: {msg}")
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg):
+        return DatabaseLockedError(
+            f"the SQLite database stayed locked by another writer for more than "
+            f"busy_timeout={busy_timeout}s ({msg}); nothing was written, retry"
+        )
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return exc
+    target = target or SqliteTarget(None, None)
+    kind = error_kind(exc)
+    if kind == "readonly":
+        return read_only_error(target, exc)
+    if kind == "notadb":
+        where = f" {target.path}" if target.path else ""
+        return NotADatabaseError(f"the SQLite file{where} is not a usable database: {msg}")
+    if kind == "cantopen" and target.path is not None:
+        # a file beside the database (-journal, -wal) could not be created or opened
+        return read_only_error(target, exc) if read_only_reason(target) else open_error(target, exc)
+    return exc
