@@ -91,6 +91,21 @@ class StorageCounts:
     size_bytes: int | None
 
 
+# The part of THREAD_SUMMARIES both dialects share: given ``t`` (per thread: root and
+# subgraph checkpoint counts, the root head's id), the head's checkpoint and what its
+# writes say (count, interrupted, failed). Each backend's inspect.py prefixes its ``t``.
+THREAD_HEADS_SQL = """SELECT t.thread_id, t.root, t.sub, t.head, c.type, c.checkpoint,
+    (SELECT COUNT(*) FROM idem_writes AS w WHERE w.thread_id = t.thread_id
+        AND w.checkpoint_ns = '' AND w.checkpoint_id = t.head),
+    EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = t.thread_id
+        AND w.checkpoint_ns = '' AND w.checkpoint_id = t.head AND w.channel = '__interrupt__'),
+    EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = t.thread_id
+        AND w.checkpoint_ns = '' AND w.checkpoint_id = t.head AND w.channel = '__error__')
+FROM t LEFT JOIN idem_checkpoints AS c
+  ON c.thread_id = t.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = t.head
+"""
+
+
 def parse_metadata(text: Any) -> dict[str, Any]:
     """Stored metadata JSON as a dict (``{}`` for anything else: a listing never fails
     on one odd row; ``aget_tuple`` is the strict reader)."""
@@ -184,6 +199,7 @@ def checked_keys(keys: Any) -> list[tuple[str, str, str]]:
 
 
 __all__ = [
+    "THREAD_HEADS_SQL",
     "CheckpointHistory",
     "CheckpointNode",
     "CheckpointRow",

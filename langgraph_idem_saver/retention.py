@@ -36,6 +36,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from langgraph_idem_saver.errors import ConfigError
+from langgraph_idem_saver.forwarding import blocking, hopping
 
 T = TypeVar("T")
 
@@ -416,34 +417,12 @@ class SyncRetention:
     if TYPE_CHECKING:
         saver: Any
 
-        def _call(self, coro: Coroutine[Any, Any, T]) -> T: ...
-
-        async def _hop(self, coro: Coroutine[Any, Any, T]) -> T: ...
-
     @property
     def ttl(self) -> TTLConfig | None:
         """The retention ``asweep`` applies by default (the saver's ``ttl=``)."""
         ttl: TTLConfig | None = self.saver.ttl
         return ttl
 
-    def sweep(
-        self,
-        now: float | datetime | None = None,
-        *,
-        ttl: TTLConfig | Mapping[str, Any] | None = None,
-        dry_run: bool = False,
-    ) -> SweepReport:
-        """See :meth:`RetentionBase.asweep`."""
-        report: SweepReport = self._call(self.saver.asweep(now, ttl=ttl, dry_run=dry_run))
-        return report
-
-    async def asweep(
-        self,
-        now: float | datetime | None = None,
-        *,
-        ttl: TTLConfig | Mapping[str, Any] | None = None,
-        dry_run: bool = False,
-    ) -> SweepReport:
-        """See :meth:`RetentionBase.asweep`."""
-        report: SweepReport = await self._hop(self.saver.asweep(now, ttl=ttl, dry_run=dry_run))
-        return report
+    # the async saver's asweep, run on its loop (forwarding.py: typed as the target)
+    sweep = blocking(RetentionBase.asweep)
+    asweep = hopping(RetentionBase.asweep)

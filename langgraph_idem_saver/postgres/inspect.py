@@ -25,7 +25,8 @@ T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 
 IS_IDEM_DATABASE = "SELECT to_regclass('idem_saver_migrations') IS NOT NULL"
-THREAD_SUMMARIES = """
+THREAD_SUMMARIES = (
+    """
 WITH t AS (
     SELECT thread_id,
            COUNT(*) FILTER (WHERE checkpoint_ns = '') AS root,
@@ -33,16 +34,9 @@ WITH t AS (
            MAX(checkpoint_id) FILTER (WHERE checkpoint_ns = '') AS head
     FROM idem_checkpoints GROUP BY thread_id
 )
-SELECT t.thread_id, t.root, t.sub, t.head, c.type, c.checkpoint,
-    (SELECT COUNT(*) FROM idem_writes AS w WHERE w.thread_id = t.thread_id
-        AND w.checkpoint_ns = '' AND w.checkpoint_id = t.head),
-    EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = t.thread_id
-        AND w.checkpoint_ns = '' AND w.checkpoint_id = t.head AND w.channel = '__interrupt__'),
-    EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = t.thread_id
-        AND w.checkpoint_ns = '' AND w.checkpoint_id = t.head AND w.channel = '__error__')
-FROM t LEFT JOIN idem_checkpoints AS c
-  ON c.thread_id = t.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = t.head
 """
+    + inspect_types.THREAD_HEADS_SQL
+)
 LEDGER_PER_THREAD = "SELECT thread_id, COUNT(*) FROM idem_tool_calls GROUP BY thread_id"
 THREAD_EXISTS = (
     "SELECT EXISTS (SELECT 1 FROM idem_checkpoints WHERE thread_id = %(t)s) "

@@ -19,6 +19,7 @@ import aiosqlite
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.inspect_types import (
+    THREAD_HEADS_SQL,
     CheckpointHistory,
     CheckpointNode,
     CheckpointRow,
@@ -39,22 +40,16 @@ T = TypeVar("T")
 IS_IDEM_DATABASE = (
     "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idem_saver_migrations'"
 )
-THREAD_SUMMARIES = """
+THREAD_SUMMARIES = (
+    """
 WITH t AS (
     SELECT thread_id, SUM(checkpoint_ns = '') AS root, SUM(checkpoint_ns <> '') AS sub,
            MAX(CASE WHEN checkpoint_ns = '' THEN checkpoint_id END) AS head
     FROM idem_checkpoints GROUP BY thread_id
 )
-SELECT t.thread_id, t.root, t.sub, t.head, c.type, c.checkpoint,
-    (SELECT COUNT(*) FROM idem_writes AS w WHERE w.thread_id = t.thread_id
-        AND w.checkpoint_ns = '' AND w.checkpoint_id = t.head),
-    EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = t.thread_id
-        AND w.checkpoint_ns = '' AND w.checkpoint_id = t.head AND w.channel = '__interrupt__'),
-    EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = t.thread_id
-        AND w.checkpoint_ns = '' AND w.checkpoint_id = t.head AND w.channel = '__error__')
-FROM t LEFT JOIN idem_checkpoints AS c
-  ON c.thread_id = t.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = t.head
 """
+    + THREAD_HEADS_SQL
+)
 LEDGER_PER_THREAD = "SELECT thread_id, COUNT(*) FROM idem_tool_calls GROUP BY thread_id"
 THREAD_EXISTS = (
     "SELECT EXISTS (SELECT 1 FROM idem_checkpoints WHERE thread_id = ?1) "
