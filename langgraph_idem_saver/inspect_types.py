@@ -105,6 +105,14 @@ FROM t LEFT JOIN idem_checkpoints AS c
   ON c.thread_id = t.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = t.head
 """
 
+# the columns of StorageCounts both dialects read alike (Postgres adds the size)
+TABLE_COUNTS_COLUMNS = """(SELECT COUNT(DISTINCT thread_id) FROM idem_checkpoints),
+       (SELECT COUNT(*) FROM idem_checkpoints),
+       (SELECT COUNT(*) FROM idem_blobs),
+       (SELECT COUNT(*) FROM idem_writes),
+       (SELECT COUNT(*) FROM idem_tool_calls),
+       (SELECT MAX(v) FROM idem_saver_migrations)"""
+
 
 def parse_metadata(text: Any) -> dict[str, Any]:
     """Stored metadata JSON as a dict (``{}`` for anything else: a listing never fails
@@ -199,6 +207,7 @@ def checked_keys(keys: Any) -> list[tuple[str, str, str]]:
 
 
 __all__ = [
+    "TABLE_COUNTS_COLUMNS",
     "THREAD_HEADS_SQL",
     "CheckpointHistory",
     "CheckpointNode",

@@ -77,13 +77,8 @@ _KEYS = (
 )
 DELETE_WRITES_OF = f"DELETE FROM idem_writes WHERE {_KEYS}"
 DELETE_CHECKPOINTS = f"DELETE FROM idem_checkpoints WHERE {_KEYS}"
-TABLE_COUNTS = """
-SELECT (SELECT COUNT(DISTINCT thread_id) FROM idem_checkpoints),
-       (SELECT COUNT(*) FROM idem_checkpoints),
-       (SELECT COUNT(*) FROM idem_blobs),
-       (SELECT COUNT(*) FROM idem_writes),
-       (SELECT COUNT(*) FROM idem_tool_calls),
-       (SELECT MAX(v) FROM idem_saver_migrations),
+TABLE_COUNTS = f"""
+SELECT {inspect_types.TABLE_COUNTS_COLUMNS},
        (SELECT SUM(pg_total_relation_size(to_regclass(t))) FROM unnest(ARRAY[
            'idem_checkpoints', 'idem_blobs', 'idem_writes', 'idem_tool_calls',
            'idem_saver_migrations']) AS t)

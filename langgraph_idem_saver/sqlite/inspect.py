@@ -19,6 +19,7 @@ import aiosqlite
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.inspect_types import (
+    TABLE_COUNTS_COLUMNS,
     THREAD_HEADS_SQL,
     CheckpointHistory,
     CheckpointNode,
@@ -87,14 +88,7 @@ DELETE_CHECKPOINT = (
     "DELETE FROM idem_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
 )
 COUNT_BLOBS_OF_THREAD = "SELECT COUNT(*) FROM idem_blobs WHERE thread_id = ?"
-TABLE_COUNTS = """
-SELECT (SELECT COUNT(DISTINCT thread_id) FROM idem_checkpoints),
-       (SELECT COUNT(*) FROM idem_checkpoints),
-       (SELECT COUNT(*) FROM idem_blobs),
-       (SELECT COUNT(*) FROM idem_writes),
-       (SELECT COUNT(*) FROM idem_tool_calls),
-       (SELECT MAX(v) FROM idem_saver_migrations)
-"""
+TABLE_COUNTS = f"SELECT {TABLE_COUNTS_COLUMNS}"
 
 
 class _Host(Protocol):
