@@ -3,8 +3,9 @@
 The scripts run as ``python benchmarks/bench_x.py``, so this folder is on ``sys.path``
 and they import from here with ``from _harness import ...``. Everything here is
 backend-neutral: payload generators, the synthetic checkpoint stream, the DeltaChannel
-threads, the interleaved timer and its summaries, and the report/JSON plumbing. The
-result row and the run profile are ``bench.py``'s (``Row``, ``Profile``).
+threads, the tool-node graphs of the ledger rows, the interleaved timer and its
+summaries, and the report/JSON plumbing. The result row and the run profile are
+``bench.py``'s (``Row``, ``Profile``): one of each for every row.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from contextlib import contextmanager
 from typing import Annotated, Any
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
 from typing_extensions import TypedDict
 
 perf_ns = time.perf_counter_ns
@@ -198,6 +202,44 @@ async def aput_writes_prepare(
         return lambda: saver.aput_writes(cfg, writes, task_id, "~__pregel_pull, agent")
 
     return prepare
+
+
+# --------------------------------------------------------------------------------------
+# Tool-node graphs (the ledger rows)
+# --------------------------------------------------------------------------------------
+
+
+@tool
+async def noop(i: int) -> str:
+    """Do nothing (a side-effecting tool as far as the ledger knows)."""
+    return "ok"
+
+
+class MsgState(TypedDict):
+    messages: Annotated[list[Any], add_messages]
+
+
+def tools_graph(kind: str, saver: Any) -> Any:
+    """START -> tools -> END with LangGraph's ``ToolNode`` (``stock``) or ours (``idem``)."""
+    from langgraph_idem_saver import IdempotentToolNode
+
+    g = StateGraph(MsgState)
+    g.add_node("tools", IdempotentToolNode([noop]) if kind == "idem" else ToolNode([noop]))
+    g.add_edge(START, "tools")
+    g.add_edge("tools", END)
+    return g.compile(checkpointer=saver)
+
+
+def tool_call_message(n: int, tag: str) -> AIMessage:
+    """One model message asking for ``n`` parallel ``noop`` calls."""
+    return AIMessage(
+        content="",
+        id=f"ai-{tag}",
+        tool_calls=[
+            {"name": "noop", "args": {"i": i}, "id": f"call_{tag}_{i}", "type": "tool_call"}
+            for i in range(n)
+        ],
+    )
 
 
 # --------------------------------------------------------------------------------------

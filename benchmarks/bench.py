@@ -27,18 +27,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import operator
 import os
 import random
+import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, ExitStack, closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, cast
 
 import aiosqlite
 import psycopg
@@ -53,17 +55,20 @@ from _harness import (
     interleaved,
     package_version,
     populate_delta_threads,
+    tool_call_message,
+    tools_graph,
     write_json,
 )
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as OfficialPostgres
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver as OfficialSqlite
+from langgraph.graph import END, START, StateGraph
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+from typing_extensions import TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_ledger import build_tools_graph, make_node, tool_call_message
 
 from langgraph_idem_saver import AsyncSqliteSaver as OursSqlite
 from langgraph_idem_saver.postgres import AsyncPostgresSaver as OursPostgres
@@ -93,6 +98,14 @@ class Profile:
     delta: bool = True
 
 
+# the ledger rows' stacks: LangGraph's saver + stock ToolNode, ours + stock ToolNode,
+# ours + IdempotentToolNode (the safe stack: "ours", so ``ratio`` is official / safe)
+STACKS = {
+    "official": ("official", "stock"),
+    "ours+stock": ("ours", "stock"),
+    "ours": ("ours", "idem"),
+}
+
 PROFILES = {
     "quick": Profile(
         "quick", 200, 10, warmup=3, rounds=3, per_round=6, graph_rounds=1, budget_s=2.0, delta=False
@@ -119,6 +132,14 @@ class Row:
     def ratio(self) -> float:
         """official / ours: above 1.0 ours is faster."""
         return self.median_us("official") / self.median_us("ours")
+
+    @property
+    def ledger_us(self) -> float | None:
+        """Ledger rows: what IdempotentToolNode adds per call over the stock node on our
+        saver (ours - ours+stock); None for other rows."""
+        if "ours+stock" not in self.samples:
+            return None
+        return self.median_us("ours") - self.median_us("ours+stock")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -210,10 +231,16 @@ async def open_savers(stack: AsyncExitStack, config: str, where: dict[str, str])
 
 
 async def timed(
-    config: str, key: str, title: str, prepare: Prepare, prof: Profile, scale: int = 1
+    config: str,
+    key: str,
+    title: str,
+    prepare: Prepare,
+    prof: Profile,
+    scale: int = 1,
+    labels: list[str] = LABELS,
 ) -> Row:
     samples = await interleaved(
-        LABELS, prepare, prof.warmup, prof.rounds, prof.per_round, prof.budget_s
+        labels, prepare, prof.warmup, prof.rounds, prof.per_round, prof.budget_s
     )
     return Row(config, key, title, samples, scale)
 
@@ -303,13 +330,10 @@ def reader(savers: dict[str, Any], thread: str, limit: int | None) -> Prepare:
 
 
 def tool_step(savers: dict[str, Any], calls: int) -> Prepare:
-    """One graph step with ``calls`` parallel calls: stock ToolNode on LangGraph's saver
-    vs IdempotentToolNode on ours (durability sync, a fresh thread per invoke)."""
-    graphs = {
-        "official": build_tools_graph(make_node("stock")).compile(checkpointer=savers["official"]),
-        "ours": build_tools_graph(make_node("idem")).compile(checkpointer=savers["ours"]),
-    }
-    count = dict.fromkeys(LABELS, 0)
+    """One graph step with ``calls`` parallel calls on each of ``STACKS`` (durability
+    sync, a fresh thread per invoke)."""
+    graphs = {lab: tools_graph(node, savers[saver]) for lab, (saver, node) in STACKS.items()}
+    count = dict.fromkeys(STACKS, 0)
 
     def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
         count[lab] += 1
@@ -365,30 +389,139 @@ async def bench_config(
                 )
             )
         if "ledger" in only:
-            graph_prof = Profile(
-                "graph",
-                0,
-                0,
-                warmup=2,
-                rounds=prof.graph_rounds,
-                per_round=2,
-                budget_s=prof.budget_s,
-            )
-            rows.append(
-                await timed(
-                    config,
-                    "tool_step",
-                    f"graph step, {prof.calls} tool calls (per call)",
-                    tool_step(savers, prof.calls),
-                    graph_prof,
-                    prof.calls,
+            for calls in (1, prof.calls):
+                # a lone call is short and noisy: more invocations per round
+                graph_prof = Profile(
+                    "graph",
+                    0,
+                    0,
+                    warmup=2,
+                    rounds=prof.graph_rounds,
+                    per_round=2 if calls > 1 else 10,
+                    budget_s=prof.budget_s,
                 )
-            )
+                title = "a lone tool call" if calls == 1 else f"one step, {calls} tool calls"
+                rows.append(
+                    await timed(
+                        config,
+                        f"tool_step_{calls}",
+                        f"graph step: {title} (per call)",
+                        tool_step(savers, calls),
+                        graph_prof,
+                        calls,
+                        list(STACKS),
+                    )
+                )
         if "delta" in only and prof.delta and config != "pg-pool":
             graphs = {lab: await populate_delta_threads(s) for lab, s in savers.items()}
             for key, title, prep in delta_specs(graphs):
                 rows.append(await timed(config, key, title, prep, prof))
     return rows
+
+
+# --------------------------------------------------------------------------------------
+# The sync savers (the "sync" rows): called as graph.invoke calls them, from a thread
+# without an event loop of theirs; ours hop to the private loop of their async saver
+# --------------------------------------------------------------------------------------
+
+
+class Loop(TypedDict):
+    count: int
+    log: Annotated[list[str], operator.add]
+
+
+def loop_graph(steps: int) -> Any:
+    """One node looping ``steps`` supersteps, each appending a ~200-byte line."""
+
+    def step(state: Loop) -> dict[str, Any]:
+        return {"count": state["count"] + 1, "log": [f"step {state['count']}" + "x" * 180]}
+
+    g = StateGraph(Loop)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    g.add_conditional_edges("step", lambda s: "step" if s["count"] < steps else END)
+    return g
+
+
+def open_sync_savers(stack: ExitStack, config: str, where: dict[str, str]) -> dict[str, Any]:
+    """label -> sync saver: LangGraph's SqliteSaver/PostgresSaver and ours, each on the
+    same kind of connection (SQLite ``synchronous=FULL`` both; Postgres ``POOL_KWARGS``)."""
+    from langgraph.checkpoint.postgres import PostgresSaver as OfficialSyncPostgres
+    from langgraph.checkpoint.sqlite import SqliteSaver as OfficialSyncSqlite
+
+    from langgraph_idem_saver.postgres import PostgresSaver as OursSyncPostgres
+    from langgraph_idem_saver.sqlite import SqliteSaver as OursSyncSqlite
+
+    savers: dict[str, Any] = {}
+    for label in LABELS:
+        if config == "sqlite":
+            conn: Any = stack.enter_context(
+                closing(sqlite3.connect(where[label], check_same_thread=False))
+            )
+            conn.execute("PRAGMA synchronous=FULL")
+            official, ours = OfficialSyncSqlite, OursSyncSqlite
+        else:
+            conn = stack.enter_context(psycopg.Connection.connect(where[label], **POOL_KWARGS))
+            official, ours = OfficialSyncPostgres, OursSyncPostgres
+        saver = official(conn) if label == "official" else stack.enter_context(ours(conn))
+        saver.setup()
+        savers[label] = saver
+    return savers
+
+
+def sync_specs(savers: dict[str, Any], prof: Profile) -> list[tuple[str, str, Prepare]]:
+    """(key, title, prepare) of each sync row; a prepared call runs the sync method."""
+    window = [Sim.payloads.ai(random.Random(i), prof.msg_bytes) for i in range(prof.window)]
+    state = {lab: {"parent": None, "n": 0, "versions": {}} for lab in savers}
+    cfg = {"configurable": {"thread_id": "w", "checkpoint_ns": ""}}
+
+    def put(lab: str) -> Any:
+        saver, st = savers[lab], state[lab]
+        st["n"] += 1
+        checkpoint = empty_checkpoint()
+        changed = ["count"] if st["n"] % 2 else ["count", "messages"]
+        checkpoint["channel_values"] = {"count": st["n"], "messages": window}
+        for ch in changed:
+            st["versions"][ch] = saver.get_next_version(st["versions"].get(ch), None)
+        checkpoint["channel_versions"] = dict(st["versions"])
+        new = {ch: st["versions"][ch] for ch in changed}
+        st["parent"] = saver.put(st["parent"] or cfg, checkpoint, {"source": "loop"}, new)
+
+    steps = 10
+    graphs = {lab: loop_graph(steps).compile(checkpointer=s) for lab, s in savers.items()}
+
+    def invoke(lab: str) -> Any:
+        thread = {"configurable": {"thread_id": f"g-{uuid.uuid4().hex}"}}
+        out = graphs[lab].invoke({"count": 0, "log": []}, thread, durability="sync")
+        assert out["count"] == steps
+
+    calls: dict[str, tuple[str, Callable[[str], Any]]] = {
+        "sync_put": ("sync put (list every 2nd checkpoint)", put),
+        "sync_get_tuple": ("sync get_tuple, latest", lambda lab: savers[lab].get_tuple(cfg)),
+        "sync_list_10": ("sync list(limit=10)", lambda lab: list(savers[lab].list(cfg, limit=10))),
+        "sync_invoke": (f"sync graph.invoke, {steps}-step loop", invoke),
+    }
+
+    def prepare_of(call: Callable[[str], Any]) -> Prepare:
+        def prepare(lab: str) -> Callable[[], Awaitable[Any]]:
+            async def run() -> None:
+                call(lab)  # blocks this thread's loop: nothing else runs on it
+
+            return run
+
+        return prepare
+
+    return [(key, title, prepare_of(call)) for key, (title, call) in calls.items()]
+
+
+def bench_sync(config: str, where: dict[str, str], prof: Profile) -> list[Row]:
+    """The sync rows of ``config``, run in a thread of their own (see ``main_async``)."""
+    with ExitStack() as stack:
+        savers = open_sync_savers(stack, config, where)
+        return [
+            asyncio.run(timed(config, key, title, prep, prof))
+            for key, title, prep in sync_specs(savers, prof)
+        ]
 
 
 # --------------------------------------------------------------------------------------
@@ -457,11 +590,17 @@ def explain_reads(dsn: str, thread: str) -> str:
 
 def print_rows(rows: list[Row], floors: dict[str, float]) -> None:
     w = max(len(r.title) for r in rows)
-    print(f"\n{'config':<8} {'row':<{w}} {'official':>11} {'ours':>11} {'ratio':>7}")
+    head = f"{'official':>11} {'ours':>11} {'ratio':>7} {'ours+stock':>11} {'ledger':>9}"
+    print(f"\n{'config':<8} {'row':<{w}} {head}")
     for r in rows:
+        ledger = (
+            ""
+            if r.ledger_us is None
+            else (f"{r.median_us('ours+stock'):>8,.0f} µs {r.ledger_us:>+6,.0f} µs")
+        )
         print(
             f"{r.config:<8} {r.title:<{w}} {r.median_us('official'):>8,.0f} µs "
-            f"{r.median_us('ours'):>8,.0f} µs {r.ratio:>6.2f}x"
+            f"{r.median_us('ours'):>8,.0f} µs {r.ratio:>6.2f}x {ledger}"
         )
     for config, us in floors.items():
         print(f"floor ({config}): INSERT + commit of a 5 KB row {us:,.0f} µs")
@@ -501,6 +640,13 @@ async def main_async(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - t0:6.1f}s] {config} ready", file=sys.stderr)
         for config in configs:
             rows += await bench_config(config, where[config], prof, only, pg_base)
+            if "sync" in only and config != "pg-pool":
+                fresh = (
+                    {lab: os.path.join(tmp, f"sync-{lab}.db") for lab in LABELS}
+                    if config == "sqlite"
+                    else {lab: new_schema(cast(str, pg_base), f"sync_{lab}") for lab in LABELS}
+                )
+                rows += await asyncio.to_thread(bench_sync, config, fresh, prof)
             floor_at = (
                 os.path.join(tmp, "floor.db") if config == "sqlite" else where[config]["ours"]
             )
@@ -530,7 +676,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the < 1 minute profile")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="sqlite,pg,pg-pool")
-    parser.add_argument("--only", default="aput,reads,ledger,delta")
+    parser.add_argument("--only", default="aput,reads,ledger,sync,delta")
     parser.add_argument("--dsn", help="a PostgreSQL server to use (else a throwaway one)")
     parser.add_argument("--explain", action="store_true", help="print our reads' plans")
     parser.add_argument("--json", help="also write the numbers here")

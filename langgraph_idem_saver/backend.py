@@ -35,6 +35,9 @@ class LedgerStatements(Protocol):
     SELECT_ENTRY: str  # scope, key
     SELECT_ORPHAN_CANDIDATES: str  # scope, agent_path, tool_name, args_hash
     SELECT_AT_POSITION: str  # scope, position, tool_name (oldest first)
+    # scope, agent_path, [[tool_name, args_hash], ...], scope, [[position, tool_name], ...]
+    # (JSON): the union of both look-ups for a step, each entry once, oldest first
+    SELECT_STEP_CANDIDATES: str
     SELECT_ALL_ENTRIES: str  # -
     SELECT_ENTRIES_OF_THREAD: str  # thread_id
     SELECT_ENTRIES_OF_AGENT: str  # thread_id, agent_path

@@ -242,6 +242,34 @@ class ClaimOutcome:
     entry: LedgerEntry
 
 
+@dataclass(frozen=True)
+class StepCandidates:
+    """What orphan adoption looks at for one step, read at once: per call signature
+    (tool, args hash) the entries ``afind_orphans`` gives, per spot (position, tool) those
+    ``afind_at_position`` gives, each list oldest first."""
+
+    by_signature: dict[tuple[str, str], list[LedgerEntry]]
+    at_position: dict[tuple[str, str], list[LedgerEntry]]
+
+    @classmethod
+    def sorted_out(
+        cls,
+        found: Sequence[LedgerEntry],
+        agent_path: str,
+        signatures: Sequence[tuple[str, str]],
+        spots: Sequence[tuple[str, str]],
+    ) -> StepCandidates:
+        """Split one read of both kinds (``found``, oldest first) into the two maps."""
+        by_signature: dict[tuple[str, str], list[LedgerEntry]] = {s: [] for s in signatures}
+        at_position: dict[tuple[str, str], list[LedgerEntry]] = {s: [] for s in spots}
+        for e in found:
+            if e.agent_path == agent_path and (e.tool_name, e.args_hash) in by_signature:
+                by_signature[e.tool_name, e.args_hash].append(e)
+            if e.position is not None and (e.position, e.tool_name) in at_position:
+                at_position[e.position, e.tool_name].append(e)
+        return cls(by_signature, at_position)
+
+
 @dataclass
 class LedgerStats:
     """Counters over a set of entries (a thread, or the whole ledger)."""
@@ -374,6 +402,24 @@ class ToolCallLedger(ABC):
         a lost message looks at (``engine.forks``). Not abstract, for ledgers written
         before fork slots: they have none, so nothing is found."""
         return []
+
+    async def afind_step_candidates(
+        self,
+        scope: str,
+        agent_path: str,
+        signatures: Sequence[tuple[str, str]],
+        spots: Sequence[tuple[str, str]],
+    ) -> StepCandidates:
+        """Both look-ups of orphan adoption for a whole step: ``afind_orphans`` of every
+        (tool, args hash) in ``signatures`` and ``afind_at_position`` of every (position,
+        tool) in ``spots``. The savers answer in one read, so a step's ledger cost does
+        not grow with its number of calls; this default (for ledgers written before it)
+        makes one read per signature and spot."""
+        by_signature = {
+            s: await self.afind_orphans(scope, agent_path, *s) for s in dict.fromkeys(signatures)
+        }
+        at_position = {s: await self.afind_at_position(scope, *s) for s in dict.fromkeys(spots)}
+        return StepCandidates(by_signature, at_position)
 
     @abstractmethod
     async def alist_entries(

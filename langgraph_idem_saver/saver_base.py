@@ -45,6 +45,7 @@ from langgraph_idem_saver.ledger import (
     CallStatus,
     ClaimOutcome,
     LedgerEntry,
+    StepCandidates,
     ToolCallLedger,
 )
 from langgraph_idem_saver.saver_codec import *  # noqa: F403  (re-exported, see __all__)
@@ -294,6 +295,19 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
         return await self._select_entries(
             self._sql.SELECT_AT_POSITION, (scope, position, tool_name)
         )
+
+    async def afind_step_candidates(
+        self,
+        scope: str,
+        agent_path: str,
+        signatures: Sequence[tuple[str, str]],
+        spots: Sequence[tuple[str, str]],
+    ) -> StepCandidates:
+        """One read for the whole step (``SELECT_STEP_CANDIDATES``): the signatures and
+        spots go as JSON arrays, the one list parameter both dialects can bind."""
+        params = (scope, agent_path, json.dumps(signatures), scope, json.dumps(spots))
+        found = await self._select_entries(self._sql.SELECT_STEP_CANDIDATES, params)
+        return StepCandidates.sorted_out(found, agent_path, signatures, spots)
 
     async def alist_entries(
         self, thread_id: str | None = None, *, agent_path: str | None = None

@@ -20,7 +20,7 @@ Why this design, rather than a second, synchronous implementation of each backen
 
 The cost is a round trip to the loop thread per call (plus, for SQLite, aiosqlite's own
 hand-off to its worker thread, as in the async saver): tens of microseconds on an idle
-machine, more when threads wait for a CPU (``benchmarks/bench_sync.py`` measures it).
+machine, more when threads wait for a CPU (``benchmarks/bench.py``'s ``sync`` rows).
 
 Lifetime: the loop thread is a daemon, so a program that never closes its saver still
 exits; ``close()`` (or leaving ``from_conn_string``'s ``with`` block, or ``with saver:``)
@@ -348,6 +348,7 @@ class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
     aadopt = hopping(IdemSaverBase.aadopt)
     aget_entry = hopping(IdemSaverBase.aget_entry)
     afind_orphans = hopping(IdemSaverBase.afind_orphans)
+    afind_step_candidates = hopping(IdemSaverBase.afind_step_candidates)
     alist_entries = hopping(IdemSaverBase.alist_entries)
     alist_issued = hopping(IdemSaverBase.alist_issued)
     alist_unknown = hopping(IdemSaverBase.alist_unknown)

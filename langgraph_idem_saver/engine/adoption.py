@@ -13,7 +13,7 @@ import asyncio
 import os
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
@@ -22,7 +22,13 @@ from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.results import collect_tool_calls
 from langgraph_idem_saver.engine.types import Batch, Plan
 from langgraph_idem_saver.keys import agent_path_of, tool_call_keys
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, minted_here
+from langgraph_idem_saver.ledger import (
+    CallIntent,
+    CallStatus,
+    LedgerEntry,
+    StepCandidates,
+    minted_here,
+)
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.engine.core import LedgerEngine
@@ -51,11 +57,41 @@ if hasattr(os, "register_at_fork"):  # a forked child runs nothing its parent ad
     os.register_at_fork(after_in_child=_ADOPTED_HERE.clear)
 
 
+async def aadopt(
+    engine: LedgerEngine, batch: Batch, leaders: list[Plan], config: RunnableConfig
+) -> None:
+    """Both kinds of adoption for the leaders of a step, over ONE ledger read.
+
+    What they look at - the entries of every call signature of the step, and those its
+    tools made at its position - is read at once (``afind_step_candidates``), so the
+    step costs the same round trips with 1 call or 50.
+    """
+    if batch.ledger is None or batch.known_ids is None:
+        return
+    candidates = [p for p in leaders if p.policy == "tool_call" and p.intent is not None]
+    if not candidates:
+        return  # only default-key calls adopt (and only they have fork slots)
+    first = cast(CallIntent, candidates[0].intent)
+    intents = [cast(CallIntent, p.intent) for p in candidates]
+    found = await engine.lg(
+        batch,
+        batch.ledger.afind_step_candidates(
+            batch.scope,
+            first.agent_path,
+            list(dict.fromkeys((i.tool_name, i.args_hash) for i in intents)),
+            list(dict.fromkeys((i.position, i.tool_name) for i in intents if i.position)),
+        ),
+    )
+    await aadopt_orphans(engine, batch, candidates, config, found)
+    await aadopt_superseded(engine, batch, leaders, config, found)
+
+
 async def aadopt_orphans(
     engine: LedgerEngine,
     batch: Batch,
     leaders: list[Plan],
     config: RunnableConfig,
+    found: StepCandidates,
 ) -> None:
     """Give a call the entry of the same call made under an id the model never saw.
 
@@ -87,13 +123,7 @@ async def aadopt_orphans(
     assert batch.ledger is not None
     first = candidates[0].intent
     assert first is not None
-    entries: list[LedgerEntry] = []
-    for signature in dict.fromkeys(
-        (p.intent.tool_name, p.intent.args_hash) for p in candidates if p.intent
-    ):
-        entries += await engine.lg(
-            batch, batch.ledger.afind_orphans(batch.scope, first.agent_path, *signature)
-        )
+    entries = [e for listed in found.by_signature.values() for e in listed]
     present = {e.key for e in entries}
     # the keys of every call in this state: an entry under one of them is not an
     # orphan (ids alone would not do: a model may reuse "call_0" every turn)
@@ -189,7 +219,11 @@ async def _atake(
 
 
 async def aadopt_superseded(
-    engine: LedgerEngine, batch: Batch, plans: list[Plan], config: RunnableConfig
+    engine: LedgerEngine,
+    batch: Batch,
+    plans: list[Plan],
+    config: RunnableConfig,
+    found_at: StepCandidates,
 ) -> None:
     """Give a call the entry of a lost call of the same step that it replaced.
 
@@ -211,22 +245,21 @@ async def aadopt_superseded(
     # reworded: (tool, args hash) of every ledgered call here
     asked = {(p.intent.tool_name, p.intent.args_hash) for p in batch.all_plans if p.intent}
     durable: set[str] | None = None
-    at_position: dict[tuple[str, str], list[LedgerEntry]] = {}
+    keys_of: dict[str, set[str]] = {}  # agent path -> the keys of the state's calls
     for plan in plans:
         intent = plan.intent
         if intent is None or intent.position is None or plan.entry is not None:
             continue
-        known_keys = {
-            key
-            for call_id, msg in batch.pairs
-            for key in tool_call_keys(intent.agent_path, call_id, msg)
-        }
-        spot = (intent.position, intent.tool_name)
-        if spot not in at_position:  # one read per tool and step, not per call
-            at_position[spot] = await engine.lg(
-                batch, batch.ledger.afind_at_position(batch.scope, *spot)
-            )
-        found = at_position[spot]
+        found = found_at.at_position.get((intent.position, intent.tool_name), [])
+        if not found:
+            continue  # nothing made here before: the common case, and no work per call
+        if intent.agent_path not in keys_of:
+            keys_of[intent.agent_path] = {
+                key
+                for call_id, msg in batch.pairs
+                for key in tool_call_keys(intent.agent_path, call_id, msg)
+            }
+        known_keys = keys_of[intent.agent_path]
         if intent.key in {e.key for e in found}:
             continue  # its own entry: the claim returns it
         mine = [e for e in found if e.adopted_by == intent.tool_call_id and e.key not in taken]

@@ -37,7 +37,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
-from langgraph_idem_saver.engine.adoption import aadopt_orphans, aadopt_superseded
+from langgraph_idem_saver.engine.adoption import aadopt
 from langgraph_idem_saver.engine.forks import assign_slots, fork_point, siblings_refused
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.options import LedgerOptions
@@ -261,8 +261,7 @@ class LedgerEngine:
 
         # Any exception from here on (conflict, interrupt(), timeout) releases the fresh
         # claims of this run: the front door calls ``arelease_unstarted`` in a finally.
-        await aadopt_orphans(self, batch, list(leaders.values()), config)
-        await aadopt_superseded(self, batch, list(leaders.values()), config)
+        await aadopt(self, batch, list(leaders.values()), config)
         await self.aclaim(batch, [p for p in leaders.values() if p.entry is None])
         await self.asettle(batch, [p for p in leaders.values() if p.kind is Kind.PENDING])
 

@@ -129,3 +129,19 @@ RETURNING {LEDGER_COLUMNS}
 
 NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = %s AND key = %s"
 NOTE_CONFLICT = "UPDATE idem_tool_calls SET conflicts = conflicts + 1 WHERE scope = %s AND key = %s"
+
+# orphan adoption's two look-ups for every call of a step in ONE read (engine/adoption.py):
+# the entries of each call signature (the signature index) and those each tool made at
+# each position (the fork-slot index); signatures and spots are JSON arrays of pairs
+SELECT_STEP_CANDIDATES = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE (scope, key) IN (
+    SELECT scope, key FROM idem_tool_calls
+    WHERE scope = %s AND agent_path = %s AND (tool_name, args_hash) IN (
+        SELECT s ->> 0, s ->> 1 FROM json_array_elements(%s::json) AS s)
+    UNION
+    SELECT scope, key FROM idem_tool_calls
+    WHERE scope = %s AND position IS NOT NULL AND (position, tool_name) IN (
+        SELECT s ->> 0, s ->> 1 FROM json_array_elements(%s::json) AS s))
+ORDER BY seq
+"""

@@ -95,14 +95,16 @@ class PostgresLedgerStore:
         WAL flush) for all; per outcome, its row, or (not ours to finish) the row as is."""
 
         async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
+            # one pipelined executemany: one round trip whatever the number of outcomes
+            await cur.executemany(sql.FINISH_ENTRY, batch, returning=True)
+            rows = [await cur.fetchone()]
+            while cur.nextset():
+                rows.append(await cur.fetchone())
             done: list[tuple[bool, TupleRow | None]] = []
-            for params in batch:
-                await cur.execute(sql.FINISH_ENTRY, params)
-                row = await cur.fetchone()
-                if row is None:
+            for params, row in zip(batch, rows, strict=True):
+                if row is None:  # not ours to finish: the row as it is
                     await cur.execute(sql.SELECT_ENTRY, params[5:7])  # scope, key
-                    row = await cur.fetchone()
-                    done.append((False, row))
+                    done.append((False, await cur.fetchone()))
                 else:
                     done.append((True, row))
             return done

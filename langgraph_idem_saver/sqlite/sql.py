@@ -373,6 +373,22 @@ WHERE scope = ? AND key = ? AND status = ? AND attempts = ? AND owner = ?
 NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = ? AND key = ?"
 NOTE_CONFLICT = "UPDATE idem_tool_calls SET conflicts = conflicts + 1 WHERE scope = ? AND key = ?"
 
+# orphan adoption's two look-ups for every call of a step in ONE read (engine/adoption.py):
+# the entries of each call signature (the signature index) and those each tool made at
+# each position (the fork-slot index); signatures and spots are JSON arrays of pairs
+SELECT_STEP_CANDIDATES = f"""
+SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE (scope, key) IN (
+    SELECT scope, key FROM idem_tool_calls
+    WHERE scope = ? AND agent_path = ? AND (tool_name, args_hash) IN (
+        SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))
+    UNION
+    SELECT scope, key FROM idem_tool_calls
+    WHERE scope = ? AND position IS NOT NULL AND (position, tool_name) IN (
+        SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?)))
+ORDER BY rowid
+"""
+
 # --- DeltaChannel history (get_delta_channel_history) --------------------------------
 
 # The parent chain of a target checkpoint (the latest of the namespace when no id is

@@ -1,0 +1,119 @@
+"""A step's ledger cost does not grow with its number of calls (issue 16).
+
+The ledger of a ``ToolNode`` step reads what adoption looks at (every call signature and
+fork-slot position of the step: one read), claims every call (one transaction) and
+records the outcomes of the calls that finish together (one transaction). Counted here
+as trips to the database - SQLite hand-offs to the connection's worker, Postgres
+connection uses - made by a ledger kept apart from the checkpointer, so that nothing
+else is counted: a step of 1 call and a step of 50 make as many.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from langchain_core.tools import tool
+from tool_node_helpers import ai_calls, cfg, tool_graph, tool_messages
+
+from langgraph_idem_saver import IdempotentToolNode
+from langgraph_idem_saver.ledger import CallIntent, ToolCallLedger
+
+# the one method each backend goes through for every trip to its database
+TRIP = {"sqlite": "_call", "postgres": "_execute"}
+
+
+@tool
+async def send(to: str) -> str:
+    """Send a message (a no-op)."""
+    return f"sent to {to}"
+
+
+@contextmanager
+def count_trips(saver: Any, backend: str) -> Iterator[Callable[[], int]]:
+    """Count the database trips ``saver`` makes inside the block."""
+    name = TRIP[backend]
+    original = getattr(saver, name)
+    trips = 0
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal trips
+        trips += 1
+        return await original(*args, **kwargs)
+
+    setattr(saver, name, counted)
+    try:
+        yield lambda: trips
+    finally:
+        delattr(saver, name)  # the instance attribute goes: the class method is back
+
+
+async def step_trips(graph: Any, ledger: Any, backend: str, thread: str, n: int, turn: str) -> int:
+    """Run one tools step of ``n`` parallel calls; the ledger trips it made."""
+    calls = [("send", {"to": f"user-{i}"}, f"{turn}-{i}") for i in range(n)]
+    with count_trips(ledger, backend) as trips:
+        out = await graph.ainvoke({"messages": [ai_calls(*calls)]}, cfg(thread))
+    assert [m.content for m in tool_messages(out)[-n:]] == [f"sent to user-{i}" for i in range(n)]
+    return trips()
+
+
+async def test_a_step_of_50_calls_costs_the_ledger_as_many_trips_as_one_call(
+    saver_factory: Any, backend: str
+) -> None:
+    """Fresh calls, then the same calls asked again under new ids (the look-up then
+    finds an entry for each signature): equal counts for 1 and 50 calls, both times."""
+    async with saver_factory() as checkpointer, saver_factory() as ledger:
+        graph = tool_graph(IdempotentToolNode([send], ledger=ledger), checkpointer)
+        await ledger.setup()
+        counts = {
+            n: [await step_trips(graph, ledger, backend, f"t{n}", n, turn) for turn in "ab"]
+            for n in (1, 50)
+        }
+        assert counts[1] == counts[50], counts
+        assert counts[1][0] <= 3  # look-up, claim, outcomes
+        assert len(await ledger.alist_entries("t50")) == 100  # each call claimed and run
+        assert all(e.status.value == "completed" for e in await ledger.alist_entries("t50"))
+
+
+def planted(i: int, *, tool: str, digest: str, path: str = "tools", at: str | None = None) -> Any:
+    """The intent of a call ``c<i>`` of thread ``t`` (a fork slot when ``at`` is given)."""
+    return CallIntent(
+        scope="t", key=f"k{i}", thread_id="t", agent_path=path, tool_name=tool,
+        args_hash=digest, args=b"{}", tool_call_id=f"c{i}", position=at,
+        branch=None if at is None else "b", occurrence=i,
+    )  # fmt: skip
+
+
+async def test_the_one_read_finds_what_the_reads_per_call_find(saver: Any) -> None:
+    """``afind_step_candidates`` (one read) returns, per signature and per spot, exactly
+    the lists of ``afind_orphans``/``afind_at_position`` (the default of ledgers written
+    before it): the same entries, oldest first, nothing of another agent, spot or tool."""
+    await saver.aclaim(
+        [
+            planted(0, tool="send", digest="h1", at="p1"),
+            planted(1, tool="send", digest="h2", at="p1"),
+            planted(2, tool="send", digest="h1"),
+            planted(3, tool="send", digest="h1", path="other"),  # another agent
+            planted(4, tool="charge", digest="h1", at="p1"),  # another tool
+            planted(5, tool="send", digest="h3", at="p2"),  # another position
+            planted(6, tool="send", digest="h2", at="p1"),
+        ],
+        owner="someone",
+        lease_seconds=60,
+    )
+    signatures = [("send", "h1"), ("send", "h2"), ("charge", "h9")]
+    spots = [("p1", "send"), ("p3", "send")]
+    one_read = await saver.afind_step_candidates("t", "tools", signatures, spots)
+    per_call = await ToolCallLedger.afind_step_candidates(saver, "t", "tools", signatures, spots)
+    assert one_read == per_call
+
+    def keys(found: dict[tuple[str, str], list[Any]]) -> dict[tuple[str, str], list[str]]:
+        return {spot: [e.key for e in entries] for spot, entries in found.items()}
+
+    assert keys(one_read.by_signature) == {
+        ("send", "h1"): ["k0", "k2"],
+        ("send", "h2"): ["k1", "k6"],
+        ("charge", "h9"): [],
+    }
+    assert keys(one_read.at_position) == {("p1", "send"): ["k0", "k1", "k6"], ("p3", "send"): []}
