@@ -6,7 +6,10 @@
   file) or ``stock`` (plain ``create_agent``: the control that shows the duplicate);
 * ``CRASH`` ``after_effect`` (the process dies inside the tool, right after its effect),
   ``before_effect`` (inside the tool, before it), ``after_tools`` (in the next model call,
-  after every tool returned) or ``none`` (run to the end: the resume).
+  after every tool returned), ``checkpoint_lost`` (in the saver, as it starts to write the
+  checkpoint after the tools: their writes are saved, that checkpoint never lands - what
+  durability ``"async"`` leaves when the process dies before it lands) or ``none`` (run
+  to the end: the resume).
 
 Each effect is one fsync'd line in ``EFFECTS``; the process dies with ``os._exit`` - no
 cleanup, no flush, as a SIGKILL would leave it. Prints the final messages as JSON.
@@ -26,6 +29,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resume_rule import asaved_next, resume_input
 from tool_node_helpers import ToolCallingFakeModel
 
 from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver, ToolCallInProgress
@@ -33,6 +37,7 @@ from langgraph_idem_saver.middleware import IdempotencyMiddleware
 
 CRASH_EXIT_CODE = 137
 INVOICES = ["inv-1", "inv-2", "inv-3"]
+AFTER_TOOLS_STEP = 2  # -1 input, 0 start, 1 the model asked for the charges, 2 they ran
 
 
 def effects_of(path: Path) -> list[str]:
@@ -69,17 +74,28 @@ class CrashingModel(ToolCallingFakeModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-def dangling(messages: list[Any]) -> bool:
-    """The last message asks for tool calls that no tool message answers."""
-    return bool(messages) and isinstance(messages[-1], AIMessage) and bool(messages[-1].tool_calls)
+async def until_written(saver: Any, config: Any, tasks: int) -> None:
+    """Wait (a bounded time) until ``tasks`` tasks' writes on ``config``'s checkpoint are
+    saved: LangGraph may start the next checkpoint while the last writes are in flight."""
+    for _ in range(500):
+        saved = await saver.aget_tuple(config)
+        if saved is not None and len({w[0] for w in saved.pending_writes or []}) >= tasks:
+            return
+        await asyncio.sleep(0.02)
 
 
-async def before_model(agent: Any, config: Any) -> Any:
-    """The config of the newest checkpoint whose next step is the model."""
-    async for snapshot in agent.aget_state_history(config):
-        if snapshot.next == ("model",):
-            return snapshot.config
-    return config
+def dying_on_checkpoint(saver_class: type, step: int) -> Any:
+    """The real saver, dying as it starts to write the checkpoint of ``step``: the tasks
+    before it finished and their writes are saved, the checkpoint after them never lands."""
+
+    class Dying(saver_class):  # type: ignore[misc,valid-type]
+        async def aput(self, config: Any, checkpoint: Any, metadata: Any, versions: Any) -> Any:
+            if metadata.get("step") == step:
+                await until_written(self, config, int(os.environ["CALLS"]))
+                os._exit(CRASH_EXIT_CODE)
+            return await super().aput(config, checkpoint, metadata, versions)
+
+    return Dying
 
 
 async def main(db: str, effects: Path, thread: str, mode: str, durability: str, crash: str) -> None:
@@ -107,23 +123,20 @@ async def main(db: str, effects: Path, thread: str, mode: str, durability: str, 
         from langgraph_idem_saver import AsyncPostgresSaver
 
         opener = AsyncPostgresSaver
+    if crash == "checkpoint_lost":
+        opener = dying_on_checkpoint(opener, AFTER_TOOLS_STEP)
     async with opener.from_conn_string(db) as saver:
         agent = create_agent(model, tools=[charge], middleware=middleware, checkpointer=saver)
         config = {"configurable": {"thread_id": thread}}
         for attempt in range(60):  # concurrent resumers: wait out another's live claim
-            state = await agent.aget_state(config)
-            if state.values and not state.next and not dangling(state.values["messages"]):
+            next_tasks = await asaved_next(agent, config)
+            if next_tasks == ():
                 break  # finished (by this or another resumer)
-            payload = None if state.next else {"messages": [("user", "pay")]}
-            target = config
-            if state.values and not state.next:
-                # durability "async" lost the tool tasks' writes with the process: the thread
-                # looks finished with unanswered calls. Re-run it from before the model step,
-                # as a user would (time travel): the same calls come back and are replayed.
-                target = await before_model(agent, config)
-                payload = None
+            # not `aget_state(config).next`: that live view looks finished when the tasks
+            # finished and the checkpoint after them was lost (tests/resume_rule.py)
+            payload = resume_input(next_tasks, {"messages": [("user", "pay")]})
             try:
-                await agent.ainvoke(payload, target, durability=durability)  # type: ignore[arg-type]
+                await agent.ainvoke(payload, config, durability=durability)  # type: ignore[arg-type]
             except ToolCallInProgress:
                 await asyncio.sleep(0.2 + 0.05 * attempt)
         out = (await agent.aget_state(config)).values

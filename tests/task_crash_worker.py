@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from langgraph.func import entrypoint, task
+from resume_rule import asaved_next, resume_input
 
 from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver
 from langgraph_idem_saver.task import idempotent_task
@@ -79,8 +80,8 @@ async def main(
             return results
 
         config = {"configurable": {"thread_id": thread}}
-        state = await pay.aget_state(config)
-        payload = None if state.next else ["inv-a", "inv-b"]
+        # not `aget_state(config).next`: that live view can look finished (resume_rule.py)
+        payload = resume_input(await asaved_next(pay, config), ["inv-a", "inv-b"])
         out = await pay.ainvoke(payload, config, durability=durability)  # type: ignore[arg-type]
     print(json.dumps(out))
 
