@@ -589,6 +589,9 @@ def explain_reads(dsn: str, thread: str) -> str:
 
 
 def print_rows(rows: list[Row], floors: dict[str, float]) -> None:
+    if not rows:  # e.g. --quick --only delta: the quick profile has no DeltaChannel rows
+        print("\nno rows measured (the quick profile skips the DeltaChannel rows)")
+        return
     w = max(len(r.title) for r in rows)
     head = f"{'official':>11} {'ours':>11} {'ratio':>7} {'ours+stock':>11} {'ledger':>9}"
     print(f"\n{'config':<8} {'row':<{w}} {head}")
