@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import ToolMessage
 
+from langgraph_idem_saver.engine.results import loads_recorded
 from langgraph_idem_saver.errors import CorruptRecordError, LedgerStateError
 from langgraph_idem_saver.ledger import (
     RERUN_APPROVED,
@@ -97,13 +98,7 @@ def decode_result(ledger: ToolCallLedger, entry: LedgerEntry) -> Any:
     """The recorded result of a finished call (a ToolMessage or a Command), or None."""
     if entry.result is None or entry.result_type is None:
         return None
-    serde = ledger.serde
-    try:
-        return serde.loads_typed((entry.result_type, entry.result))
-    except Exception as exc:
-        raise CorruptRecordError(
-            "tool call result", location={"scope": entry.scope, "key": entry.key}, cause=exc
-        ) from exc
+    return loads_recorded(ledger.serde, entry, "tool call result")
 
 
 def operator_name() -> str:

@@ -51,8 +51,9 @@ would deadlock, so it is refused (use ``ainvoke`` there).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from langchain_core.messages import AnyMessage, ToolCall
@@ -88,7 +89,7 @@ from langgraph_idem_saver.engine import (
 from langgraph_idem_saver.engine.loops import run_private
 from langgraph_idem_saver.engine.options import LedgerKwargs
 from langgraph_idem_saver.engine.results import calls_in_messages
-from langgraph_idem_saver.engine.types import READ_ONLY_METADATA_KEY, UnknownOutcomeResume
+from langgraph_idem_saver.engine.types import READ_ONLY_METADATA_KEY, Plan, UnknownOutcomeResume
 
 __all__ = [
     "NOT_APPLIED",
@@ -105,11 +106,31 @@ __all__ = [
     "VerifyFn",
 ]
 
+# What ToolNode's entry points take: the node's input, and which form it came in.
+NodeInput = list[AnyMessage] | dict[str, Any] | BaseModel
+InputType = Literal["list", "dict", "tool_calls"]
+
 # The batch of the node run in progress, for ``_arun_one``/``_run_one`` (ToolNode calls
 # them per call, with no way to pass our plan along).
 _BATCH: contextvars.ContextVar[tuple[IdempotentToolNode, Batch] | None] = contextvars.ContextVar(
     "langgraph_idem_saver_tool_batch", default=None
 )
+
+
+@contextlib.contextmanager
+def settling(plan: Plan) -> Iterator[Callable[[Any], Any]]:
+    """Publish what the block returns through ``settle(result)``, or the exception it
+    raises, to the calls of the step that follow this one (same key)."""
+
+    def settle(result: Any) -> Any:
+        settle_future(plan, result=result)
+        return result
+
+    try:
+        yield settle
+    except BaseException as exc:
+        settle_future(plan, exc=exc)
+        raise
 
 
 class IdempotentToolNode(ToolNode):
@@ -185,85 +206,53 @@ class IdempotentToolNode(ToolNode):
 
     # --- node entry points: plan the whole step, then let ToolNode run it ------------------
 
-    async def _afunc(
-        self,
-        input: list[AnyMessage] | dict[str, Any] | BaseModel,
-        config: RunnableConfig,
-        runtime: Runtime[Any],
-    ) -> Any:
-        batch = self._plan(input, config, sync=False)
-        token = _BATCH.set((self, batch))
-        try:
-            await self.engine.aprepare(batch, config)
-            return await ToolNode._afunc(self, input, config, runtime)
-        finally:
-            _BATCH.reset(token)
-            await self.engine.arelease_unstarted(batch)
+    async def _afunc(self, input: NodeInput, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+        with self._step(input, config, sync=False) as batch:
+            try:
+                await self.engine.aprepare(batch, config)
+                return await ToolNode._afunc(self, input, config, runtime)
+            finally:
+                await self.engine.arelease_unstarted(batch)
 
-    def _func(
-        self,
-        input: list[AnyMessage] | dict[str, Any] | BaseModel,
-        config: RunnableConfig,
-        runtime: Runtime[Any],
-    ) -> Any:
-        batch = self._plan(input, config, sync=True)
-        token = _BATCH.set((self, batch))
-        try:
-            run_private(self.engine.aprepare(batch, config))
-            return ToolNode._func(self, input, config, runtime)
-        finally:
-            _BATCH.reset(token)
-            if any(p.owned and not p.started for p in batch.all_plans):
-                run_private(self.engine.arelease_unstarted(batch))
+    def _func(self, input: NodeInput, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+        with self._step(input, config, sync=True) as batch:
+            try:
+                run_private(self.engine.aprepare(batch, config))
+                return ToolNode._func(self, input, config, runtime)
+            finally:
+                if any(p.owned and not p.started for p in batch.all_plans):
+                    run_private(self.engine.arelease_unstarted(batch))
 
-    async def _arun_one(
-        self,
-        call: ToolCall,
-        input_type: Literal["list", "dict", "tool_calls"],
-        tool_runtime: ToolRuntime,
-    ) -> Any:
-        plan = self._plan_of(call)
-        if plan is None:
-            return await ToolNode._arun_one(self, call, input_type, tool_runtime)
-        batch, engine = plan
-        current = batch.take(call)
-        assert current is not None
-        try:
+    async def _arun_one(self, call: ToolCall, input_type: InputType, runtime: ToolRuntime) -> Any:
+        taken = self._take(call)
+        if taken is None:
+            return await ToolNode._arun_one(self, call, input_type, runtime)
+        batch, engine, current = taken
+        with settling(current) as settle:
             if current.kind is Kind.RUN:
                 current.started = True
                 try:
-                    result = await ToolNode._arun_one(self, call, input_type, tool_runtime)
+                    result = await ToolNode._arun_one(self, call, input_type, runtime)
                 except Exception as exc:
                     await engine.araised(batch, current, exc)
                     raise
                 result = await engine.afinish(batch, current, result)
             else:
                 result = await engine.aanswer(batch, current)
-        except BaseException as exc:
-            settle_future(current, exc=exc)
-            raise
-        settle_future(current, result=result)
-        return result
+            return settle(result)
 
-    def _run_one(
-        self,
-        call: ToolCall,
-        input_type: Literal["list", "dict", "tool_calls"],
-        tool_runtime: ToolRuntime,
-    ) -> Any:
-        plan = self._plan_of(call)
-        if plan is None:
-            return ToolNode._run_one(self, call, input_type, tool_runtime)
-        batch, engine = plan
-        current = batch.take(call)
-        assert current is not None
-        try:
+    def _run_one(self, call: ToolCall, input_type: InputType, runtime: ToolRuntime) -> Any:
+        taken = self._take(call)
+        if taken is None:
+            return ToolNode._run_one(self, call, input_type, runtime)
+        batch, engine, current = taken
+        with settling(current) as settle:
             if current.kind is Kind.RUN:
                 # The tool runs in this thread, outside any event loop, exactly as under
                 # ToolNode (a sync tool may itself call asyncio.run()).
                 current.started = True
                 try:
-                    result = ToolNode._run_one(self, call, input_type, tool_runtime)
+                    result = ToolNode._run_one(self, call, input_type, runtime)
                 except Exception as exc:
                     run_private(engine.araised(batch, current, exc))
                     raise
@@ -272,17 +261,23 @@ class IdempotentToolNode(ToolNode):
                 if current.leader is not None:
                     current.leader.outcome.result()  # block this thread, not a loop
                 result = run_private(engine.aanswer(batch, current))
-        except BaseException as exc:
-            settle_future(current, exc=exc)
-            raise
-        settle_future(current, result=result)
-        return result
+            return settle(result)
+
+    @contextlib.contextmanager
+    def _step(self, input: NodeInput, config: RunnableConfig, *, sync: bool) -> Iterator[Batch]:
+        """The step's planned batch, visible to ``_arun_one``/``_run_one`` while it runs."""
+        batch = self._plan(input, config, sync=sync)
+        token = _BATCH.set((self, batch))
+        try:
+            yield batch
+        finally:
+            _BATCH.reset(token)
 
     # --- adapting ToolNode's input to the engine -------------------------------------------
 
     def _plan(
         self,
-        input: list[AnyMessage] | dict[str, Any] | BaseModel,
+        input: NodeInput,
         config: RunnableConfig,
         *,
         sync: bool,
@@ -296,8 +291,9 @@ class IdempotentToolNode(ToolNode):
         self.engine.note_state(batch, self._calls_in_state(input, config))
         return batch
 
-    def _plan_of(self, call: ToolCall) -> tuple[Batch, LedgerEngine] | None:
-        """The planned batch of this node's current run, when ``call`` is ledgered."""
+    def _take(self, call: ToolCall) -> tuple[Batch, LedgerEngine, Plan] | None:
+        """The batch of this node's current run, its engine and the call's plan (taken off
+        the queue), when ``call`` is ledgered; None when ToolNode runs it alone."""
         current = _BATCH.get()
         if current is None or current[0] is not self:
             return None
@@ -307,10 +303,12 @@ class IdempotentToolNode(ToolNode):
             if queue:
                 queue.popleft()
             return None
-        return batch, node.engine
+        plan = batch.take(call)
+        assert plan is not None
+        return batch, node.engine, plan
 
     def _calls_in_state(
-        self, input: list[AnyMessage] | dict[str, Any] | BaseModel, config: RunnableConfig
+        self, input: NodeInput, config: RunnableConfig
     ) -> list[tuple[str, str]] | None:
         """Every (tool call id, message id) of the AIMessages in the messages state,
         oldest first; None when no state is visible."""

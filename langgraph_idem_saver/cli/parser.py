@@ -15,6 +15,15 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see: {self.prog} --help)", EXIT_USAGE)
 
 
+# ``resolve``'s outcomes, one of which must be given: flag -> what it tells the ledger.
+_SETTLEMENTS = {
+    "--completed": "it happened; needs --result",
+    "--failed": "it failed; --error says why",
+    "--rerun": "it did not happen: run it again",
+    "--retry": "a failed call's failure was transient: run again",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument(
@@ -94,12 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "entry", metavar="ENTRY", help=f"ledger key or unique prefix (>= {MIN_KEY_PREFIX})"
     )
     how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--completed", action="store_true", help="it happened; needs --result")
-    how.add_argument("--failed", action="store_true", help="it failed; --error says why")
-    how.add_argument("--rerun", action="store_true", help="it did not happen: run it again")
-    how.add_argument(
-        "--retry", action="store_true", help="a failed call's failure was transient: run again"
-    )
+    for flag, meaning in _SETTLEMENTS.items():
+        how.add_argument(flag, action="store_true", help=meaning)
     p.add_argument(
         "--force",
         action="store_true",

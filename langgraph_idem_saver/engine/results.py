@@ -45,6 +45,18 @@ def dumps(serde: SerializerProtocol, result: Any, what: str) -> tuple[str | None
         ) from exc
 
 
+def loads_recorded(serde: SerializerProtocol, entry: LedgerEntry, what: str) -> Any:
+    """The entry's recorded result as the tool returned it; a record the serializer cannot
+    read is a :class:`CorruptRecordError` naming ``what`` and the entry, never a raw error."""
+    assert entry.result is not None and entry.result_type is not None
+    try:
+        return serde.loads_typed((entry.result_type, entry.result))
+    except Exception as exc:
+        raise CorruptRecordError(
+            what, location={"scope": entry.scope, "key": entry.key}, cause=exc
+        ) from exc
+
+
 def replayed_result(
     serde: SerializerProtocol,
     entry: LedgerEntry,
@@ -56,12 +68,7 @@ def replayed_result(
     """The recorded result, re-addressed to the current tool call id (``raw``: the value
     as recorded, for front doors whose results are not tool messages)."""
     if raw and entry.result is not None and entry.result_type is not None:
-        try:
-            return serde.loads_typed((entry.result_type, entry.result))
-        except Exception as exc:
-            raise CorruptRecordError(
-                "task result", location={"scope": entry.scope, "key": entry.key}, cause=exc
-            ) from exc
+        return loads_recorded(serde, entry, "task result")
     if entry.result is None or entry.result_type is None:
         status: Literal["success", "error"] = (
             "error" if entry.status is CallStatus.FAILED else "success"
@@ -72,12 +79,7 @@ def replayed_result(
             tool_call_id=call["id"],
             status=status,
         )
-    try:
-        value = serde.loads_typed((entry.result_type, entry.result))
-    except Exception as exc:
-        raise CorruptRecordError(
-            "tool call result", location={"scope": entry.scope, "key": entry.key}, cause=exc
-        ) from exc
+    value = loads_recorded(serde, entry, "tool call result")
     recorded_ids = {entry.tool_call_id} | ({entry.adopted_by} if entry.adopted_by else set())
     if isinstance(value, ToolMessage):
         recorded_ids.add(value.tool_call_id)
