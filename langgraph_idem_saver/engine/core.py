@@ -233,13 +233,13 @@ class LedgerEngine:
             key = compute_key(policy, call, ctx)
             plan.policy = policy
             plan.intent = CallIntent(
-                scope=scope,
+                scope=ctx.scope,
                 key=key,
-                thread_id=thread_id,
-                agent_path=agent_path,
-                tool_name=name,
-                args_hash=digest,
-                args=canon.encode("utf-8"),
+                thread_id=ctx.thread_id,
+                agent_path=ctx.agent_path,
+                tool_name=ctx.tool_name,
+                args_hash=ctx.args_hash,
+                args=ctx.canonical_args.encode("utf-8"),
                 tool_call_id=str(call["id"]),
                 run_id=run_id,
             )
