@@ -139,3 +139,43 @@ def test_notebook_04_server_is_stopped_when_its_kernel_is_killed(
     finally:
         if km.has_kernel:
             km.shutdown_kernel(now=True)
+
+
+def test_notebook_04_workers_exit_when_its_kernel_is_killed(
+    tmp_path: Path, server_tmp_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL runs no exit hook: a billing worker notices its kernel is gone and exits,
+    rather than wait at its barrier forever (orphaned under PID 1)."""
+    import psutil
+
+    path = NOTEBOOKS_DIR / "04_postgres_workers.ipynb"
+    client, km = notebook_client(path, tmp_path, server_tmp_dir, monkeypatch)
+    cells = client.nb.cells
+    script = next(i for i, c in enumerate(cells) if c.source.startswith("%%writefile billing.py"))
+    try:
+        with client.setup_kernel():
+            for index in range(script + 1):
+                client.execute_cell(cells[index], index)
+            workdir = Path(cells[1].outputs[0]["text"].strip())
+            # a worker waiting at its barrier for a second worker that never comes
+            start = nbformat.v4.new_code_cell(
+                "worker = subprocess.Popen([sys.executable, 'billing.py', 'resume', 'w',"
+                " 'barrier-x', '2', 'acct'])\nprint(worker.pid)"
+            )
+            cells.append(start)
+            client.execute_cell(start, len(cells) - 1)
+            worker = psutil.Process(int(start.outputs[0]["text"].strip()))
+            arrived = workdir / "barrier-x" / str(worker.pid)
+            deadline = time.monotonic() + CELL_TIMEOUT
+            while not arrived.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert arrived.exists(), "the worker never reached its barrier"
+            os.kill(km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            try:
+                worker.wait(timeout=STOP_TIMEOUT)
+            except psutil.TimeoutExpired:
+                worker.kill()
+                pytest.fail("the billing worker outlived its killed kernel")
+    finally:
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
