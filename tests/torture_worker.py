@@ -74,6 +74,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as the zygote script from a checkout
     sys.path.insert(0, str(REPO_ROOT))
 
+from resume_worker import summarize  # noqa: E402  (one definition of a thread's transcript)
+
 from langgraph_idem_saver import IdempotentToolNode  # noqa: E402
 from langgraph_idem_saver.tool_node import NOT_APPLIED  # noqa: E402
 
@@ -136,20 +138,6 @@ def charge_result(invoice: str, amount: int) -> str:
 def done_text(results: Sequence[str]) -> str:
     """The model's last answer of a turn: it quotes the tool results (replays included)."""
     return "done: " + "; ".join(results)
-
-
-def summarize(messages: Sequence[BaseMessage]) -> list[Any]:
-    """Messages without ids: what a crashed-and-resumed thread must end up equal to."""
-    out: list[Any] = []
-    for m in messages:
-        if isinstance(m, AIMessage):
-            calls = sorted(json.dumps([c["name"], c["args"]], sort_keys=True) for c in m.tool_calls)
-            out.append(["ai", m.content, calls])
-        elif isinstance(m, ToolMessage):
-            out.append(["tool", m.name, m.content, m.status])
-        else:
-            out.append([m.type, m.content])
-    return out
 
 
 def expected_transcript(inputs: Sequence[str]) -> list[Any]:
