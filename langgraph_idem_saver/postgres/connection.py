@@ -157,7 +157,8 @@ class PostgresConnection:
                 f"a value is too large for PostgreSQL to index ({exc}); use a shorter thread "
                 "id / namespace / key (nothing was written)"
             )
-        if isinstance(exc, psycopg.DataError) and "NUL" in str(exc):
+        # a NUL in a text parameter, or as \u0000 in a JSON one (SQLSTATE 22P05)
+        if sqlstate == "22P05" or (isinstance(exc, psycopg.DataError) and "NUL" in str(exc)):
             return SerializationError(
                 f"PostgreSQL text cannot hold NUL (\\x00) characters: {exc}; nothing was written"
             )

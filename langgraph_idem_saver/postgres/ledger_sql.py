@@ -12,33 +12,46 @@ from langgraph_idem_saver.backend import LEDGER_COLUMNS
 
 # LEDGER_COLUMNS (imported above): LedgerEntry's fields, in order
 
-# The claim: one INSERT for the whole batch (an array per INTENT_COLUMNS name); the keys
-# it inserted come back.
-INSERT_ISSUED = """
-INSERT INTO idem_tool_calls
-    (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id, run_id,
-     position, branch, occurrence, status, attempts, owner, issued_at, lease_expires_at)
-SELECT u.scope, u.key, u.thread_id, u.agent_path, u.tool_name, u.args_hash, u.args,
-       u.tool_call_id, u.run_id, u.position, u.branch, u.occurrence,
-       'issued', 1, %(owner)s, %(now)s, %(lease)s
-FROM unnest(%(scope)s::text[], %(key)s::text[], %(thread_id)s::text[],
-            %(agent_path)s::text[], %(tool_name)s::text[], %(args_hash)s::text[],
-            %(args)b::bytea[], %(tool_call_id)s::text[], %(run_id)s::text[],
-            %(position)s::text[], %(branch)s::text[], %(occurrence)s::int[])
-     WITH ORDINALITY AS u(scope, key, thread_id, agent_path, tool_name, args_hash, args,
-                          tool_call_id, run_id, position, branch, occurrence, ord)
-ORDER BY u.ord
-ON CONFLICT DO NOTHING
-RETURNING scope, key
+# The step's calls as one JSON document (``claim_rows``/``finish_rows``): one parameter
+# whatever the batch size - psycopg dumps a 50-element array per column in Python, which
+# cost more than the statement itself.
+_CLAIM_ROWS = """
+jsonb_to_recordset(%(rows)s::jsonb) AS u(
+    scope text, key text, thread_id text, agent_path text, tool_name text,
+    args_hash text, args text, tool_call_id text, run_id text, position text,
+    branch text, occurrence int, ord int)
 """
 
-# the entries holding fork slots (claims refused by the slot, not by the key)
-SELECT_SLOT_HOLDERS = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE position IS NOT NULL
-  AND (scope, position, tool_name, args_hash, occurrence) IN (
-      SELECT * FROM unnest(%(scope)s::text[], %(position)s::text[], %(tool_name)s::text[],
-                           %(args_hash)s::text[], %(occurrence)s::int[]))
+# The claim, ONE statement (autocommit: one round trip, one commit): insert an ``issued``
+# row for every call whose key and fork slot are free, and return, flagged, the rows it
+# inserted, the rows already under the keys, and the rows holding the slots (a claim
+# refused by the slot, not by the key). The statement's snapshot cannot see rows a
+# concurrent claimer committed after it began (ON CONFLICT waited for them): those calls
+# come back with no row, and the caller claims them again (a new statement, a new
+# snapshot).
+CLAIM_STEP = f"""
+WITH u AS (SELECT * FROM {_CLAIM_ROWS}),
+ins AS (
+    INSERT INTO idem_tool_calls
+        (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id,
+         run_id, position, branch, occurrence, status, attempts, owner, issued_at,
+         lease_expires_at)
+    SELECT scope, key, thread_id, agent_path, tool_name, args_hash,
+           decode(args, 'base64'), tool_call_id, run_id, position, branch, occurrence,
+           'issued', 1, %(owner)s, %(now)s, %(lease)s
+    FROM u ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING {LEDGER_COLUMNS}
+)
+SELECT true, * FROM ins
+UNION ALL
+SELECT false, {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE (scope, key) IN (SELECT scope, key FROM u)
+UNION ALL
+SELECT false, {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE position IS NOT NULL AND (scope, position, tool_name, args_hash, occurrence) IN (
+    SELECT scope, position, tool_name, args_hash, occurrence FROM u
+    WHERE position IS NOT NULL)
 """
 
 # every entry made at one position by one tool (calls of the same step, any branch)
@@ -48,13 +61,6 @@ WHERE scope = %s AND position = %s AND tool_name = %s
 ORDER BY seq
 """
 
-# The read-back, a separate statement of the same transaction: under READ COMMITTED it
-# takes a new snapshot, so it sees a row a concurrent claimer committed after ours began.
-SELECT_ENTRIES_BY_KEYS = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE (scope, key) IN (SELECT * FROM unnest(%(scope)s::text[], %(key)s::text[]))
-"""
-
 SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = %s AND key = %s"
 
 FINISH_ENTRY = f"""
@@ -62,6 +68,19 @@ UPDATE idem_tool_calls
 SET status = %s, result_type = %s, result = %s, error = %s, finished_at = %s
 WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
 RETURNING {LEDGER_COLUMNS}
+"""
+
+# The outcomes of calls that finished together, ONE statement: per row the entry as
+# finished; a row not returned was not ours to finish (no longer issued, or re-owned).
+FINISH_STEP = f"""
+UPDATE idem_tool_calls AS t
+SET status = u.status, result_type = u.result_type, result = decode(u.result, 'base64'),
+    error = u.error, finished_at = u.finished_at
+FROM jsonb_to_recordset(%s::jsonb) AS u(
+    status text, result_type text, result text, error text, finished_at double precision,
+    scope text, key text, owner text)
+WHERE t.scope = u.scope AND t.key = u.key AND t.status = 'issued' AND t.owner = u.owner
+RETURNING {", ".join("t." + c for c in LEDGER_COLUMNS.split(", "))}
 """
 
 RECLAIM_ENTRY = f"""

@@ -10,12 +10,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg import AsyncCursor
-from psycopg.rows import TupleRow, tuple_row
+from psycopg.rows import TupleRow
 
 from langgraph_idem_saver.backend import Claims, Guarded
 from langgraph_idem_saver.errors import LedgerStateError
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, slot_of
 from langgraph_idem_saver.postgres import ledger_sql as sql
+from langgraph_idem_saver.postgres.ledger_rows import claim_rows, finish_rows
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.group_commit import GroupCommit
@@ -38,78 +39,64 @@ class PostgresLedgerStore:
         ) -> T: ...
 
     async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
-        """Claim the batch in one transaction: ``INSERT ... ON CONFLICT DO NOTHING`` for
-        every row, then read every row back (pipelined: one round trip)."""
-        base = {
-            "owner": claims.owner,
-            "now": claims.issued_at,
-            "lease": claims.lease_expires_at,
-        }
+        """Claim the batch in ONE statement (``CLAIM_STEP``: one round trip, one commit),
+        then claim again, in a new statement, the calls it returned no row for."""
+        owner = {"owner": claims.owner, "now": claims.issued_at, "lease": claims.lease_expires_at}
+        outcomes: dict[int, ClaimOutcome] = {}
+        pending = list(enumerate(claims.rows))
+        for _ in range(CLAIM_RETRIES):
+            params = {**owner, "rows": claim_rows([row for _, row in pending])}
 
-        async def claim(cur: Cursor) -> list[ClaimOutcome]:
-            pending = claims.rows
-            outcomes: dict[int, ClaimOutcome] = {}
-            positions = list(range(len(pending)))
-            for _ in range(CLAIM_RETRIES):
-                params: dict[str, Any] = {**base, **claims.columns(pending)}
-                await cur.execute(sql.INSERT_ISSUED, params)
-                async with cur.connection.cursor(row_factory=tuple_row, binary=True) as read:
-                    await read.execute(sql.SELECT_ENTRIES_BY_KEYS, params)
-                    inserted = {(r[0], r[1]) for r in await cur.fetchall()}
-                    rows = {(r[0], r[1]): self.entry_of(r) for r in await read.fetchall()}
-                    holders: dict[tuple[Any, ...], LedgerEntry] = {}
-                    if any(p is not None for p in params["position"]):
-                        await read.execute(sql.SELECT_SLOT_HOLDERS, params)
-                        holders = {slot_of(e): e for e in map(self.entry_of, await read.fetchall())}
-                missing: list[tuple[int, tuple[Any, ...]]] = []
-                for pos, row in zip(positions, pending, strict=True):
-                    k = (row[0], row[1])  # scope, key
-                    # a key refused by the fork slot: another branch's call holds the slot
-                    entry = rows.get(k) or holders.get(claims.slot(row))
-                    if entry is None:  # deleted by a concurrent release/delete: claim again
-                        missing.append((pos, row))
-                        continue
-                    claimed = k in inserted
-                    inserted.discard(k)  # a key repeated in the batch is claimed once
-                    outcomes[pos] = ClaimOutcome(claimed=claimed, entry=entry)
-                if not missing:
-                    break
-                positions = [p for p, _ in missing]
-                pending = [r for _, r in missing]
-            else:
-                raise LedgerStateError(
-                    f"could not claim {len(pending)} tool call(s): their rows kept being "
-                    "deleted concurrently"
-                )
-            return [outcomes[p] for p in range(len(claims.rows))]
+            async def claim(cur: Cursor, params: dict[str, Any] = params) -> list[TupleRow]:
+                await cur.execute(sql.CLAIM_STEP, params)
+                return await cur.fetchall()
 
-        return await self._run(claim, tx=True, pipeline=True)
+            found = await self._run(claim)
+            inserted = {(r[1], r[2]) for r in found if r[0]}
+            entries = {(r[1], r[2]): self.entry_of(r[1:]) for r in found}
+            holders = {slot_of(e): e for e in entries.values() if e.position is not None}
+            missing = []
+            for pos, row in pending:
+                k = (row[0], row[1])  # scope, key
+                # a key refused by the fork slot: another branch's call holds the slot
+                entry = entries.get(k) or holders.get(claims.slot(row))
+                if entry is None:  # committed by a concurrent claimer after our snapshot
+                    missing.append((pos, row))
+                    continue
+                outcomes[pos] = ClaimOutcome(claimed=k in inserted, entry=entry)
+                inserted.discard(k)  # a key repeated in the batch is claimed once
+            if not missing:
+                return [outcomes[p] for p in range(len(claims.rows))]
+            pending = missing
+        raise LedgerStateError(
+            f"could not claim {len(pending)} tool call(s): their rows kept being "
+            "deleted concurrently"
+        )
 
     async def _finish_entry(self, finish: Guarded) -> LedgerEntry | None:
-        """Outcomes of calls that finish together share one transaction (_finish_all)."""
+        """Outcomes of calls that finish together share one statement (_finish_all)."""
         done, row = await self._finishes.submit(finish.params)
         return self.entry_of(row) if done and row is not None else None
 
     async def _finish_all(self, batch: list[tuple[Any, ...]]) -> list[tuple[bool, TupleRow | None]]:
-        """Record the outcomes of calls that finished together: one transaction (one
-        WAL flush) for all; per outcome, its row, or (not ours to finish) the row as is."""
+        """Record the outcomes of calls that finished together: ONE statement (one round
+        trip, one commit) for all; per outcome, its row, or (not ours to finish) the row
+        as it is."""
 
         async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
-            # one pipelined executemany: one round trip whatever the number of outcomes
-            await cur.executemany(sql.FINISH_ENTRY, batch, returning=True)
-            rows = [await cur.fetchone()]
-            while cur.nextset():
-                rows.append(await cur.fetchone())
+            await cur.execute(sql.FINISH_STEP, (finish_rows(batch),))
+            finished = {(r[0], r[1]): r for r in await cur.fetchall()}  # scope, key
             done: list[tuple[bool, TupleRow | None]] = []
-            for params, row in zip(batch, rows, strict=True):
+            for params in batch:
+                row = finished.pop((params[5], params[6]), None)
                 if row is None:  # not ours to finish: the row as it is
-                    await cur.execute(sql.SELECT_ENTRY, params[5:7])  # scope, key
+                    await cur.execute(sql.SELECT_ENTRY, params[5:7])
                     done.append((False, await cur.fetchone()))
                 else:
                     done.append((True, row))
             return done
 
-        return await self._run(finish, tx=len(batch) > 1)
+        return await self._run(finish)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 

@@ -1,0 +1,141 @@
+"""The Postgres ledger's batch statements (issue 16): a step's claim is ONE statement and
+the outcomes of calls that finish together are ONE statement, whatever their number;
+what they carry (bytes, floats, text) comes back exactly; a claim that races a
+concurrent claimer of the same key still ends with that claimer's row, never a second
+``issued`` row; and text PostgreSQL cannot hold is a typed error that loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from langgraph_idem_saver.errors import SerializationError
+from langgraph_idem_saver.ledger import CallIntent, CallStatus
+from langgraph_idem_saver.postgres import AsyncPostgresSaver
+
+EVERY_BYTE = bytes(range(256))
+
+
+@pytest.fixture
+async def saver(pg_dsn: str) -> AsyncIterator[AsyncPostgresSaver]:
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as s:
+        await s.setup()
+        yield s
+
+
+@contextmanager
+def count_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every statement any async psycopg cursor executes inside the block."""
+    seen: list[str] = []
+    original = psycopg.AsyncCursor.execute
+
+    async def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(" ".join(str(query).split())[:60])
+        return await original(self, query, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(psycopg.AsyncCursor, "execute", execute)
+        yield seen
+
+
+def intent(i: int, *, key: str | None = None, args: bytes = b'{"i":1}') -> CallIntent:
+    return CallIntent(
+        scope="t", key=key or f"k{i}", thread_id="t", agent_path="tools", tool_name="send",
+        args_hash=f"h{i}", args=args, tool_call_id=f"c{i}", run_id="r",
+        position="p", branch="b", occurrence=i,
+    )  # fmt: skip
+
+
+async def complete(saver: AsyncPostgresSaver, key: str, i: int) -> Any:
+    result = EVERY_BYTE + bytes([i])
+    return await saver.afinish(
+        "t", key, owner="me", status=CallStatus.COMPLETED, result_type="bytes", result=result
+    )
+
+
+async def test_a_claim_of_20_calls_and_their_20_outcomes_are_two_statements(
+    saver: AsyncPostgresSaver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with count_statements(monkeypatch) as seen:
+        claimed = await saver.aclaim([intent(i) for i in range(20)], owner="me", lease_seconds=60)
+        assert len(seen) == 1, seen
+        assert all(c.claimed for c in claimed)
+        finished = await asyncio.gather(*(complete(saver, f"k{i}", i) for i in range(20)))
+        assert len(seen) == 2, seen
+    assert [e.result for e in finished] == [EVERY_BYTE + bytes([i]) for i in range(20)]
+    stored = {e.key: e for e in await saver.alist_entries("t")}
+    assert stored["k7"].result == EVERY_BYTE + bytes([7])
+    assert stored["k7"].status is CallStatus.COMPLETED
+
+
+async def test_claimed_values_come_back_exactly(saver: AsyncPostgresSaver) -> None:
+    """Bytes (every value), floats (the lease) and non-ASCII text survive the JSON trip."""
+    odd = intent(0, args=EVERY_BYTE)
+    odd = CallIntent(**{**odd.__dict__, "tool_call_id": "c-é-😀-\u2028", "run_id": None})
+    [out] = await saver.aclaim([odd], owner="me", lease_seconds=12.345678)
+    entry = out.entry
+    assert out.claimed
+    assert entry.args == EVERY_BYTE
+    assert entry.tool_call_id == "c-é-😀-\u2028" and entry.run_id is None
+    assert entry.lease_expires_at - entry.issued_at == pytest.approx(12.345678, abs=1e-6)
+    assert (entry.position, entry.branch, entry.occurrence) == ("p", "b", 0)
+
+
+async def test_a_claim_that_races_a_concurrent_claimer_takes_its_row(
+    saver: AsyncPostgresSaver, pg_dsn: str
+) -> None:
+    """Another claimer inserted the key and has not committed: our claim's INSERT waits
+    on it, does nothing once it commits, and its snapshot (older than that commit)
+    cannot see the row: the call is claimed again in a new statement, which returns the
+    other claimer's row - not ours, and no second row."""
+    await saver.aclaim([intent(9)], owner="warm-up", lease_seconds=60)
+    rival = await psycopg.AsyncConnection.connect(pg_dsn)
+    try:
+        await rival.execute(
+            "INSERT INTO idem_tool_calls (scope, key, thread_id, agent_path, tool_name, "
+            "args_hash, args, tool_call_id, status, attempts, owner, issued_at, "
+            "lease_expires_at) VALUES ('t', 'k0', 't', 'tools', 'send', 'h0', '{}', 'c0', "
+            "'issued', 1, 'rival', 1, 2)"
+        )
+        claim = asyncio.create_task(saver.aclaim([intent(0)], owner="me", lease_seconds=60))
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as watch:
+            for _ in range(250):
+                cur = await watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+                row = await cur.fetchone()
+                if row and row[0]:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the claim never waited for the rival's row")
+        await rival.commit()
+        [out] = await claim
+    finally:
+        await rival.close()
+    assert not out.claimed
+    assert out.entry.owner == "rival"
+    assert [e.owner for e in await saver.alist_entries("t") if e.key == "k0"] == ["rival"]
+
+
+async def test_an_outcome_with_a_nul_is_typed_and_leaves_the_call_issued(
+    saver: AsyncPostgresSaver,
+) -> None:
+    """A failed call's error text with a NUL (PostgreSQL text cannot hold one): a
+    SerializationError, and the entry stays ``issued`` (an unknown outcome, surfaced),
+    never silently changed."""
+    await saver.aclaim([intent(0)], owner="me", lease_seconds=60)
+    with pytest.raises(SerializationError, match="NUL"):
+        await saver.afinish(
+            "t", "k0", owner="me", status=CallStatus.FAILED, result_type="bytes",
+            result=b"x", error="bad\x00news",
+        )  # fmt: skip
+    [entry] = await saver.alist_entries("t")
+    assert entry.status is CallStatus.ISSUED and entry.error is None
