@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import operator
 import random
 import time
 from abc import abstractmethod
@@ -74,6 +75,9 @@ T = TypeVar("T")
 PRUNE_STRATEGIES = ("keep_latest", "delete")
 # marks tool args stored encrypted (canonical JSON never starts with a NUL byte)
 SEALED_ARGS = b"\x00sealed\x00"
+# a claim row (INTENT_COLUMNS values) from a CallIntent, and where its args stand
+_INTENT_ROW = operator.attrgetter(*INTENT_COLUMNS)
+_ARGS = INTENT_COLUMNS.index("args")
 
 
 class SyncCallOnEventLoopError(IdemSaverError, asyncio.InvalidStateError):
@@ -211,10 +215,9 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
         if not intents:
             return []
         now = time.time()
-        rows = [
-            tuple(self.seal_args(i.args) if c == "args" else getattr(i, c) for c in INTENT_COLUMNS)
-            for i in intents
-        ]
+        rows = [_INTENT_ROW(i) for i in intents]
+        if self._encrypts():
+            rows = [(*r[:_ARGS], self.seal_args(r[_ARGS]), *r[_ARGS + 1 :]) for r in rows]
         return await self._insert_claims(Claims(rows, owner, now, now + lease_seconds))
 
     async def afinish(

@@ -258,7 +258,7 @@ class IdempotentToolNode(ToolNode):
                     raise
                 result = run_private(engine.afinish(batch, current, result))
             else:
-                if current.leader is not None:
+                if current.leader is not None and current.leader.outcome is not None:
                     current.leader.outcome.result()  # block this thread, not a loop
                 result = run_private(engine.aanswer(batch, current))
             return settle(result)

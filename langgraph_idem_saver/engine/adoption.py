@@ -124,6 +124,8 @@ async def aadopt_orphans(
     first = candidates[0].intent
     assert first is not None
     entries = [e for listed in found.by_signature.values() for e in listed]
+    if not entries:
+        return  # no entry of any signature of the step: the common case, no work per call
     present = {e.key for e in entries}
     # the keys of every call in this state: an entry under one of them is not an
     # orphan (ids alone would not do: a model may reuse "call_0" every turn)

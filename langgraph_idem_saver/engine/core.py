@@ -23,6 +23,7 @@ calls planned ``Kind.RUN`` and reports each outcome. Nothing here knows ``ToolNo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -102,7 +103,7 @@ async def announce_replay(call: ToolCall, key: str, recorded: str) -> None:
 
 def settle_future(plan: Plan, *, result: Any = None, exc: BaseException | None = None) -> None:
     """Publish a call's outcome to calls of the same step that share its key."""
-    if plan.outcome.done():
+    if plan.outcome is None or plan.outcome.done():
         return
     if exc is not None:
         plan.outcome.set_exception(exc)
@@ -256,6 +257,8 @@ class LedgerEngine:
                 )
             plan.kind = Kind.FOLLOW
             plan.leader = leader
+            if leader.outcome is None:
+                leader.outcome = concurrent.futures.Future()
 
         assign_slots(list(leaders.values()), fork_point(config, thread_id))
 
@@ -390,7 +393,8 @@ class LedgerEngine:
             return plan.result
         if plan.kind is Kind.FOLLOW:
             leader = cast(Plan, plan.leader)
-            leader_result = await asyncio.wrap_future(leader.outcome)
+            published = cast(concurrent.futures.Future[Any], leader.outcome)
+            leader_result = await asyncio.wrap_future(published)
             if leader.ledger_key is not None:
                 await self.lg(batch, ledger.anote_replay(batch.scope, leader.ledger_key))
             self.counters.bump("replayed")

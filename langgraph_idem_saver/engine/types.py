@@ -188,7 +188,9 @@ class Plan:
     # the entry is a lost call of the same step with other arguments (adoption.
     # aadopt_superseded): settled by it, and run only if it did not happen
     superseded: bool = False
-    outcome: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+    # published to calls of the step that share this call's key (``Kind.FOLLOW``); made
+    # while planning, only for a call that has such followers (most have none)
+    outcome: concurrent.futures.Future[Any] | None = None
 
 
 @dataclass(eq=False)
