@@ -10,12 +10,20 @@ that take these objects, not loose positional lists kept in step by convention.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from langgraph_idem_saver.ledger import CallIntent, LedgerEntry
+from langgraph_idem_saver.ledger import CallIntent, LedgerEntry, StepLookup
 
-__all__ = ["INTENT_COLUMNS", "LEDGER_COLUMNS", "Claims", "Guarded", "LedgerStatements"]
+__all__ = [
+    "INTENT_COLUMNS",
+    "LEDGER_COLUMNS",
+    "Claims",
+    "Guarded",
+    "LedgerStatements",
+    "step_params",
+]
 
 # the ledger's columns as every backend selects them: LedgerEntry's fields, in order
 LEDGER_COLUMNS = ", ".join(f.name for f in dataclasses.fields(LedgerEntry))
@@ -93,3 +101,10 @@ class Claims:
     def columns(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
         """``rows`` column-wise, named by ``INTENT_COLUMNS`` (for one batched INSERT)."""
         return {name: [row[i] for row in rows] for i, name in enumerate(INTENT_COLUMNS)}
+
+
+def step_params(lookup: StepLookup) -> tuple[Any, ...]:
+    """``SELECT_STEP_CANDIDATES``' parameters: the signatures and spots go as JSON arrays,
+    the one list parameter both dialects can bind."""
+    signatures, spots = json.dumps(lookup.signatures), json.dumps(lookup.spots)
+    return (lookup.scope, lookup.agent_path, signatures, lookup.scope, spots)

@@ -251,6 +251,10 @@ class StepCandidates:
     by_signature: dict[tuple[str, str], list[LedgerEntry]]
     at_position: dict[tuple[str, str], list[LedgerEntry]]
 
+    def any(self) -> bool:
+        """Whether there is anything for adoption to look at."""
+        return any(self.by_signature.values()) or any(self.at_position.values())
+
     @classmethod
     def sorted_out(
         cls,
@@ -268,6 +272,27 @@ class StepCandidates:
             if e.position is not None and (e.position, e.tool_name) in at_position:
                 at_position[e.position, e.tool_name].append(e)
         return cls(by_signature, at_position)
+
+
+@dataclass(frozen=True)
+class StepLookup:
+    """What orphan adoption looks for in one step (``afind_step_candidates``' arguments):
+    the entries of each call signature (tool, args hash) of the agent path, and those each
+    tool made at each spot (fork position, tool)."""
+
+    scope: str
+    agent_path: str
+    signatures: list[tuple[str, str]]
+    spots: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class StepClaim:
+    """``aclaim_step``'s answer: what adoption looks at, and the claims - made only when
+    adoption has nothing to look at (``claimed`` is None otherwise: nothing was written)."""
+
+    candidates: StepCandidates
+    claimed: list[ClaimOutcome] | None
 
 
 @dataclass
@@ -420,6 +445,26 @@ class ToolCallLedger(ABC):
         }
         at_position = {s: await self.afind_at_position(scope, *s) for s in dict.fromkeys(spots)}
         return StepCandidates(by_signature, at_position)
+
+    async def aclaim_step(
+        self,
+        intents: Sequence[CallIntent],
+        lookup: StepLookup,
+        *,
+        owner: str,
+        lease_seconds: float,
+    ) -> StepClaim:
+        """A step's adoption read and, when it finds nothing (the common case), its
+        claim: ``afind_step_candidates`` then ``aclaim``. The savers do both in one round
+        trip (one statement, or one transaction), so a fresh step costs one trip to the
+        database before its tools run; this default (for other ledgers) makes two."""
+        found = await self.afind_step_candidates(
+            lookup.scope, lookup.agent_path, lookup.signatures, lookup.spots
+        )
+        if found.any():
+            return StepClaim(found, None)
+        claimed = await self.aclaim(intents, owner=owner, lease_seconds=lease_seconds)
+        return StepClaim(found, claimed)
 
     @abstractmethod
     async def alist_entries(

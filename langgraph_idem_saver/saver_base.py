@@ -35,6 +35,7 @@ from langgraph_idem_saver.backend import (
     Claims,
     Guarded,
     LedgerStatements,
+    step_params,
 )
 from langgraph_idem_saver.errors import (
     IdemSaverError,
@@ -47,6 +48,8 @@ from langgraph_idem_saver.ledger import (
     ClaimOutcome,
     LedgerEntry,
     StepCandidates,
+    StepClaim,
+    StepLookup,
     ToolCallLedger,
 )
 from langgraph_idem_saver.saver_codec import *  # noqa: F403  (re-exported, see __all__)
@@ -209,16 +212,42 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
         """Insert an ``issued`` row per claim row whose key is free and read each back,
         in one transaction committed durably (a tool runs after it)."""
 
+    @abstractmethod
+    async def _claim_unless_found(
+        self, claims: Claims, lookup: StepLookup
+    ) -> tuple[list[LedgerEntry], list[ClaimOutcome] | None]:
+        """In one round trip: the entries ``lookup`` finds (``SELECT_STEP_CANDIDATES``,
+        oldest first) and, only when there are none, ``_insert_claims(claims)``'s
+        outcomes (None when something was found: nothing is written then)."""
+
+    def _claims(self, intents: Sequence[CallIntent], owner: str, lease_seconds: float) -> Claims:
+        now = time.time()
+        rows = [_INTENT_ROW(i) for i in intents]
+        if self._encrypts():
+            rows = [(*r[:_ARGS], self.seal_args(r[_ARGS]), *r[_ARGS + 1 :]) for r in rows]
+        return Claims(rows, owner, now, now + lease_seconds)
+
     async def aclaim(
         self, intents: Sequence[CallIntent], *, owner: str, lease_seconds: float
     ) -> list[ClaimOutcome]:
         if not intents:
             return []
-        now = time.time()
-        rows = [_INTENT_ROW(i) for i in intents]
-        if self._encrypts():
-            rows = [(*r[:_ARGS], self.seal_args(r[_ARGS]), *r[_ARGS + 1 :]) for r in rows]
-        return await self._insert_claims(Claims(rows, owner, now, now + lease_seconds))
+        return await self._insert_claims(self._claims(intents, owner, lease_seconds))
+
+    async def aclaim_step(
+        self,
+        intents: Sequence[CallIntent],
+        lookup: StepLookup,
+        *,
+        owner: str,
+        lease_seconds: float,
+    ) -> StepClaim:
+        claims = self._claims(intents, owner, lease_seconds)
+        found, claimed = await self._claim_unless_found(claims, lookup)
+        candidates = StepCandidates.sorted_out(
+            found, lookup.agent_path, lookup.signatures, lookup.spots
+        )
+        return StepClaim(candidates, claimed)
 
     async def afinish(
         self,
@@ -308,7 +337,7 @@ class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
     ) -> StepCandidates:
         """One read for the whole step (``SELECT_STEP_CANDIDATES``): the signatures and
         spots go as JSON arrays, the one list parameter both dialects can bind."""
-        params = (scope, agent_path, json.dumps(signatures), scope, json.dumps(spots))
+        params = step_params(StepLookup(scope, agent_path, list(signatures), list(spots)))
         found = await self._select_entries(self._sql.SELECT_STEP_CANDIDATES, params)
         return StepCandidates.sorted_out(found, agent_path, signatures, spots)
 

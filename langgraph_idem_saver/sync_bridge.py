@@ -341,6 +341,7 @@ class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
     # --- the ledger (async, as the engine drives it; on the saver's loop) ----------------
 
     aclaim = hopping(IdemSaverBase.aclaim)
+    aclaim_step = hopping(IdemSaverBase.aclaim_step)
     afinish = hopping(IdemSaverBase.afinish)
     areclaim = hopping(IdemSaverBase.areclaim)
     arelease = hopping(IdemSaverBase.arelease)

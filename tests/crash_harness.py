@@ -161,6 +161,12 @@ class _Crashing:
             die()
         return await super().aclaim(intents, **kwargs)  # type: ignore[misc]
 
+    async def aclaim_step(self, intents: Any, lookup: Any, **kwargs: Any) -> Any:
+        """A step's claim (with adoption's read, in one trip): the same crash point."""
+        if self.crash_at == "before_issued":
+            die()
+        return await super().aclaim_step(intents, lookup, **kwargs)  # type: ignore[misc]
+
     async def afinish(self, *args: Any, **kwargs: Any) -> Any:
         entry = await super().afinish(*args, **kwargs)  # type: ignore[misc]
         if self.crash_at == "after_completed":

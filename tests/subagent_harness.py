@@ -501,16 +501,21 @@ def crashing(cls: type) -> type:
         faults: Faults | None = None
         items: ClassVar[dict[str, str]] = {}  # ledger key -> crash target name
 
-        async def aclaim(self, intents: Any, **kwargs: Any) -> Any:
-            if self.faults is not None:
-                for intent in intents:
-                    agent = intent.agent_path.split("|")[0]
-                    self.faults.die("before_issued", f"{agent}:{label(json.loads(intent.args))}")
-            outcomes = await super().aclaim(intents, **kwargs)
+        def before_claim(self, intents: Any) -> None:
             for intent in intents:
-                agent = intent.agent_path.split("|")[0]
-                self.items[intent.key] = f"{agent}:{label(json.loads(intent.args))}"
-            return outcomes
+                target = f"{intent.agent_path.split('|')[0]}:{label(json.loads(intent.args))}"
+                if self.faults is not None:
+                    self.faults.die("before_issued", target)
+                self.items[intent.key] = target
+
+        async def aclaim(self, intents: Any, **kwargs: Any) -> Any:
+            self.before_claim(intents)
+            return await super().aclaim(intents, **kwargs)
+
+        async def aclaim_step(self, intents: Any, lookup: Any, **kwargs: Any) -> Any:
+            """A step's claim (with adoption's read, in one trip): the same crash point."""
+            self.before_claim(intents)
+            return await super().aclaim_step(intents, lookup, **kwargs)
 
         async def afinish(self, scope: str, key: str, **kwargs: Any) -> Any:
             entry = await super().afinish(scope, key, **kwargs)

@@ -1,8 +1,9 @@
 """A step's ledger cost does not grow with its number of calls (issue 16).
 
 The ledger of a ``ToolNode`` step reads what adoption looks at (every call signature and
-fork-slot position of the step: one read), claims every call (one transaction) and
-records the outcomes of the calls that finish together (one transaction). Counted here
+fork-slot position of the step) and, when that finds nothing, claims every call - both
+in ONE trip (``aclaim_step``) - and records the outcomes of the calls that finish
+together (one transaction). Counted here
 as trips to the database - SQLite hand-offs to the connection's worker, Postgres
 connection uses - made by a ledger kept apart from the checkpointer, so that nothing
 else is counted: a step of 1 call and a step of 50 make as many.
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from langchain_core.tools import tool
 from tool_node_helpers import ai_calls, cfg, tool_graph, tool_messages
 
 from langgraph_idem_saver import IdempotentToolNode
-from langgraph_idem_saver.ledger import CallIntent, ToolCallLedger
+from langgraph_idem_saver.ledger import CallIntent, StepLookup, ToolCallLedger
 
 # the one method each backend goes through for every trip to its database
 TRIP = {"sqlite": "_call", "postgres": "_execute"}
@@ -71,7 +73,7 @@ async def test_a_step_of_50_calls_costs_the_ledger_as_many_trips_as_one_call(
             for n in (1, 50)
         }
         assert counts[1] == counts[50], counts
-        assert counts[1][0] <= 3  # look-up, claim, outcomes
+        assert counts[1][0] == 2  # look-up with the claim, outcomes
         assert len(await ledger.alist_entries("t50")) == 100  # each call claimed and run
         assert all(e.status.value == "completed" for e in await ledger.alist_entries("t50"))
 
@@ -117,3 +119,30 @@ async def test_the_one_read_finds_what_the_reads_per_call_find(saver: Any) -> No
         ("charge", "h9"): [],
     }
     assert keys(one_read.at_position) == {("p1", "send"): ["k0", "k1", "k6"], ("p3", "send"): []}
+
+
+async def test_a_step_claim_writes_nothing_when_adoption_has_something_to_look_at(
+    saver: Any,
+) -> None:
+    """``aclaim_step`` in one trip: nothing found - the calls are claimed (as ``aclaim``);
+    something found - exactly what ``afind_step_candidates`` finds, and nothing written.
+    The default of other ledgers (two calls) answers the same."""
+    await saver.aclaim([planted(0, tool="send", digest="h1", at="p1")], owner="x", lease_seconds=9)
+    fresh = [planted(i, tool="send", digest=f"n{i}", at="p2") for i in (1, 2)]
+    found_nothing = StepLookup("t", "tools", [("send", "n1"), ("send", "n2")], [("p2", "send")])
+    step = await saver.aclaim_step(fresh, found_nothing, owner="me", lease_seconds=9)
+    assert not step.candidates.any()
+    assert step.claimed is not None and [c.claimed for c in step.claimed] == [True, True]
+    assert [c.entry.key for c in step.claimed] == ["k1", "k2"]
+
+    again = [planted(i, tool="send", digest=d, at="p1") for i, d in ((3, "h1"), (4, "h9"))]
+    finds = StepLookup("t", "tools", [("send", "h1"), ("send", "h9")], [("p1", "send")])
+    # the saver's one trip, then ToolCallLedger's default
+    for claim_step in (saver.aclaim_step, partial(ToolCallLedger.aclaim_step, saver)):
+        step = await claim_step(again, finds, owner="me", lease_seconds=9)
+        assert step.claimed is None
+        assert step.candidates == await saver.afind_step_candidates(
+            "t", "tools", finds.signatures, finds.spots
+        )
+        assert [e.key for e in step.candidates.by_signature["send", "h1"]] == ["k0"]
+        assert sorted(e.key for e in await saver.alist_entries("t")) == ["k0", "k1", "k2"]

@@ -532,21 +532,21 @@ async def test_losing_an_adoption_race_to_another_resumer_never_runs_the_call(
     lost = {**CHARGE, "id": "lost-1"}
     entry = await plant_unknown(saver, intent_for("t", lost, message_id="gone-1"))
     fx.bump("inv-1")  # the dead process did charge
-    original = saver.afind_step_candidates
+    original = saver.aclaim_step
 
-    async def raced(*args: Any) -> Any:
-        found = await original(*args)
+    async def raced(*args: Any, **kwargs: Any) -> Any:
+        step = await original(*args, **kwargs)  # the adoption read (it finds the orphan)
         await saver.aadopt("t", entry.key, tool_call_id="other-resumer-call")
-        return found
+        return step
 
-    saver.afind_step_candidates = raced
+    saver.aclaim_step = raced
     try:
         node = IdempotentToolNode([vendor_tools(fx)], verify={"charge": found_at_vendor(fx, asked)})
         out = await tool_graph(node, saver).ainvoke(
             {"messages": [ai_calls(("charge", CHARGE["args"], "c2"))]}, cfg("t")
         )
     finally:
-        saver.afind_step_candidates = original
+        del saver.aclaim_step
     assert fx.calls == ["inv-1"] and len(asked) == 1
     assert tool_messages(out)[-1].content == "charged inv-1 (found at vendor)"
     assert len(await saver.alist_entries("t")) == 1

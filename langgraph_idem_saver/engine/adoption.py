@@ -13,7 +13,7 @@ import asyncio
 import os
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
@@ -27,6 +27,7 @@ from langgraph_idem_saver.ledger import (
     CallStatus,
     LedgerEntry,
     StepCandidates,
+    StepLookup,
     minted_here,
 )
 
@@ -57,31 +58,38 @@ if hasattr(os, "register_at_fork"):  # a forked child runs nothing its parent ad
     os.register_at_fork(after_in_child=_ADOPTED_HERE.clear)
 
 
-async def aadopt(
-    engine: LedgerEngine, batch: Batch, leaders: list[Plan], config: RunnableConfig
-) -> None:
-    """Both kinds of adoption for the leaders of a step, over ONE ledger read.
+def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
+    """What adoption must read for the leaders of a step, or None when it does not
+    apply: no state visible (ids cannot be told apart), or no default-key call (only
+    they adopt, and only they have fork slots)."""
+    if batch.known_ids is None:
+        return None
+    intents = [p.intent for p in leaders if p.policy == "tool_call" and p.intent is not None]
+    if not intents:
+        return None
+    return StepLookup(
+        batch.scope,
+        intents[0].agent_path,
+        list(dict.fromkeys((i.tool_name, i.args_hash) for i in intents)),
+        list(dict.fromkeys((i.position, i.tool_name) for i in intents if i.position)),
+    )
 
-    What they look at - the entries of every call signature of the step, and those its
-    tools made at its position - is read at once (``afind_step_candidates``), so the
-    step costs the same round trips with 1 call or 50.
-    """
+
+async def aadopt(
+    engine: LedgerEngine,
+    batch: Batch,
+    leaders: list[Plan],
+    config: RunnableConfig,
+    found: StepCandidates,
+) -> None:
+    """Both kinds of adoption for the leaders of a step, over what ONE ledger read found
+    (``aclaim_step``): the entries of every call signature of the step, and those its
+    tools made at its position - so a step costs the same round trips with 1 call or 50."""
     if batch.ledger is None or batch.known_ids is None:
         return
     candidates = [p for p in leaders if p.policy == "tool_call" and p.intent is not None]
     if not candidates:
         return  # only default-key calls adopt (and only they have fork slots)
-    first = cast(CallIntent, candidates[0].intent)
-    intents = [cast(CallIntent, p.intent) for p in candidates]
-    found = await engine.lg(
-        batch,
-        batch.ledger.afind_step_candidates(
-            batch.scope,
-            first.agent_path,
-            list(dict.fromkeys((i.tool_name, i.args_hash) for i in intents)),
-            list(dict.fromkeys((i.position, i.tool_name) for i in intents if i.position)),
-        ),
-    )
     await aadopt_orphans(engine, batch, candidates, config, found)
     await aadopt_superseded(engine, batch, leaders, config, found)
 

@@ -38,7 +38,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
-from langgraph_idem_saver.engine.adoption import aadopt
+from langgraph_idem_saver.engine.adoption import aadopt, step_lookup
 from langgraph_idem_saver.engine.forks import assign_slots, fork_point, siblings_refused
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.options import LedgerOptions
@@ -68,6 +68,7 @@ from langgraph_idem_saver.keys import (
 from langgraph_idem_saver.ledger import (
     CallIntent,
     CallStatus,
+    ClaimOutcome,
     LedgerEntry,
     ToolCallLedger,
     make_owner,
@@ -264,9 +265,27 @@ class LedgerEngine:
 
         # Any exception from here on (conflict, interrupt(), timeout) releases the fresh
         # claims of this run: the front door calls ``arelease_unstarted`` in a finally.
-        await aadopt(self, batch, list(leaders.values()), config)
-        await self.aclaim(batch, [p for p in leaders.values() if p.entry is None])
-        await self.asettle(batch, [p for p in leaders.values() if p.kind is Kind.PENDING])
+        step = list(leaders.values())
+        lookup = step_lookup(batch, step)
+        if lookup is None:
+            await self.aclaim(batch, step)
+        else:
+            # one round trip: adoption's read, and the claim when it found nothing
+            claim = await self.lg(
+                batch,
+                ledger.aclaim_step(
+                    [cast(CallIntent, p.intent) for p in step],
+                    lookup,
+                    owner=self.owner,
+                    lease_seconds=self.options.lease_seconds,
+                ),
+            )
+            if claim.claimed is not None:
+                await self.aclaimed(batch, step, claim.claimed)
+            else:
+                await aadopt(self, batch, step, config, claim.candidates)
+                await self.aclaim(batch, [p for p in step if p.entry is None])
+        await self.asettle(batch, [p for p in step if p.kind is Kind.PENDING])
 
     # --- claim and settle ------------------------------------------------------------------
 
@@ -283,6 +302,11 @@ class LedgerEngine:
                 lease_seconds=self.options.lease_seconds,
             ),
         )
+        await self.aclaimed(batch, plans, outcomes)
+
+    async def aclaimed(self, batch: Batch, plans: list[Plan], outcomes: list[ClaimOutcome]) -> None:
+        """Take the claim's outcome for each plan; claim again the calls a sibling's fork
+        slot refused (at their next occurrence)."""
         for plan, outcome in zip(plans, outcomes, strict=True):
             plan.entry = outcome.entry
             plan.ledger_key = outcome.entry.key

@@ -22,15 +22,39 @@ jsonb_to_recordset(%(rows)s::jsonb) AS u(
     branch text, occurrence int, ord int)
 """
 
-# The claim, ONE statement (autocommit: one round trip, one commit): insert an ``issued``
-# row for every call whose key and fork slot are free, and return, flagged, the rows it
-# inserted, the rows already under the keys, and the rows holding the slots (a claim
-# refused by the slot, not by the key). The statement's snapshot cannot see rows a
-# concurrent claimer committed after it began (ON CONFLICT waited for them): those calls
-# come back with no row, and the caller claims them again (a new statement, a new
-# snapshot).
-CLAIM_STEP = f"""
-WITH u AS (SELECT * FROM {_CLAIM_ROWS}),
+# What orphan adoption looks at for a step (``SELECT_STEP_CANDIDATES`` with named
+# parameters), the rows' ``seq`` first: oldest first is the caller's order.
+_STEP_FOUND = f"""
+SELECT seq, {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE (scope, key) IN (
+    SELECT scope, key FROM idem_tool_calls
+    WHERE scope = %(scope)s AND agent_path = %(agent_path)s AND (tool_name, args_hash) IN (
+        SELECT s ->> 0, s ->> 1 FROM json_array_elements(%(signatures)s::json) AS s)
+    UNION
+    SELECT scope, key FROM idem_tool_calls
+    WHERE scope = %(scope)s AND position IS NOT NULL AND (position, tool_name) IN (
+        SELECT s ->> 0, s ->> 1 FROM json_array_elements(%(spots)s::json) AS s))
+"""
+
+
+def _claim_statement(unless_found: bool) -> str:
+    """The claim, ONE statement (autocommit: one round trip, one commit).
+
+    It inserts an ``issued`` row for every call whose key and fork slot are free, and
+    returns, tagged, the rows it inserted (``i``), the rows already under the keys
+    (``k``) and the rows holding the slots (``s``: a claim refused by the slot, not by
+    the key). The statement's snapshot cannot see rows a concurrent claimer committed
+    after it began (ON CONFLICT waited for them): those calls come back with no row, and
+    the caller claims them again (a new statement, a new snapshot).
+
+    ``unless_found``: first the step's adoption read (``f`` rows); when it finds
+    anything, nothing is inserted - adoption decides first, then the caller claims.
+    """
+    found = f", found AS ({_STEP_FOUND})" if unless_found else ""
+    only = "AND NOT EXISTS (SELECT 1 FROM found)" if unless_found else ""
+    found_rows = "SELECT 'f', * FROM found UNION ALL" if unless_found else ""
+    return f"""
+WITH u AS (SELECT * FROM {_CLAIM_ROWS}){found},
 ins AS (
     INSERT INTO idem_tool_calls
         (scope, key, thread_id, agent_path, tool_name, args_hash, args, tool_call_id,
@@ -39,20 +63,25 @@ ins AS (
     SELECT scope, key, thread_id, agent_path, tool_name, args_hash,
            decode(args, 'base64'), tool_call_id, run_id, position, branch, occurrence,
            'issued', 1, %(owner)s, %(now)s, %(lease)s
-    FROM u ORDER BY ord
+    FROM u WHERE true {only} ORDER BY ord
     ON CONFLICT DO NOTHING
-    RETURNING {LEDGER_COLUMNS}
+    RETURNING seq, {LEDGER_COLUMNS}
 )
-SELECT true, * FROM ins
+{found_rows}
+SELECT 'i', * FROM ins
 UNION ALL
-SELECT false, {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE (scope, key) IN (SELECT scope, key FROM u)
+SELECT 'k', seq, {LEDGER_COLUMNS} FROM idem_tool_calls
+WHERE (scope, key) IN (SELECT scope, key FROM u) {only}
 UNION ALL
-SELECT false, {LEDGER_COLUMNS} FROM idem_tool_calls
+SELECT 's', seq, {LEDGER_COLUMNS} FROM idem_tool_calls
 WHERE position IS NOT NULL AND (scope, position, tool_name, args_hash, occurrence) IN (
     SELECT scope, position, tool_name, args_hash, occurrence FROM u
-    WHERE position IS NOT NULL)
+    WHERE position IS NOT NULL) {only}
 """
+
+
+CLAIM_STEP = _claim_statement(unless_found=False)
+CLAIM_STEP_UNLESS_FOUND = _claim_statement(unless_found=True)
 
 # every entry made at one position by one tool (calls of the same step, any branch)
 SELECT_AT_POSITION = f"""

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
-from langgraph_idem_saver.backend import Claims, Guarded
+from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.errors import LedgerStateError
-from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, slot_of
+from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup, slot_of
 from langgraph_idem_saver.postgres import ledger_sql as sql
 from langgraph_idem_saver.postgres.ledger_rows import claim_rows, finish_rows
 
@@ -39,21 +39,49 @@ class PostgresLedgerStore:
         ) -> T: ...
 
     async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
+        _, outcomes = await self._claim(claims, None)
+        assert outcomes is not None  # nothing is looked up first
+        return outcomes
+
+    async def _claim_unless_found(
+        self, claims: Claims, lookup: StepLookup
+    ) -> tuple[list[LedgerEntry], list[ClaimOutcome] | None]:
+        return await self._claim(claims, lookup)
+
+    async def _claim(
+        self, claims: Claims, lookup: StepLookup | None
+    ) -> tuple[list[LedgerEntry], list[ClaimOutcome] | None]:
         """Claim the batch in ONE statement (``CLAIM_STEP``: one round trip, one commit),
-        then claim again, in a new statement, the calls it returned no row for."""
-        owner = {"owner": claims.owner, "now": claims.issued_at, "lease": claims.lease_expires_at}
+        after the step's adoption read in the same statement when ``lookup`` is given
+        (nothing is claimed when it finds entries); then claim again, in a new
+        statement, the calls it returned no row for."""
+        base: dict[str, Any] = {
+            "owner": claims.owner,
+            "now": claims.issued_at,
+            "lease": claims.lease_expires_at,
+        }
+        query = sql.CLAIM_STEP
+        if lookup is not None:
+            query = sql.CLAIM_STEP_UNLESS_FOUND
+            scope, agent_path, signatures, _, spots = step_params(lookup)
+            base |= {"scope": scope, "agent_path": agent_path}
+            base |= {"signatures": signatures, "spots": spots}
         outcomes: dict[int, ClaimOutcome] = {}
         pending = list(enumerate(claims.rows))
         for _ in range(CLAIM_RETRIES):
-            params = {**owner, "rows": claim_rows([row for _, row in pending])}
+            params = {**base, "rows": claim_rows([row for _, row in pending])}
 
-            async def claim(cur: Cursor, params: dict[str, Any] = params) -> list[TupleRow]:
-                await cur.execute(sql.CLAIM_STEP, params)
+            async def claim(cur: Cursor, q: str = query, p: dict[str, Any] = params) -> Any:
+                await cur.execute(q, p)
                 return await cur.fetchall()
 
-            found = await self._run(claim)
-            inserted = {(r[1], r[2]) for r in found if r[0]}
-            entries = {(r[1], r[2]): self.entry_of(r[1:]) for r in found}
+            rows = await self._run(claim)
+            found = sorted((r[1], self.entry_of(r[2:])) for r in rows if r[0] == "f")
+            if found:
+                return [e for _, e in found], None
+            query = sql.CLAIM_STEP  # decided: claim what is still missing
+            inserted = {(r[2], r[3]) for r in rows if r[0] == "i"}  # scope, key
+            entries = {(r[2], r[3]): self.entry_of(r[2:]) for r in rows}
             holders = {slot_of(e): e for e in entries.values() if e.position is not None}
             missing = []
             for pos, row in pending:
@@ -66,7 +94,7 @@ class PostgresLedgerStore:
                 outcomes[pos] = ClaimOutcome(claimed=k in inserted, entry=entry)
                 inserted.discard(k)  # a key repeated in the batch is claimed once
             if not missing:
-                return [outcomes[p] for p in range(len(claims.rows))]
+                return [], [outcomes[p] for p in range(len(claims.rows))]
             pending = missing
         raise LedgerStateError(
             f"could not claim {len(pending)} tool call(s): their rows kept being "
