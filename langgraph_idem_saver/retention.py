@@ -30,11 +30,12 @@ import math
 import time
 import uuid
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.forwarding import blocking, hopping
 
@@ -129,7 +130,7 @@ class TTLConfig:
 
 
 @dataclass
-class SweepReport:
+class SweepReport(Counts):
     """What one sweep removed (counts of rows), for logs and ``idem-saver prune``."""
 
     threads_deleted: int = 0
@@ -145,13 +146,11 @@ class SweepReport:
     # counted, then rolled back: nothing was removed (see asweep's dry_run)
     dry_run: bool = False
 
-    def as_dict(self) -> dict[str, int | bool]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 @dataclass(frozen=True)
 class RowCounts:
-    """A thread's rows, counted before and after a batch changes it."""
+    """Rows of the three checkpoint tables: a thread's, counted before and after a
+    sweep's batch changes it, or those ``adelete_checkpoints`` removed (``DeletedCounts``)."""
 
     checkpoints: int
     writes: int
