@@ -33,6 +33,23 @@ from langgraph_idem_saver.ledger import (
     ToolCallLedger,
 )
 
+# what the engine package exports (engine/__init__.py re-exports exactly these)
+__all__ = [
+    "NOT_APPLIED",
+    "Batch",
+    "IdempotencyConflict",
+    "IdempotencyCounters",
+    "Kind",
+    "NoLedgerError",
+    "NotAppliedError",
+    "OnUnknown",
+    "Plan",
+    "ToolCallInProgress",
+    "UnknownToolOutcome",
+    "VerifyFn",
+    "live",
+]
+
 
 class IdempotencyConflict(IdemSaverError):
     """Two calls share a ledger key but not their arguments.
