@@ -64,13 +64,6 @@ WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
 RETURNING {LEDGER_COLUMNS}
 """
 
-RECLAIM_ENTRY = f"""
-UPDATE idem_tool_calls
-SET attempts = attempts + 1, owner = %s, issued_at = %s, lease_expires_at = %s
-WHERE scope = %s AND key = %s AND status = 'issued' AND attempts = %s AND owner = %s
-RETURNING {LEDGER_COLUMNS}
-"""
-
 RELEASE_ENTRY = """
 DELETE FROM idem_tool_calls
 WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
@@ -83,52 +76,10 @@ WHERE scope = %s AND key = %s AND adopted_by IS NOT DISTINCT FROM %s
 RETURNING {LEDGER_COLUMNS}
 """
 
-# the tool raised: keep the row issued (its effect may have happened) and end the lease
-ABANDON_ENTRY = f"""
-UPDATE idem_tool_calls SET lease_expires_at = %s, error = %s
-WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
-RETURNING {LEDGER_COLUMNS}
-"""
-
-SELECT_ORPHAN_CANDIDATES = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE scope = %s AND agent_path = %s AND tool_name = %s AND args_hash = %s
-ORDER BY seq
-"""
-
-SELECT_ENTRIES_OF_THREAD = (
-    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = %s ORDER BY seq"
-)
-SELECT_ENTRIES_OF_AGENT = (
-    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = %s AND agent_path = %s "
-    "ORDER BY seq"
-)
-SELECT_ALL_ENTRIES = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls ORDER BY seq"
-
-# every issued row (few: the partial index holds only them); the caller keeps those whose
-# lease expired or whose owner process is gone (LedgerEntry.is_unknown)
-SELECT_ISSUED = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE status = 'issued' ORDER BY seq
-"""
-
-RESOLVE_ENTRY = f"""
-UPDATE idem_tool_calls
-SET status = %s, result_type = %s, result = %s, error = %s, finished_at = %s
-WHERE scope = %s AND key = %s AND status = 'issued' AND attempts = %s AND owner = %s
-RETURNING {LEDGER_COLUMNS}
-"""
-
-# An operator's decision, guarded by what they looked at (status, attempts, owner).
-OPERATOR_UPDATE = f"""
-UPDATE idem_tool_calls
-SET status = %s, owner = %s, lease_expires_at = %s, result_type = %s, result = %s,
-    error = %s, finished_at = %s, history = %s
-WHERE scope = %s AND key = %s AND status = %s AND attempts = %s AND owner = %s
-RETURNING {LEDGER_COLUMNS}
-"""
-
-NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = %s AND key = %s"
-NOTE_CONFLICT = "UPDATE idem_tool_calls SET conflicts = conflicts + 1 WHERE scope = %s AND key = %s"
+# the statements PostgreSQL writes like SQLite are ledger_queries.LedgerSql's, with these
+MARKER = "%s"
+ORDER = "seq"
+RETURNING = f"RETURNING {LEDGER_COLUMNS}"
 
 # orphan adoption's two look-ups for every call of a step in ONE read (engine/adoption.py):
 # the entries of each call signature (the signature index) and those each tool made at

@@ -74,6 +74,7 @@ from psycopg_pool import AsyncConnectionPool
 from langgraph_idem_saver.backend import LedgerStatements
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.group_commit import GroupCommit
+from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
 from langgraph_idem_saver.postgres import ledger_sql, sql
 from langgraph_idem_saver.postgres.codec import COMPRESS_MIN_BYTES, ZLIB_PREFIX, PostgresCodec
@@ -119,7 +120,7 @@ class AsyncPostgresSaver(
         ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
     """
 
-    _sql: ClassVar[LedgerStatements] = ledger_sql
+    _sql: ClassVar[LedgerStatements] = LedgerSql(ledger_sql)
 
     def __init__(
         self,

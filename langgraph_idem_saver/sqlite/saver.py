@@ -46,6 +46,7 @@ from langgraph_idem_saver.errors import (
     CorruptRecordError,
 )
 from langgraph_idem_saver.group_commit import GroupCommit
+from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
@@ -160,7 +161,7 @@ class AsyncSqliteSaver(
         ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
     """
 
-    _sql: ClassVar[LedgerStatements] = sql
+    _sql: ClassVar[LedgerStatements] = LedgerSql(sql)
 
     def __init__(
         self,
