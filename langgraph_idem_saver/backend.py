@@ -11,17 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
+
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
 
 from langgraph_idem_saver.ledger import CallIntent, LedgerEntry, StepLookup
 
 __all__ = [
     "INTENT_COLUMNS",
     "LEDGER_COLUMNS",
+    "CheckpointPut",
     "Claims",
     "Guarded",
     "LedgerStatements",
+    "ListPage",
     "step_params",
 ]
 
@@ -101,6 +110,33 @@ class Claims:
     def columns(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
         """``rows`` column-wise, named by ``INTENT_COLUMNS`` (for one batched INSERT)."""
         return {name: [row[i] for row in rows] for i, name in enumerate(INTENT_COLUMNS)}
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointPut:
+    """One ``aput`` as a backend writes it: the thread and namespace, the parent (the
+    config's checkpoint id), the checkpoint, its metadata with the config's merged in
+    (``get_checkpoint_metadata``) and the channels with new versions."""
+
+    thread_id: str
+    ns: str
+    parent_id: str | None
+    checkpoint: Checkpoint
+    metadata: CheckpointMetadata
+    new_versions: ChannelVersions
+
+
+@dataclasses.dataclass(frozen=True)
+class ListPage:
+    """One page of ``alist`` as a backend read it. ``fetched``: the rows the statement
+    returned (fewer than asked: the last page); ``last``: the key of the last of them,
+    ``(checkpoint_id, thread_id, checkpoint_ns)``, where the next page starts; ``tuples``:
+    those that pass the metadata filter (the SQL only narrows), which a backend may
+    decode lazily, as they are yielded."""
+
+    fetched: int
+    last: tuple[str, str, str] | None
+    tuples: Iterable[CheckpointTuple]
 
 
 def step_params(lookup: StepLookup) -> tuple[Any, ...]:

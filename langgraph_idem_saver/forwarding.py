@@ -20,6 +20,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 Y = TypeVar("Y")
+M = TypeVar("M")  # what a forwarder is on an instance
+F = TypeVar("F", bound="_Forwarder[Any]")
 
 # items fetched per hop when iterating an async generator from elsewhere (``list``,
 # a sync saver's ``alist``): the async savers read pages of 100
@@ -42,93 +44,73 @@ class Bridged(Protocol):
         """Whether nothing can run where the target lives any more (skip cleanup)."""
 
 
-class _Forward(Generic[P, R]):
-    """A class attribute naming the target's method ``method.__name__``."""
+class _Forwarder(Generic[M]):
+    """A class attribute naming the target's method ``method.__name__``. Read on the
+    class it is itself; read on an instance, the target's method as ``_wrap`` makes it
+    run (``M``: its type there), presented as the target's."""
 
-    def __init__(self, method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> None:
+    def __init__(self, method: Callable[..., Any]) -> None:
         self.target_name = method.__name__
         self.__doc__ = method.__doc__
 
-    def _bound(self, obj: Bridged) -> Callable[P, Coroutine[Any, Any, R]]:
-        method: Callable[P, Coroutine[Any, Any, R]] = getattr(
-            obj._bridge_target(), self.target_name
-        )
-        return method
+    @overload
+    def __get__(self: F, obj: None, owner: type) -> F: ...
+
+    @overload
+    def __get__(self, obj: Bridged, owner: type | None = None) -> M: ...
+
+    def __get__(self, obj: Bridged | None, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        method = getattr(obj._bridge_target(), self.target_name)
+        return _like(self._wrap(obj, method), method)
+
+    def _wrap(self, obj: Bridged, method: Any) -> M:
+        """``method`` (the target's, bound) as the owner's method runs it."""
+        raise NotImplementedError
 
 
-class blocking(_Forward[P, R]):
+class blocking(_Forwarder[Callable[P, R]]):
     """A sync method running the target's async ``method`` (``get_tuple`` from
     ``aget_tuple``) through the owner's ``_run_blocking``."""
 
-    @overload
-    def __get__(self, obj: None, owner: type) -> blocking[P, R]: ...
+    def __init__(self, method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> None:
+        super().__init__(method)
 
-    @overload
-    def __get__(self, obj: Bridged, owner: type | None = None) -> Callable[P, R]: ...
-
-    def __get__(self, obj: Bridged | None, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        method = self._bound(obj)
-
+    def _wrap(self, obj: Bridged, method: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, R]:
         def call(*args: P.args, **kwargs: P.kwargs) -> R:
             return obj._run_blocking(method(*args, **kwargs))
 
-        return _like(call, method)
+        return call
 
 
-class hopping(_Forward[P, R]):
+class hopping(_Forwarder[Callable[P, Coroutine[Any, Any, R]]]):
     """An async method awaiting the target's ``method`` of the same name through the
     owner's ``_run_hopping`` (on the target's loop)."""
 
-    @overload
-    def __get__(self, obj: None, owner: type) -> hopping[P, R]: ...
+    def __init__(self, method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> None:
+        super().__init__(method)
 
-    @overload
-    def __get__(
-        self, obj: Bridged, owner: type | None = None
-    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
-
-    def __get__(self, obj: Bridged | None, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        method = self._bound(obj)
-
+    def _wrap(
+        self, obj: Bridged, method: Callable[P, Coroutine[Any, Any, R]]
+    ) -> Callable[P, Coroutine[Any, Any, R]]:
         async def call(*args: P.args, **kwargs: P.kwargs) -> R:
             return await obj._run_hopping(method(*args, **kwargs))
 
-        return _like(call, method)
+        return call
 
 
-class _ForwardIter(Generic[P, Y]):
-    """A class attribute naming the target's async generator method."""
-
-    def __init__(self, method: Callable[Concatenate[Any, P], AsyncIterator[Y]]) -> None:
-        self.target_name = method.__name__
-        self.__doc__ = method.__doc__
-
-    def _bound(self, obj: Bridged) -> Callable[..., AsyncIterator[Y]]:
-        method: Callable[..., AsyncIterator[Y]] = getattr(obj._bridge_target(), self.target_name)
-        return method
-
-
-class paging(_ForwardIter[P, Y]):
+class paging(_Forwarder[Callable[P, Iterator[Y]]]):
     """A sync iterator over the target's async generator (``list`` from ``alist``),
     fetched lazily ``LIST_CHUNK`` items per hop: nothing is held between pages, so the
     caller may write while iterating."""
 
-    @overload
-    def __get__(self, obj: None, owner: type) -> paging[P, Y]: ...
+    def __init__(self, method: Callable[Concatenate[Any, P], AsyncIterator[Y]]) -> None:
+        super().__init__(method)
 
-    @overload
-    def __get__(self, obj: Bridged, owner: type | None = None) -> Callable[P, Iterator[Y]]: ...
-
-    def __get__(self, obj: Bridged | None, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-
-        method = self._bound(obj)
-
+    def _wrap(
+        self, obj: Bridged, method: Callable[P, AsyncIterator[Y]]
+    ) -> Callable[P, Iterator[Y]]:
         def call(*args: P.args, **kwargs: P.kwargs) -> Iterator[Y]:
             agen = cast(AsyncGenerator[Y, None], method(*args, **kwargs))
             more, started = True, False
@@ -141,24 +123,18 @@ class paging(_ForwardIter[P, Y]):
                 if started and more and not obj._bridge_closed():  # the caller stopped early
                     obj._run_blocking(agen.aclose())
 
-        return _like(call, method)
+        return call
 
 
-class relaying(_ForwardIter[P, Y]):
+class relaying(_Forwarder[Callable[P, AsyncIterator[Y]]]):
     """An async generator over the target's, fetched ``LIST_CHUNK`` items per hop."""
 
-    @overload
-    def __get__(self, obj: None, owner: type) -> relaying[P, Y]: ...
+    def __init__(self, method: Callable[Concatenate[Any, P], AsyncIterator[Y]]) -> None:
+        super().__init__(method)
 
-    @overload
-    def __get__(self, obj: Bridged, owner: type | None = None) -> Callable[P, AsyncIterator[Y]]: ...
-
-    def __get__(self, obj: Bridged | None, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-
-        method = self._bound(obj)
-
+    def _wrap(
+        self, obj: Bridged, method: Callable[P, AsyncIterator[Y]]
+    ) -> Callable[P, AsyncIterator[Y]]:
         async def call(*args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Y]:
             agen = cast(AsyncGenerator[Y, None], method(*args, **kwargs))
             more, started = True, False
@@ -172,7 +148,7 @@ class relaying(_ForwardIter[P, Y]):
                 if started and more and not obj._bridge_closed():  # the caller stopped early
                     await obj._run_hopping(agen.aclose())
 
-        return _like(call, method)
+        return call
 
 
 async def _pull(agen: AsyncIterator[T], n: int) -> tuple[list[T], bool]:

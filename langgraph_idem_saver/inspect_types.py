@@ -16,6 +16,7 @@ from typing import Any
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import ConfigError
+from langgraph_idem_saver.retention import RowCounts
 from langgraph_idem_saver.saver_base import text_of
 
 
@@ -68,13 +69,9 @@ class CheckpointNode:
     writes: int
 
 
-@dataclass(frozen=True)
-class DeletedCounts:
-    """What :meth:`adelete_checkpoints` removed."""
-
-    checkpoints: int
-    writes: int
-    blobs: int
+DeletedCounts = RowCounts
+"""What :meth:`adelete_checkpoints` removed: rows of the three checkpoint tables, the
+same counts a retention sweep takes of a thread (one definition for both)."""
 
 
 @dataclass(frozen=True)

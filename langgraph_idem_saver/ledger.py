@@ -35,6 +35,8 @@ from typing import Any
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from langgraph_idem_saver.counts import Counts
+
 
 class CallStatus(str, Enum):
     """The three states of a ledger entry."""
@@ -45,7 +47,23 @@ class CallStatus(str, Enum):
 
 
 @dataclass(frozen=True)
-class CallIntent:
+class CallRecord:
+    """What names one logical call and what the model asked of it: the columns an
+    intent is claimed with and its entry is read back with, declared once so the two
+    cannot drift apart (``backend.LEDGER_COLUMNS`` starts with them, in this order)."""
+
+    scope: str
+    key: str
+    thread_id: str
+    agent_path: str
+    tool_name: str
+    args_hash: str
+    args: bytes  # canonical JSON of the model-emitted args (before injection)
+    tool_call_id: str
+
+
+@dataclass(frozen=True)
+class CallIntent(CallRecord):
     """What the tool node knows about a call before it runs it (one ``issued`` row).
 
     ``scope`` is the thread id by default, or ``"ns:<name>"`` for an explicitly named
@@ -58,14 +76,6 @@ class CallIntent:
     ``acopy_thread`` re-scopes a thread's rows to the fork, which must still find them.
     """
 
-    scope: str
-    key: str
-    thread_id: str
-    agent_path: str
-    tool_name: str
-    args_hash: str
-    args: bytes  # canonical JSON of the model-emitted args (before injection)
-    tool_call_id: str
     run_id: str | None = None
     # the fork slot (see ``engine.forks``): None when the call's place in the thread's
     # history is unknown (outside a graph, or a key policy that forks share anyway)
@@ -80,17 +90,9 @@ def slot_of(call: CallIntent | LedgerEntry) -> tuple[Any, ...]:
 
 
 @dataclass(frozen=True)
-class LedgerEntry:
+class LedgerEntry(CallRecord):
     """One row of the ledger, as read back."""
 
-    scope: str
-    key: str
-    thread_id: str
-    agent_path: str
-    tool_name: str
-    args_hash: str
-    args: bytes
-    tool_call_id: str
     status: CallStatus
     attempts: int
     replays: int
@@ -296,15 +298,24 @@ class StepClaim:
 
 
 @dataclass
-class LedgerStats:
-    """Counters over a set of entries (a thread, or the whole ledger)."""
+class CallCounts(Counts):
+    """How calls went: run to an outcome (``executed``), answered from the record
+    (``replayed``), left with an unknown outcome, refused as a conflicting reuse of a
+    key. Counted in process by a node (``IdempotencyCounters``) and over the ledger's
+    entries (:class:`LedgerStats`), with one meaning for both."""
 
     executed: int = 0
     replayed: int = 0
     unknown: int = 0
+    conflicts: int = 0
+
+
+@dataclass
+class LedgerStats(CallCounts):
+    """Counters over a set of entries (a thread, or the whole ledger)."""
+
     in_progress: int = 0
     failed: int = 0
-    conflicts: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
 
 

@@ -30,11 +30,12 @@ import math
 import time
 import uuid
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.forwarding import blocking, hopping
 
@@ -129,7 +130,7 @@ class TTLConfig:
 
 
 @dataclass
-class SweepReport:
+class SweepReport(Counts):
     """What one sweep removed (counts of rows), for logs and ``idem-saver prune``."""
 
     threads_deleted: int = 0
@@ -145,17 +146,26 @@ class SweepReport:
     # counted, then rolled back: nothing was removed (see asweep's dry_run)
     dry_run: bool = False
 
-    def as_dict(self) -> dict[str, int | bool]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 @dataclass(frozen=True)
 class RowCounts:
-    """A thread's rows, counted before and after a batch changes it."""
+    """Rows of the three checkpoint tables: a thread's, counted before and after a
+    sweep's batch changes it, or those ``adelete_checkpoints`` removed (``DeletedCounts``)."""
 
     checkpoints: int
     writes: int
     blobs: int
+
+    @classmethod
+    def by_thread(
+        cls, rows: Iterable[Sequence[Any]], threads: Sequence[str]
+    ) -> dict[str, RowCounts]:
+        """``(table, thread_id, count)`` rows (table ``c``, ``w`` or ``b``) as counts per
+        thread, zero for what has no row."""
+        found = {t: {"c": 0, "w": 0, "b": 0} for t in threads}
+        for table, thread_id, n in rows:
+            found[thread_id][table] = int(n)
+        return {t: cls(v["c"], v["w"], v["b"]) for t, v in found.items()}
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,19 @@ class LedgerRule:
 
     since: float
     scopes: tuple[str, str] | None = None
+
+    def sql(self, template: str, marker: str) -> str:
+        """``template`` with ``{which}`` (this rule's scopes) and ``{removable}`` (the
+        safety rule) filled in; ``marker`` is the backend's named parameter (``":{}"``,
+        ``"%({})s"``)."""
+        names = {n: marker.format(n) for n in ("since", "lo", "hi")}
+        which = _THREAD_SCOPED if self.scopes is None else _NAMED_SCOPES.format(**names)
+        return template.format(which=which, removable=_REMOVABLE.format(**names))
+
+    def params(self) -> dict[str, Any]:
+        """The parameters :meth:`sql`'s markers name."""
+        lo, hi = self.scopes or ("", "")
+        return {"since": self.since, "lo": lo, "hi": hi}
 
 
 # The ledger safety rule (docs/guarantees.md) as SQL both backends run, over
@@ -178,21 +201,6 @@ _REMOVABLE = """l.status <> 'issued' AND l.issued_at < {since}
   AND NOT EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = l.thread_id)"""
 _THREAD_SCOPED = "l.scope = l.thread_id"
 _NAMED_SCOPES = "l.scope <> l.thread_id AND l.scope BETWEEN {lo} AND {hi}"
-
-
-def ledger_rule_sql(template: str, rule: LedgerRule, marker: str) -> str:
-    """``template`` with ``{which}`` (the rule's scopes) and ``{removable}`` (the safety
-    rule) filled in; ``marker`` is the backend's named parameter (``":{}"``,
-    ``"%({})s"``)."""
-    names = {n: marker.format(n) for n in ("since", "lo", "hi")}
-    which = _THREAD_SCOPED if rule.scopes is None else _NAMED_SCOPES.format(**names)
-    return template.format(which=which, removable=_REMOVABLE.format(**names))
-
-
-def ledger_rule_params(rule: LedgerRule) -> dict[str, Any]:
-    """The parameters :func:`ledger_rule_sql`'s markers name."""
-    lo, hi = rule.scopes or ("", "")
-    return {"since": rule.since, "lo": lo, "hi": hi}
 
 
 @dataclass(frozen=True)
@@ -229,6 +237,19 @@ class Cutoffs:
             dry_run=dry_run,
         )
 
+    def batch_counts(
+        self,
+        threads: Sequence[str],
+        before: Mapping[str, RowCounts],
+        after: Mapping[str, RowCounts],
+    ) -> list[tuple[RowCounts, RowCounts]]:
+        """A batch's result: each thread's counts before and after it. On a dry run it
+        raises them in a :class:`DryRun` instead, which rolls the batch's transaction back."""
+        counts = [(before[t], after[t]) for t in threads]
+        if self.dry_run:
+            raise DryRun(counts)
+        return counts
+
     def idle(self, head_id: str | None, ledger_last: float | None) -> bool:
         """Whether a thread whose newest checkpoint is ``head_id`` and whose ledger was
         last touched at ``ledger_last`` has been idle since before ``since``."""
@@ -238,15 +259,6 @@ class Cutoffs:
         if made is None or made >= self.since:
             return False
         return ledger_last is None or ledger_last < self.since
-
-
-def counts_by_thread(rows: Iterable[Sequence[Any]], threads: Sequence[str]) -> dict[str, RowCounts]:
-    """``(table, thread_id, count)`` rows (table ``c``, ``w`` or ``b``) as counts per thread,
-    zero for what has no row."""
-    found = {t: {"c": 0, "w": 0, "b": 0} for t in threads}
-    for table, thread_id, n in rows:
-        found[thread_id][table] = int(n)
-    return {t: RowCounts(v["c"], v["w"], v["b"]) for t, v in found.items()}
 
 
 def checkpoint_time(checkpoint_id: str) -> float | None:

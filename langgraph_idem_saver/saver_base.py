@@ -52,6 +52,7 @@ from langgraph_idem_saver.ledger import (
     StepLookup,
     ToolCallLedger,
 )
+from langgraph_idem_saver.saver_checkpoints import CheckpointMethods
 from langgraph_idem_saver.saver_codec import *  # noqa: F403  (re-exported, see __all__)
 from langgraph_idem_saver.saver_codec import decode_typed
 from langgraph_idem_saver.saver_config import *  # noqa: F403
@@ -110,7 +111,7 @@ class _LosslessSerde:
         obj.__dict__["_idem_serde"] = lossless(value)
 
 
-class IdemSaverBase(BaseCheckpointSaver[str], ToolCallLedger):
+class IdemSaverBase(CheckpointMethods, ToolCallLedger):
     """Shared behaviour of :class:`AsyncSqliteSaver` and :class:`AsyncPostgresSaver`."""
 
     loop: asyncio.AbstractEventLoop | None

@@ -75,25 +75,6 @@ def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
     )
 
 
-async def aadopt(
-    engine: LedgerEngine,
-    batch: Batch,
-    leaders: list[Plan],
-    config: RunnableConfig,
-    found: StepCandidates,
-) -> None:
-    """Both kinds of adoption for the leaders of a step, over what ONE ledger read found
-    (``aclaim_step``): the entries of every call signature of the step, and those its
-    tools made at its position - so a step costs the same round trips with 1 call or 50."""
-    if batch.ledger is None or batch.known_ids is None:
-        return
-    candidates = [p for p in leaders if p.policy == "tool_call" and p.intent is not None]
-    if not candidates:
-        return  # only default-key calls adopt (and only they have fork slots)
-    await aadopt_orphans(engine, batch, candidates, config, found)
-    await aadopt_superseded(engine, batch, leaders, config, found)
-
-
 async def aadopt_orphans(
     engine: LedgerEngine,
     batch: Batch,

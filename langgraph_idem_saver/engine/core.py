@@ -38,7 +38,11 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
-from langgraph_idem_saver.engine.adoption import aadopt, step_lookup
+from langgraph_idem_saver.engine.adoption import (
+    aadopt_orphans,
+    aadopt_superseded,
+    step_lookup,
+)
 from langgraph_idem_saver.engine.forks import assign_slots, fork_point, siblings_refused
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.options import LedgerOptions
@@ -283,7 +287,9 @@ class LedgerEngine:
             if claim.claimed is not None:
                 await self.aclaimed(batch, step, claim.claimed)
             else:
-                await aadopt(self, batch, step, config, claim.candidates)
+                # what the one read found decides first: orphans, then reworded calls
+                await aadopt_orphans(self, batch, step, config, claim.candidates)
+                await aadopt_superseded(self, batch, step, config, claim.candidates)
                 await self.aclaim(batch, [p for p in step if p.entry is None])
         await self.asettle(batch, [p for p in step if p.kind is Kind.PENDING])
 

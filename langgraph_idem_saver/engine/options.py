@@ -7,9 +7,9 @@ mapping names tools this node has", "on_unknown is one of four words") are writt
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from typing_extensions import TypedDict, Unpack
 
@@ -42,6 +42,30 @@ class LedgerKwargs(TypedDict, total=False):
     poll_seconds: float
 
 
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class PerTool(Generic[V]):
+    """A setting given for every tool, or per tool name (``on_unknown="rerun"`` or
+    ``on_unknown={"charge": "interrupt"}``): the three such options are read and looked
+    up by one rule. A mapping leaves the tools it does not name at ``default``."""
+
+    default: V
+    by_tool: Mapping[str, V] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, value: V | Mapping[str, V], default: V, *, check: Callable[[V], V]) -> PerTool[V]:
+        """``value`` as given (one for all, or a mapping), each value passed through
+        ``check`` (which raises :class:`ConfigError` or returns it normalized)."""
+        if isinstance(value, Mapping):
+            return cls(check(default), {k: check(v) for k, v in value.items()})
+        return cls(check(value))
+
+    def of_tool(self, tool_name: str) -> V:
+        return self.by_tool.get(tool_name, self.default)
+
+
 @dataclass(frozen=True)
 class LedgerOptions:
     """The validated options of one front door (see ``IdempotentToolNode`` for each)."""
@@ -50,12 +74,11 @@ class LedgerOptions:
     namespace: str | None = None
     read_only: frozenset[str] = frozenset()
     verify: Mapping[str, VerifyFn] = field(default_factory=dict)
-    default_policy: KeyPolicy = "tool_call"
-    policies: Mapping[str, KeyPolicy] = field(default_factory=dict)
-    default_on_unknown: OnUnknown = "interrupt"
-    on_unknown: Mapping[str, OnUnknown] = field(default_factory=dict)
-    default_not_applied: ExceptionTypes = ()
-    not_applied: Mapping[str, ExceptionTypes] = field(default_factory=dict)
+    key_policy: PerTool[KeyPolicy] = field(default_factory=lambda: PerTool[KeyPolicy]("tool_call"))
+    on_unknown: PerTool[OnUnknown] = field(default_factory=lambda: PerTool[OnUnknown]("interrupt"))
+    not_applied: PerTool[ExceptionTypes] = field(
+        default_factory=lambda: PerTool[ExceptionTypes](())
+    )
     lease_seconds: float = 300.0
     wait_seconds: float = 30.0
     poll_seconds: float = 0.1
@@ -71,10 +94,7 @@ class LedgerOptions:
         front door learns its tools only at run time (the middleware).
         """
         ledger = kwargs.get("ledger")
-        key_policy = kwargs.get("key_policy", "tool_call")
         namespace = kwargs.get("namespace")
-        on_unknown = kwargs.get("on_unknown", "interrupt")
-        not_applied_errors = kwargs.get("not_applied_errors", ())
         lease_seconds = kwargs.get("lease_seconds", 300.0)
         wait_seconds = kwargs.get("wait_seconds", 30.0)
         poll_seconds = kwargs.get("poll_seconds", 0.1)
@@ -85,46 +105,20 @@ class LedgerOptions:
         if namespace is not None:
             scope_of("", namespace)  # validate early
         declared = {n for n, t in (tools or {}).items() if declares_read_only(t)}
-        policies: dict[str, KeyPolicy] = {}
-        default_policy: KeyPolicy = "tool_call"
-        if isinstance(key_policy, Mapping):
-            policies = dict(key_policy)
-        else:
-            default_policy = key_policy
-        for policy in [default_policy, *policies.values()]:
-            if not (policy in ("tool_call", "args") or callable(policy)):
-                raise ConfigError(f"unknown key policy {policy!r}")
-        default_on_unknown: OnUnknown = "interrupt"
-        per_tool_on_unknown: dict[str, OnUnknown] = {}
-        if isinstance(on_unknown, str):
-            default_on_unknown = on_unknown
-        else:
-            per_tool_on_unknown = dict(on_unknown)
-        for value in [default_on_unknown, *per_tool_on_unknown.values()]:
-            if value not in ON_UNKNOWN_VALUES:
-                raise ConfigError(
-                    f"on_unknown must be one of {sorted(ON_UNKNOWN_VALUES)}, got {value!r}"
-                )
-        default_not_applied: ExceptionTypes = ()
-        not_applied: dict[str, ExceptionTypes] = {}
-        if isinstance(not_applied_errors, Mapping):
-            not_applied = {k: tuple(v) for k, v in not_applied_errors.items()}
-        else:
-            default_not_applied = tuple(not_applied_errors)
-        for types in [default_not_applied, *not_applied.values()]:
-            if not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
-                raise ConfigError(f"not_applied_errors must hold exception types, got {types!r}")
         options = cls(
             ledger=ledger,
             namespace=namespace,
             read_only=frozenset(kwargs.get("read_only", ())) | declared,
             verify=dict(kwargs.get("verify") or {}),
-            default_policy=default_policy,
-            policies=policies,
-            default_on_unknown=default_on_unknown,
-            on_unknown=per_tool_on_unknown,
-            default_not_applied=default_not_applied,
-            not_applied=not_applied,
+            key_policy=PerTool.of(
+                kwargs.get("key_policy", "tool_call"), "tool_call", check=_key_policy
+            ),
+            on_unknown=PerTool.of(
+                kwargs.get("on_unknown", "interrupt"), "interrupt", check=_on_unknown
+            ),
+            not_applied=PerTool.of(
+                kwargs.get("not_applied_errors", ()), (), check=_exception_types
+            ),
             lease_seconds=float(lease_seconds),
             wait_seconds=float(wait_seconds),
             poll_seconds=float(poll_seconds),
@@ -139,22 +133,22 @@ class LedgerOptions:
         for what, mapping in (
             ("read_only", self.read_only),
             ("verify", self.verify),
-            ("key_policy", self.policies),
-            ("on_unknown", self.on_unknown),
-            ("not_applied_errors", self.not_applied),
+            ("key_policy", self.key_policy.by_tool),
+            ("on_unknown", self.on_unknown.by_tool),
+            ("not_applied_errors", self.not_applied.by_tool),
         ):
             unknown = set(mapping) - names
             if unknown:
                 raise ConfigError(f"{what} names tools this node does not have: {sorted(unknown)}")
 
     def policy_for(self, tool_name: str) -> KeyPolicy:
-        return self.policies.get(tool_name, self.default_policy)
+        return self.key_policy.of_tool(tool_name)
 
     def on_unknown_for(self, tool_name: str) -> OnUnknown:
-        return self.on_unknown.get(tool_name, self.default_on_unknown)
+        return self.on_unknown.of_tool(tool_name)
 
     def not_applied_for(self, tool_name: str) -> ExceptionTypes:
-        return self.not_applied.get(tool_name, self.default_not_applied)
+        return self.not_applied.of_tool(tool_name)
 
     def is_read_only(self, tool_name: str, tool: Any = None) -> bool:
         """Named read-only, or the tool declares it in its metadata (``read_only`` or
@@ -166,3 +160,22 @@ def declares_read_only(tool: Any) -> bool:
     """``metadata={"read_only": True}`` (or ``{"idempotent_read_only": True}``) on a tool."""
     metadata = getattr(tool, "metadata", None) or {}
     return bool(metadata.get(READ_ONLY_METADATA_KEY) or metadata.get("read_only"))
+
+
+def _key_policy(policy: KeyPolicy) -> KeyPolicy:
+    if not (policy in ("tool_call", "args") or callable(policy)):
+        raise ConfigError(f"unknown key policy {policy!r}")
+    return policy
+
+
+def _on_unknown(value: OnUnknown) -> OnUnknown:
+    if value not in ON_UNKNOWN_VALUES:
+        raise ConfigError(f"on_unknown must be one of {sorted(ON_UNKNOWN_VALUES)}, got {value!r}")
+    return value
+
+
+def _exception_types(types: ExceptionTypes) -> ExceptionTypes:
+    types = tuple(types)
+    if not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+        raise ConfigError(f"not_applied_errors must hold exception types, got {types!r}")
+    return types

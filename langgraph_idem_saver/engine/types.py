@@ -25,7 +25,30 @@ from typing_extensions import NotRequired, TypedDict
 
 from langgraph_idem_saver.errors import ConfigError, IdemSaverError
 from langgraph_idem_saver.keys import KeyPolicy
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.ledger import (
+    CallCounts,
+    CallIntent,
+    CallStatus,
+    LedgerEntry,
+    ToolCallLedger,
+)
+
+# what the engine package exports (engine/__init__.py re-exports exactly these)
+__all__ = [
+    "NOT_APPLIED",
+    "Batch",
+    "IdempotencyConflict",
+    "IdempotencyCounters",
+    "Kind",
+    "NoLedgerError",
+    "NotAppliedError",
+    "OnUnknown",
+    "Plan",
+    "ToolCallInProgress",
+    "UnknownToolOutcome",
+    "VerifyFn",
+    "live",
+]
 
 
 class IdempotencyConflict(IdemSaverError):
@@ -92,13 +115,11 @@ READ_ONLY_METADATA_KEY = "idempotent_read_only"
 
 
 @dataclass
-class IdempotencyCounters:
-    """In-process counters of what the node did (for tests, logs and benchmarks)."""
+class IdempotencyCounters(CallCounts):
+    """In-process counters of what the node did (for tests, logs and benchmarks). Bumped
+    under a lock: a sync graph runs a step's tool calls on a thread pool, and ``+=`` on
+    an attribute is not atomic across threads."""
 
-    executed: int = 0
-    replayed: int = 0
-    unknown: int = 0
-    conflicts: int = 0
     adopted: int = 0
     read_only: int = 0
     released: int = 0
@@ -108,21 +129,6 @@ class IdempotencyCounters:
     def bump(self, name: str, by: int = 1) -> None:
         with self._lock:
             setattr(self, name, getattr(self, name) + by)
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            k: int(getattr(self, k))
-            for k in (
-                "executed",
-                "replayed",
-                "unknown",
-                "conflicts",
-                "adopted",
-                "read_only",
-                "released",
-                "abandoned",
-            )
-        }
 
 
 # --- resume values of the unknown-outcome interrupt ---------------------------------------

@@ -14,7 +14,7 @@ from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
 from langgraph_idem_saver.errors import CorruptRecordError
-from langgraph_idem_saver.list_deltas import MAX_CHAIN
+from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
 from langgraph_idem_saver.postgres.jsonb import as_text, clean_str
 from langgraph_idem_saver.saver_config import checkpoint_id_of, checkpoint_ns_of, thread_id_of
 
@@ -91,23 +91,7 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) AS cv
 CROSS JOIN LATERAL (
-    WITH RECURSIVE blobs (version, type, blob, base_version, depth) AS (
-        (SELECT bl.version, bl.type, bl.blob, bl.base_version, 0
-         FROM idem_blobs AS bl
-         WHERE bl.thread_id = %(thread_id)s AND bl.checkpoint_ns = %(ns)s
-           AND bl.channel = sv.channel AND bl.version = cv.version
-         LIMIT 1)
-        UNION ALL
-        SELECT bl.version, bl.type, bl.blob, bl.base_version, bs.depth + 1
-        FROM blobs AS bs CROSS JOIN LATERAL (
-            SELECT x.version, x.type, x.blob, x.base_version FROM idem_blobs AS x
-            WHERE x.thread_id = %(thread_id)s AND x.checkpoint_ns = %(ns)s
-              AND x.channel = sv.channel AND x.version = bs.base_version
-            LIMIT 1
-        ) AS bl
-        WHERE bs.base_version IS NOT NULL AND bs.depth < {chain_limit}
-    )
-    SELECT * FROM blobs
+    {blob_chain}
 ) AS b
 WHERE {any_seeded}
 """
@@ -117,6 +101,11 @@ _DELTA_PROBE = """CASE WHEN ch.w{i} AND NOT ch.s{i} THEN (
               AND b.channel = %(c{i})s AND b.version = c.channel_versions ->> %(c{i})s::text
               AND b.type <> 'empty'
             LIMIT 1) IS NOT NULL ELSE FALSE END"""
+
+# the seed value of channel ``sv.channel`` at the version ``cv`` names
+_SEED_CHAIN = blob_chain_sql(
+    thread_id="%(thread_id)s", ns="%(ns)s", channel="sv.channel", version="cv.version"
+)
 
 _delta_history_cache: dict[tuple[int, bool], str] = {}
 
@@ -146,7 +135,7 @@ def delta_history_sql(n_channels: int, by_id: bool) -> str:
             walking_writes=" OR ".join(f"(ch.w{i} AND w.channel = %(c{i})s)" for i in each),
             seed_channels=" UNION ALL ".join(f"SELECT %(c{i})s::text WHERE ch.s{i}" for i in each),
             any_seeded=" OR ".join(f"ch.s{i}" for i in each),
-            chain_limit=4 * MAX_CHAIN + 1,
+            blob_chain=_SEED_CHAIN,
         )
         _delta_history_cache[key] = query
     return query

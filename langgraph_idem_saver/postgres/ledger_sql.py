@@ -22,19 +22,29 @@ jsonb_to_recordset(%(rows)s::jsonb) AS u(
     branch text, occurrence int, ord int)
 """
 
-# What orphan adoption looks at for a step (``SELECT_STEP_CANDIDATES`` with named
-# parameters), the rows' ``seq`` first: oldest first is the caller's order.
-_STEP_FOUND = f"""
-SELECT seq, {LEDGER_COLUMNS} FROM idem_tool_calls
+
+def _step_found(scope: str, agent_path: str, signatures: str, spots: str, columns: str) -> str:
+    """What orphan adoption looks at for a step: the entries of each call signature (the
+    signature index) and those each tool made at each position (the fork-slot index);
+    signatures and spots are JSON arrays of pairs. Written once for its two uses: with
+    positional parameters (``SELECT_STEP_CANDIDATES``) and named, inside the claim."""
+    return f"""
+SELECT {columns} FROM idem_tool_calls
 WHERE (scope, key) IN (
     SELECT scope, key FROM idem_tool_calls
-    WHERE scope = %(scope)s AND agent_path = %(agent_path)s AND (tool_name, args_hash) IN (
-        SELECT s ->> 0, s ->> 1 FROM json_array_elements(%(signatures)s::json) AS s)
+    WHERE scope = {scope} AND agent_path = {agent_path} AND (tool_name, args_hash) IN (
+        SELECT s ->> 0, s ->> 1 FROM json_array_elements({signatures}::json) AS s)
     UNION
     SELECT scope, key FROM idem_tool_calls
-    WHERE scope = %(scope)s AND position IS NOT NULL AND (position, tool_name) IN (
-        SELECT s ->> 0, s ->> 1 FROM json_array_elements(%(spots)s::json) AS s))
+    WHERE scope = {scope} AND position IS NOT NULL AND (position, tool_name) IN (
+        SELECT s ->> 0, s ->> 1 FROM json_array_elements({spots}::json) AS s))
 """
+
+
+# the adoption read inside the claim: named parameters, ``seq`` first (oldest first)
+_STEP_FOUND = _step_found(
+    "%(scope)s", "%(agent_path)s", "%(signatures)s", "%(spots)s", f"seq, {LEDGER_COLUMNS}"
+)
 
 
 def _claim_statement(unless_found: bool) -> str:
@@ -112,13 +122,6 @@ WHERE t.scope = u.scope AND t.key = u.key AND t.status = 'issued' AND t.owner = 
 RETURNING {", ".join("t." + c for c in LEDGER_COLUMNS.split(", "))}
 """
 
-RECLAIM_ENTRY = f"""
-UPDATE idem_tool_calls
-SET attempts = attempts + 1, owner = %s, issued_at = %s, lease_expires_at = %s
-WHERE scope = %s AND key = %s AND status = 'issued' AND attempts = %s AND owner = %s
-RETURNING {LEDGER_COLUMNS}
-"""
-
 RELEASE_ENTRY = """
 DELETE FROM idem_tool_calls
 WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
@@ -131,65 +134,11 @@ WHERE scope = %s AND key = %s AND adopted_by IS NOT DISTINCT FROM %s
 RETURNING {LEDGER_COLUMNS}
 """
 
-# the tool raised: keep the row issued (its effect may have happened) and end the lease
-ABANDON_ENTRY = f"""
-UPDATE idem_tool_calls SET lease_expires_at = %s, error = %s
-WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
-RETURNING {LEDGER_COLUMNS}
-"""
+# the statements PostgreSQL writes like SQLite are ledger_queries.LedgerSql's, with these
+MARKER = "%s"
+ORDER = "seq"
+RETURNING = f"RETURNING {LEDGER_COLUMNS}"
 
-SELECT_ORPHAN_CANDIDATES = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE scope = %s AND agent_path = %s AND tool_name = %s AND args_hash = %s
-ORDER BY seq
-"""
-
-SELECT_ENTRIES_OF_THREAD = (
-    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = %s ORDER BY seq"
-)
-SELECT_ENTRIES_OF_AGENT = (
-    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = %s AND agent_path = %s "
-    "ORDER BY seq"
-)
-SELECT_ALL_ENTRIES = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls ORDER BY seq"
-
-# every issued row (few: the partial index holds only them); the caller keeps those whose
-# lease expired or whose owner process is gone (LedgerEntry.is_unknown)
-SELECT_ISSUED = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE status = 'issued' ORDER BY seq
-"""
-
-RESOLVE_ENTRY = f"""
-UPDATE idem_tool_calls
-SET status = %s, result_type = %s, result = %s, error = %s, finished_at = %s
-WHERE scope = %s AND key = %s AND status = 'issued' AND attempts = %s AND owner = %s
-RETURNING {LEDGER_COLUMNS}
-"""
-
-# An operator's decision, guarded by what they looked at (status, attempts, owner).
-OPERATOR_UPDATE = f"""
-UPDATE idem_tool_calls
-SET status = %s, owner = %s, lease_expires_at = %s, result_type = %s, result = %s,
-    error = %s, finished_at = %s, history = %s
-WHERE scope = %s AND key = %s AND status = %s AND attempts = %s AND owner = %s
-RETURNING {LEDGER_COLUMNS}
-"""
-
-NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = %s AND key = %s"
-NOTE_CONFLICT = "UPDATE idem_tool_calls SET conflicts = conflicts + 1 WHERE scope = %s AND key = %s"
-
-# orphan adoption's two look-ups for every call of a step in ONE read (engine/adoption.py):
-# the entries of each call signature (the signature index) and those each tool made at
-# each position (the fork-slot index); signatures and spots are JSON arrays of pairs
-SELECT_STEP_CANDIDATES = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE (scope, key) IN (
-    SELECT scope, key FROM idem_tool_calls
-    WHERE scope = %s AND agent_path = %s AND (tool_name, args_hash) IN (
-        SELECT s ->> 0, s ->> 1 FROM json_array_elements(%s::json) AS s)
-    UNION
-    SELECT scope, key FROM idem_tool_calls
-    WHERE scope = %s AND position IS NOT NULL AND (position, tool_name) IN (
-        SELECT s ->> 0, s ->> 1 FROM json_array_elements(%s::json) AS s))
-ORDER BY seq
-"""
+# orphan adoption's two look-ups for every call of a step in ONE read (engine/adoption.py);
+# parameters: scope, agent_path, signatures, scope, spots (backend.step_params)
+SELECT_STEP_CANDIDATES = _step_found("%s", "%s", "%s", "%s", LEDGER_COLUMNS) + "ORDER BY seq\n"

@@ -20,16 +20,7 @@ from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
 from langgraph_idem_saver.postgres import sql
-from langgraph_idem_saver.retention import (
-    Cutoffs,
-    DryRun,
-    LedgerRule,
-    RetentionBase,
-    RowCounts,
-    counts_by_thread,
-    ledger_rule_params,
-    ledger_rule_sql,
-)
+from langgraph_idem_saver.retention import Cutoffs, LedgerRule, RetentionBase, RowCounts
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.list_deltas import ListDeltaEncoder
@@ -87,7 +78,7 @@ WITH busy AS (
 DELETE FROM idem_blobs WHERE thread_id IN (SELECT t FROM idle)
 """
 
-# ledger entries a rule may remove ({which}, {removable}: retention.ledger_rule_sql)
+# ledger entries a rule may remove ({which}, {removable}: retention.LedgerRule.sql)
 SELECT_REMOVABLE = """
 SELECT l.scope, l.key FROM idem_tool_calls AS l
 WHERE (l.scope, l.key) > (%(s)s, %(k)s) AND {which} AND {removable}
@@ -106,7 +97,7 @@ COUNT_ISSUED_BEFORE = (
 
 async def _counts(cur: Cursor, threads: Sequence[str]) -> dict[str, RowCounts]:
     await cur.execute(COUNT_ROWS, {"threads": list(threads)})
-    return counts_by_thread(await cur.fetchall(), threads)
+    return RowCounts.by_thread(await cur.fetchall(), threads)
 
 
 class PostgresRetention(RetentionBase):
@@ -151,10 +142,7 @@ class PostgresRetention(RetentionBase):
             else:
                 await self._keep_latest_rows(cur, idle)
             after = await _counts(cur, idle)
-            counts = [(before[t], after[t]) for t in idle]
-            if cut.dry_run:
-                raise DryRun(counts)  # rolls the batch back
-            return counts
+            return cut.batch_counts(idle, before, after)
 
         changed = await self._run(sweep, tx=True)
         self._deltas.forget(threads)
@@ -163,14 +151,14 @@ class PostgresRetention(RetentionBase):
     async def _removable_entries(
         self, rule: LedgerRule, after: tuple[str, str], limit: int
     ) -> list[tuple[str, str]]:
-        params = {**ledger_rule_params(rule), "s": after[0], "k": after[1], "n": limit}
-        rows = await self._fetch(ledger_rule_sql(SELECT_REMOVABLE, rule, MARKER), params)
+        params = {**rule.params(), "s": after[0], "k": after[1], "n": limit}
+        rows = await self._fetch(rule.sql(SELECT_REMOVABLE, MARKER), params)
         return [(r[0], r[1]) for r in rows]
 
     async def _remove_entries(self, rule: LedgerRule, keys: list[tuple[str, str]]) -> int:
-        query = ledger_rule_sql(DELETE_REMOVABLE, rule, MARKER)
+        query = rule.sql(DELETE_REMOVABLE, MARKER)
         params = {
-            **ledger_rule_params(rule),
+            **rule.params(),
             "scopes": [k[0] for k in keys],
             "keys": [k[1] for k in keys],
         }

@@ -59,21 +59,17 @@ from typing import Any, ClassVar
 import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
     CheckpointTuple,
-    get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, AsyncPipeline, Capabilities
 from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from langgraph_idem_saver.backend import LedgerStatements
+from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.group_commit import GroupCommit
+from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
 from langgraph_idem_saver.postgres import ledger_sql, sql
 from langgraph_idem_saver.postgres.codec import COMPRESS_MIN_BYTES, ZLIB_PREFIX, PostgresCodec
@@ -85,12 +81,11 @@ from langgraph_idem_saver.postgres.ledger_store import CLAIM_RETRIES, PostgresLe
 from langgraph_idem_saver.postgres.retention import PostgresRetention
 from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
+from langgraph_idem_saver.saver_checkpoints import ListQuery, PageReader
 from langgraph_idem_saver.saver_codec import encode_versions, metadata_matches
 from langgraph_idem_saver.saver_config import (
     checkpoint_id_of,
     checkpoint_ns_of,
-    make_config,
-    text_of,
     thread_id_of,
 )
 
@@ -119,7 +114,8 @@ class AsyncPostgresSaver(
         ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
     """
 
-    _sql: ClassVar[LedgerStatements] = ledger_sql
+    _sql: ClassVar[LedgerStatements] = LedgerSql(ledger_sql)
+    _list_page_size = LIST_PAGE_SIZE
 
     def __init__(
         self,
@@ -217,103 +213,77 @@ class AsyncPostgresSaver(
         row = await self._run(read)
         return None if row is None else self._row_to_tuple(row, loading=True)
 
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        """Checkpoints newest first, a page per statement (no connection held between).
-
-        ``limit`` of 0 or less yields nothing.
-        """
-        if limit is not None and limit <= 0:
-            return
+    def _list_pages(self, query: ListQuery) -> PageReader:
+        """Pages newest first, a statement each (no connection held between)."""
         clauses: list[str] = []
         params: dict[str, Any] = {}
-        if config is not None:
-            clauses.append("thread_id = %(thread_id)s")
-            params["thread_id"] = as_text(thread_id_of(config), "thread_id")
-            if "checkpoint_ns" in config["configurable"]:
-                clauses.append("checkpoint_ns = %(ns)s")
-                params["ns"] = as_text(checkpoint_ns_of(config), "checkpoint_ns")
-            if checkpoint_id := checkpoint_id_of(config):
-                clauses.append("checkpoint_id = %(checkpoint_id)s")
-                params["checkpoint_id"] = as_text(checkpoint_id, "checkpoint_id")
+        for column, name, value in (
+            ("thread_id", "thread_id", query.thread_id),
+            ("checkpoint_ns", "ns", query.ns),
+            ("checkpoint_id", "checkpoint_id", query.checkpoint_id),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = %({name})s")
+                params[name] = value
+        filter = query.filter
         if filter:
             clauses += metadata_filter(filter, params)
-        if before is not None and (before_id := checkpoint_id_of(before)):
+        if query.before_id is not None:
             clauses.append("checkpoint_id < %(before)s")
-            params["before"] = as_text(before_id, "checkpoint_id")
+            params["before"] = query.before_id
+        if query.ns is not None:
+            after_clause = sql.LIST_AFTER_IN_NS
+        elif query.thread_id is not None:
+            after_clause = sql.LIST_AFTER_IN_THREAD
+        else:
+            after_clause = sql.LIST_AFTER
 
-        remaining = limit
-        cursor: tuple[str, str, str] | None = None
-        while remaining is None or remaining > 0:
-            page = LIST_PAGE_SIZE if remaining is None else min(remaining, LIST_PAGE_SIZE)
+        async def read_page(after: tuple[str, str, str] | None, size: int) -> ListPage:
             where = list(clauses)
-            args = {**params, "limit": page}
-            if cursor is not None:
-                if "ns" in params:
-                    where.append(sql.LIST_AFTER_IN_NS)
-                elif "thread_id" in params:
-                    where.append(sql.LIST_AFTER_IN_THREAD)
-                else:
-                    where.append(sql.LIST_AFTER)
-                args.update(c_id=cursor[0], c_thread=cursor[1], c_ns=cursor[2])
-            query = sql.SELECT_TUPLES.format(
+            args = {**params, "limit": size}
+            if after is not None:
+                where.append(after_clause)
+                args.update(c_id=after[0], c_thread=after[1], c_ns=after[2])
+            q = sql.SELECT_TUPLES.format(
                 where=("WHERE " + " AND ".join(where)) if where else "", limit=sql.LIST_LIMIT
             )
 
-            async def read(cur: Cursor, q: str = query, a: dict[str, Any] = args) -> list[TupleRow]:
-                await cur.execute(q, a)
+            async def read(cur: Cursor) -> list[TupleRow]:
+                await cur.execute(q, args)
                 return await cur.fetchall()
 
             rows = await self._run(read)
-            for row in rows:
-                tup = self._row_to_tuple(row)
-                if filter and not metadata_matches(dict(tup.metadata), filter):
-                    continue
-                yield tup
-                if remaining is not None:
-                    remaining -= 1
-                    if remaining <= 0:
-                        return
-            if len(rows) < page:
-                return
-            last = rows[-1]
-            cursor = (last[2], last[0], last[1])
+            last = (rows[-1][2], rows[-1][0], rows[-1][1]) if rows else None
+            # decoded as yielded; SQL only narrows, Python equality decides
+            tuples = (
+                tup
+                for tup in map(self._row_to_tuple, rows)
+                if not filter or metadata_matches(dict(tup.metadata), filter)
+            )
+            return ListPage(len(rows), last, tuples)
+
+        return read_page
 
     # --- writes --------------------------------------------------------------------
 
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """Store the checkpoint and its new channel values: one statement, one round trip."""
-        thread_id = as_text(thread_id_of(config), "thread_id")
-        ns = as_text(checkpoint_ns_of(config), "checkpoint_ns")
-        parent_id = checkpoint_id_of(config)
+    async def _put_checkpoint(self, put: CheckpointPut) -> list[EncodedBlob]:
+        """One statement, one round trip (a second when a delta's base is gone)."""
+        thread_id, ns, checkpoint = put.thread_id, put.ns, put.checkpoint
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
-        for channel in new_versions:
+        for channel in put.new_versions:
             if channel in values:
                 as_text(channel, "channel")
         # an emptied channel (not in values) gets no row: it reads back absent, as
         # "empty" does; the encoder still sees it, to forget the channel's last version
-        blobs = self._deltas.encode(self.serde, thread_id, ns, values, new_versions)
-        full_metadata = get_checkpoint_metadata(config, metadata)
-        run_id = full_metadata.get("run_id")
-        metadata_json, metadata_exact = metadata_columns(full_metadata)
+        blobs = self._deltas.encode(self.serde, thread_id, ns, values, put.new_versions)
+        run_id = put.metadata.get("run_id")
+        metadata_json, metadata_exact = metadata_columns(put.metadata)
         checkpoint_params = (
             thread_id,
             ns,
             as_text(checkpoint["id"], "checkpoint id"),
-            parent_id,
+            put.parent_id,
             None if run_id is None else str(run_id),
             *self._dump(stored),
             metadata_json,
@@ -349,38 +319,11 @@ class AsyncPostgresSaver(
                     self._deltas.whole(self.serde, b) if b.channel in missing else b for b in rows
                 ]
 
-        written = await self._run(write)
-        self._deltas.remember(thread_id, ns, written)
-        return make_config(thread_id, ns, checkpoint["id"])
+        return await self._run(write)
 
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """Store a task's writes: one statement (regular writes are never replaced)."""
-        thread_id = as_text(thread_id_of(config), "thread_id")
-        ns = as_text(checkpoint_ns_of(config), "checkpoint_ns")
-        checkpoint_id = checkpoint_id_of(config)
-        if checkpoint_id is None:
-            raise ConfigError("put_writes needs config['configurable']['checkpoint_id']")
-        text_of(task_id, "task_id")
-        text_of(task_path, "task_path")
-        # one row per idx; a repeated special write (idx < 0) replaces the earlier one
-        by_idx: dict[int, tuple[str, str, bytes]] = {}
-        for idx, (channel, value) in enumerate(writes):
-            by_idx[WRITES_IDX_MAP.get(channel, idx)] = (
-                text_of(channel, "channel"),
-                *self._dump(value),
-            )
-        if not by_idx:
-            return
-        params: list[Any] = []
-        for idx, (channel, type_, data) in by_idx.items():
-            params += (thread_id, ns, checkpoint_id, task_id, task_path, idx, channel, type_, data)
-        query = sql.put_writes_sql(len(by_idx))
+    async def _insert_writes(self, rows: list[tuple[Any, ...]]) -> None:
+        params = [value for row in rows for value in row]
+        query = sql.put_writes_sql(len(rows))
 
         async def write(cur: Cursor) -> None:
             await cur.execute(query, params)

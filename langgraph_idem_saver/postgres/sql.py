@@ -22,7 +22,7 @@ prepared statements) or as arrays they ``unnest``, so every call is a single sta
 
 from __future__ import annotations
 
-from langgraph_idem_saver.list_deltas import MAX_CHAIN
+from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
 
 # The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
 # fixed forever: every release must take the same lock).
@@ -332,7 +332,7 @@ def put_writes_sql(n_writes: int) -> str:
 # gets planned as a scan of the channel's blobs) back to one stored whole, ordered by
 # depth; a whole value costs nothing more. Text columns come back as bytea
 # (convert_to) so that each aggregate is one 2-D bytea array. The recursion stops
-# after ``_CHAIN_LIMIT`` bases: a longer chain is corrupt (reported by resolve_value).
+# after ``blob_chain.CHAIN_LIMIT`` bases: a longer chain is corrupt (reported by resolve_value).
 #
 # The inner LIMIT is a constant (PAGE_BOUND, the largest page any read asks for) and the
 # rows wanted are cut by the outer LIMIT. With prepared statements PostgreSQL
@@ -352,23 +352,7 @@ SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.
                       ORDER BY v.key, b.depth)
      FROM jsonb_each_text(c.channel_versions) AS v
      CROSS JOIN LATERAL (
-        WITH RECURSIVE chain (version, type, blob, base_version, depth) AS (
-            (SELECT bl.version, bl.type, bl.blob, bl.base_version, 0
-             FROM idem_blobs AS bl
-             WHERE bl.thread_id = c.thread_id AND bl.checkpoint_ns = c.checkpoint_ns
-               AND bl.channel = v.key AND bl.version = v.value
-             LIMIT 1)
-            UNION ALL
-            SELECT bl.version, bl.type, bl.blob, bl.base_version, ch.depth + 1
-            FROM chain AS ch CROSS JOIN LATERAL (
-                SELECT bs.version, bs.type, bs.blob, bs.base_version FROM idem_blobs AS bs
-                WHERE bs.thread_id = c.thread_id AND bs.checkpoint_ns = c.checkpoint_ns
-                  AND bs.channel = v.key AND bs.version = ch.base_version
-                LIMIT 1
-            ) AS bl
-            WHERE ch.base_version IS NOT NULL AND ch.depth < _CHAIN_LIMIT
-        )
-        SELECT * FROM chain
+        _BLOB_CHAIN
      ) AS b
      WHERE b.type <> 'empty') AS channel_values,
     (SELECT array_agg(ARRAY[convert_to(w.task_id, 'UTF8'), convert_to(w.channel, 'UTF8'),
@@ -387,7 +371,12 @@ FROM (
 ) AS c
 ORDER BY c.checkpoint_id DESC, c.thread_id DESC, c.checkpoint_ns DESC
 LIMIT {limit}
-""".replace("_CHAIN_LIMIT", str(4 * MAX_CHAIN + 1)).replace("_PAGE_BOUND", str(PAGE_BOUND))
+""".replace("_PAGE_BOUND", str(PAGE_BOUND)).replace(
+    "_BLOB_CHAIN",
+    blob_chain_sql(
+        thread_id="c.thread_id", ns="c.checkpoint_ns", channel="v.key", version="v.value"
+    ),
+)
 
 WHERE_BY_ID = (
     "WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s "

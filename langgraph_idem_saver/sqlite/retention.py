@@ -14,16 +14,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from langgraph_idem_saver.retention import (
-    Cutoffs,
-    DryRun,
-    LedgerRule,
-    RetentionBase,
-    RowCounts,
-    counts_by_thread,
-    ledger_rule_params,
-    ledger_rule_sql,
-)
+from langgraph_idem_saver.retention import Cutoffs, LedgerRule, RetentionBase, RowCounts
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.list_deltas import ListDeltaEncoder
@@ -62,7 +53,7 @@ SELECT 'b', thread_id, COUNT(*) FROM idem_blobs
 WHERE thread_id IN (SELECT value FROM json_each(?1)) GROUP BY thread_id
 """
 
-# ledger entries a rule may remove ({which}, {removable}: retention.ledger_rule_sql)
+# ledger entries a rule may remove ({which}, {removable}: retention.LedgerRule.sql)
 SELECT_REMOVABLE = """
 SELECT l.scope, l.key FROM idem_tool_calls AS l
 WHERE (l.scope, l.key) > (:s, :k) AND {which} AND {removable}
@@ -79,7 +70,7 @@ COUNT_ISSUED_BEFORE = (
 
 
 def _counts(conn: sqlite3.Connection, threads: Sequence[str]) -> dict[str, RowCounts]:
-    return counts_by_thread(conn.execute(COUNT_ROWS, (json.dumps(list(threads)),)), threads)
+    return RowCounts.by_thread(conn.execute(COUNT_ROWS, (json.dumps(list(threads)),)), threads)
 
 
 class SqliteRetention(RetentionBase):
@@ -111,10 +102,7 @@ class SqliteRetention(RetentionBase):
             before = _counts(conn, idle)
             self._prune_rows(conn, idle, cut.strategy)
             after = _counts(conn, idle)
-            counts = [(before[t], after[t]) for t in idle]
-            if cut.dry_run:
-                raise DryRun(counts)  # rolls the batch back
-            return counts
+            return cut.batch_counts(idle, before, after)
 
         changed = await self._write(sweep)
         self._deltas.forget(threads)
@@ -123,13 +111,13 @@ class SqliteRetention(RetentionBase):
     async def _removable_entries(
         self, rule: LedgerRule, after: tuple[str, str], limit: int
     ) -> list[tuple[str, str]]:
-        query = ledger_rule_sql(SELECT_REMOVABLE, rule, MARKER)
-        params = {**ledger_rule_params(rule), "s": after[0], "k": after[1], "n": limit}
+        query = rule.sql(SELECT_REMOVABLE, MARKER)
+        params = {**rule.params(), "s": after[0], "k": after[1], "n": limit}
         return await self._run(lambda c: [(r[0], r[1]) for r in c.execute(query, params)])
 
     async def _remove_entries(self, rule: LedgerRule, keys: list[tuple[str, str]]) -> int:
-        query = ledger_rule_sql(DELETE_REMOVABLE, rule, MARKER)
-        base = ledger_rule_params(rule)
+        query = rule.sql(DELETE_REMOVABLE, MARKER)
+        base = rule.params()
 
         def remove(conn: sqlite3.Connection) -> int:
             return sum(conn.execute(query, {**base, "s": s, "k": k}).rowcount for s, k in keys)

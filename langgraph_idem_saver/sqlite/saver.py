@@ -31,24 +31,23 @@ from typing import Any, ClassVar, TypeVar, cast
 import aiosqlite
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from langgraph_idem_saver.backend import LedgerStatements
+from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
 from langgraph_idem_saver.errors import (
     ConfigError,
     CorruptRecordError,
 )
 from langgraph_idem_saver.group_commit import GroupCommit
+from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
+from langgraph_idem_saver.saver_checkpoints import ListQuery, PageReader
 from langgraph_idem_saver.saver_codec import (
     canonical_json,
     decode_checkpoint,
@@ -160,7 +159,8 @@ class AsyncSqliteSaver(
         ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
     """
 
-    _sql: ClassVar[LedgerStatements] = sql
+    _sql: ClassVar[LedgerStatements] = LedgerSql(sql)
+    _list_page_size = LIST_PAGE_SIZE
 
     def __init__(
         self,
@@ -289,101 +289,70 @@ class AsyncSqliteSaver(
 
         return await self._run(lambda conn: read_tx(conn, read))
 
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        """Checkpoints newest first, fetched a page per worker trip (no lock held between).
-
-        ``limit`` of 0 or less yields nothing (SQLite's ``LIMIT -1`` would mean "all").
-        """
-        if limit is not None and limit <= 0:
-            return
+    def _list_pages(self, query: ListQuery) -> PageReader:
+        """Pages newest first, each one worker trip (no lock held between)."""
         clauses: list[str] = []
         params: list[Any] = []
-        if config is not None:
-            clauses.append("thread_id = ?")
-            params.append(thread_id_of(config))
-            if "checkpoint_ns" in config["configurable"]:
-                clauses.append("checkpoint_ns = ?")
-                params.append(checkpoint_ns_of(config))
-            if checkpoint_id := checkpoint_id_of(config):
-                clauses.append("checkpoint_id = ?")
-                params.append(checkpoint_id)
+        for column, value in (
+            ("thread_id", query.thread_id),
+            ("checkpoint_ns", query.ns),
+            ("checkpoint_id", query.checkpoint_id),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        filter = query.filter
         if filter:
             fclauses, fparams = _metadata_filter(filter)
             clauses += fclauses
             params += fparams
-        if before is not None and (before_id := checkpoint_id_of(before)):
+        if query.before_id is not None:
             clauses.append("checkpoint_id < ?")
-            params.append(before_id)
+            params.append(query.before_id)
 
-        remaining = limit
-        cursor: tuple[str, str, str] | None = None
-        while remaining is None or remaining > 0:
-            page = LIST_PAGE_SIZE if remaining is None else min(remaining, LIST_PAGE_SIZE)
-            where = clauses + ([sql.LIST_AFTER] if cursor else [])
-            query = sql.LIST_SELECT
+        def read(
+            conn: sqlite3.Connection, after: tuple[str, str, str] | None, size: int
+        ) -> ListPage:
+            where = clauses + ([sql.LIST_AFTER] if after else [])
+            q = sql.LIST_SELECT
             if where:
-                query += " WHERE " + " AND ".join(where)
-            query += sql.LIST_ORDER
-            args = (*params, *(cursor or ()), page)
+                q += " WHERE " + " AND ".join(where)
+            q += sql.LIST_ORDER
+            rows = conn.execute(q, (*params, *(after or ()), size)).fetchall()
+            last = (rows[-1][2], rows[-1][0], rows[-1][1]) if rows else None
+            fetched = len(rows)
+            if filter:  # SQL only narrows; this decides (InMemorySaver's rule exactly)
+                rows = [r for r in rows if metadata_matches(_metadata_of(r), filter)]
+            return ListPage(fetched, last, [self._row_to_tuple(conn, row) for row in rows])
 
-            def read(
-                conn: sqlite3.Connection, q: str = query, a: tuple[Any, ...] = args
-            ) -> tuple[int, tuple[str, str, str] | None, list[CheckpointTuple]]:
-                rows = conn.execute(q, a).fetchall()
-                last = (rows[-1][2], rows[-1][0], rows[-1][1]) if rows else None
-                fetched = len(rows)
-                if filter:  # SQL only narrows; this decides (InMemorySaver's rule exactly)
-                    rows = [r for r in rows if metadata_matches(_metadata_of(r), filter)]
-                return fetched, last, [self._row_to_tuple(conn, row) for row in rows]
+        async def read_page(after: tuple[str, str, str] | None, size: int) -> ListPage:
+            return await self._run(
+                lambda conn: read_tx(conn, partial(read, after=after, size=size))
+            )
 
-            fetched, last, tuples = await self._run(lambda conn, r=read: read_tx(conn, r))  # type: ignore[misc]
-            for tup in tuples:
-                if remaining is not None:
-                    if remaining <= 0:
-                        return
-                    remaining -= 1
-                yield tup
-            if fetched < page or last is None:
-                return
-            cursor = last
+        return read_page
 
     # --- writes --------------------------------------------------------------------
 
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        thread_id = thread_id_of(config)
-        ns = checkpoint_ns_of(config)
-        parent_id = checkpoint_id_of(config)
+    async def _put_checkpoint(self, put: CheckpointPut) -> list[EncodedBlob]:
+        thread_id, ns, checkpoint = put.thread_id, put.ns, put.checkpoint
         text_of(checkpoint["id"], "checkpoint id")
-        for channel in new_versions:  # ids too: a raw UnicodeEncodeError otherwise
+        for channel in put.new_versions:  # ids too: a raw UnicodeEncodeError otherwise
             text_of(channel, "channel")
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
-        blobs = self._deltas.encode(self.serde, thread_id, ns, values, new_versions)
+        blobs = self._deltas.encode(self.serde, thread_id, ns, values, put.new_versions)
         type_, data = self.serde.dumps_typed(stored)
-        full_metadata = get_checkpoint_metadata(config, metadata)
-        run_id = full_metadata.get("run_id")
+        run_id = put.metadata.get("run_id")
         row = (
             thread_id,
             ns,
             checkpoint["id"],
-            parent_id,
+            put.parent_id,
             None if run_id is None else str(run_id),
             type_,
             data,
-            encode_metadata(full_metadata),
+            encode_metadata(put.metadata),
             encode_versions(checkpoint["channel_versions"]),
         )
 
@@ -409,39 +378,10 @@ class AsyncSqliteSaver(
             conn.execute(sql.UPSERT_CHECKPOINT, row)
             return rows
 
-        written = await self._write(write)
-        self._deltas.remember(thread_id, ns, written)
-        return make_config(thread_id, ns, checkpoint["id"])
+        return await self._write(write)
 
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        thread_id = thread_id_of(config)
-        ns = checkpoint_ns_of(config)
-        checkpoint_id = checkpoint_id_of(config)
-        if checkpoint_id is None:
-            raise ConfigError("put_writes needs config['configurable']['checkpoint_id']")
-        text_of(task_id, "task_id")
-        text_of(task_path, "task_path")
-        rows = [
-            (
-                thread_id,
-                ns,
-                checkpoint_id,
-                task_id,
-                task_path,
-                WRITES_IDX_MAP.get(channel, idx),
-                text_of(channel, "channel"),
-                *self.serde.dumps_typed(value),
-            )
-            for idx, (channel, value) in enumerate(writes)
-        ]
-        if rows:
-            await self._write(lambda c: c.executemany(sql.UPSERT_WRITE, rows))
+    async def _insert_writes(self, rows: list[tuple[Any, ...]]) -> None:
+        await self._write(lambda c: c.executemany(sql.UPSERT_WRITE, rows))
 
     # --- thread maintenance ----------------------------------------------------------
 

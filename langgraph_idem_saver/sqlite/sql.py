@@ -282,7 +282,11 @@ DELETE_BLOBS_OF_THREAD = "DELETE FROM idem_blobs WHERE thread_id = ?"
 
 # --- ledger -------------------------------------------------------------------------
 
-# LEDGER_COLUMNS (imported above): LedgerEntry's fields, in order
+# LEDGER_COLUMNS (imported above): LedgerEntry's fields, in order. The statements SQLite
+# writes like PostgreSQL are ledger_queries.LedgerSql's, with these three:
+MARKER = "?"
+ORDER = "rowid"
+RETURNING = ""  # the saver reads a guarded update's entry back in the same transaction
 
 INSERT_ISSUED = """
 INSERT INTO idem_tool_calls
@@ -313,12 +317,6 @@ SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
 WHERE scope = ? AND key = ? AND status = 'issued' AND owner = ?
 """
 
-RECLAIM_ENTRY = """
-UPDATE idem_tool_calls
-SET attempts = attempts + 1, owner = ?, issued_at = ?, lease_expires_at = ?
-WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ? AND owner = ?
-"""
-
 RELEASE_ENTRY = """
 DELETE FROM idem_tool_calls WHERE scope = ? AND key = ? AND status = 'issued' AND owner = ?
 """
@@ -327,51 +325,6 @@ ADOPT_ENTRY = """
 UPDATE idem_tool_calls SET adopted_by = ?
 WHERE scope = ? AND key = ? AND adopted_by IS ?
 """
-
-# the tool raised: keep the row issued (its effect may have happened) and end the lease
-ABANDON_ENTRY = """
-UPDATE idem_tool_calls SET lease_expires_at = ?, error = ?
-WHERE scope = ? AND key = ? AND status = 'issued' AND owner = ?
-"""
-
-# every entry of one call signature, adopted or not (the idem_tool_calls_signature index)
-SELECT_ORPHAN_CANDIDATES = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE scope = ? AND agent_path = ? AND tool_name = ? AND args_hash = ?
-ORDER BY rowid
-"""
-
-SELECT_ENTRIES_OF_THREAD = (
-    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = ? ORDER BY rowid"
-)
-SELECT_ENTRIES_OF_AGENT = (
-    f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE thread_id = ? AND agent_path = ? "
-    "ORDER BY rowid"
-)
-SELECT_ALL_ENTRIES = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls ORDER BY rowid"
-
-# every issued row (few: the partial index holds only them); the caller keeps those whose
-# lease expired or whose owner process is gone
-SELECT_ISSUED = f"""
-SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE status = 'issued' ORDER BY rowid
-"""
-
-RESOLVE_ENTRY = """
-UPDATE idem_tool_calls
-SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
-WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ? AND owner = ?
-"""
-
-# An operator's decision, guarded by what they looked at (status, attempts, owner).
-OPERATOR_UPDATE = """
-UPDATE idem_tool_calls
-SET status = ?, owner = ?, lease_expires_at = ?, result_type = ?, result = ?,
-    error = ?, finished_at = ?, history = ?
-WHERE scope = ? AND key = ? AND status = ? AND attempts = ? AND owner = ?
-"""
-
-NOTE_REPLAY = "UPDATE idem_tool_calls SET replays = replays + 1 WHERE scope = ? AND key = ?"
-NOTE_CONFLICT = "UPDATE idem_tool_calls SET conflicts = conflicts + 1 WHERE scope = ? AND key = ?"
 
 # orphan adoption's two look-ups for every call of a step in ONE read (engine/adoption.py):
 # the entries of each call signature (the signature index) and those each tool made at
