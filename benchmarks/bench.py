@@ -77,6 +77,7 @@ from langgraph_idem_saver.postgres import sql as pg_sql
 LABELS = ["official", "ours"]
 CONFIGS = ("sqlite", "pg", "pg-pool")
 POOL_KWARGS = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+GAPS: dict[str, float] = {}  # pool_gap's medians (µs), filled by the pg-pool reads
 
 
 @dataclass(frozen=True)
@@ -345,6 +346,37 @@ def tool_step(savers: dict[str, Any], calls: int) -> Prepare:
     return prepare
 
 
+async def pool_gap(pool_saver: Any, dsn: str, prof: Profile) -> dict[str, float]:
+    """Issue #16's pool target: our ``aget_tuple`` through the pool against our saver on
+    one connection, on the same database, interleaved; and the same statement sent by
+    hand through each, which is what the pool itself costs (check-out, return, and the
+    next call landing on another of its server processes). Medians in µs."""
+    cfg = {"configurable": {"thread_id": "long", "checkpoint_ns": ""}}
+    params = {"thread_id": "long", "ns": ""}
+    pool = pool_saver.conn
+    async with OursPostgres.from_conn_string(dsn) as single:
+
+        async def by_hand(conn: Any) -> None:
+            async with conn.cursor(binary=True) as cur:
+                await cur.execute(pg_sql.SELECT_LATEST_TUPLE, params)
+                await cur.fetchone()
+
+        async def by_hand_pooled() -> None:
+            async with pool.connection() as conn:
+                await by_hand(conn)
+
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
+            "ours, one connection": lambda: single.aget_tuple(cfg),
+            "ours, pool": lambda: pool_saver.aget_tuple(cfg),
+            "statement, one connection": lambda: by_hand(single.conn),
+            "statement, pool": by_hand_pooled,
+        }
+        samples = await interleaved(
+            list(calls), lambda lab: calls[lab], prof.warmup, prof.rounds * 3, prof.per_round
+        )
+    return {lab: statistics.median(v) / 1000.0 for lab, v in samples.items()}
+
+
 async def bench_config(
     config: str, where: dict[str, str], prof: Profile, only: set[str], pg_base: str | None
 ) -> list[Row]:
@@ -388,6 +420,8 @@ async def bench_config(
                     prof,
                 )
             )
+        if "reads" in only and config == "pg-pool":
+            GAPS.update(await pool_gap(savers["ours"], where["ours"], prof))
         if "ledger" in only:
             for calls in (1, prof.calls):
                 # a lone call is short and noisy: more invocations per round
@@ -607,6 +641,22 @@ def print_rows(rows: list[Row], floors: dict[str, float]) -> None:
         )
     for config, us in floors.items():
         print(f"floor ({config}): INSERT + commit of a 5 KB row {us:,.0f} µs")
+    for r in rows:  # a lone call's ledger needs two synced commits: claim, then outcome
+        if r.key == "tool_step_1" and r.ledger_us is not None and r.config in floors:
+            beyond = r.ledger_us - 2 * floors[r.config]
+            print(
+                f"ledger of a lone call ({r.config}) beyond its two synced commits: "
+                f"{beyond:+,.0f} µs"
+            )
+    if GAPS:
+        ours = GAPS["ours, pool"] - GAPS["ours, one connection"]
+        raw = GAPS["statement, pool"] - GAPS["statement, one connection"]
+        print(
+            f"pool vs one connection, aget_tuple (same database, interleaved): ours "
+            f"{GAPS['ours, one connection']:,.0f} -> {GAPS['ours, pool']:,.0f} µs ({ours:+,.0f} "
+            f"µs); the same statement by hand {raw:+,.0f} µs; ours beyond the pool's own "
+            f"cost {ours - raw:+,.0f} µs"
+        )
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -669,6 +719,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 "env": {**env_base(), "langgraph": package_version("langgraph")},
                 "rows": [r.to_json() for r in rows],
                 "floors_us": floors,
+                "pool_gap_us": GAPS,
                 "plans": plans,
             },
         )

@@ -11,6 +11,7 @@ else is counted: a step of 1 call and a step of 50 make as many.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -20,7 +21,7 @@ from langchain_core.tools import tool
 from tool_node_helpers import ai_calls, cfg, tool_graph, tool_messages
 
 from langgraph_idem_saver import IdempotentToolNode
-from langgraph_idem_saver.ledger import CallIntent, StepLookup, ToolCallLedger
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, StepLookup, ToolCallLedger
 
 # the one method each backend goes through for every trip to its database
 TRIP = {"sqlite": "_call", "postgres": "_execute"}
@@ -146,3 +147,27 @@ async def test_a_step_claim_writes_nothing_when_adoption_has_something_to_look_a
         )
         assert [e.key for e in step.candidates.by_signature["send", "h1"]] == ["k0"]
         assert sorted(e.key for e in await saver.alist_entries("t")) == ["k0", "k1", "k2"]
+
+
+async def test_a_claim_and_outcomes_of_450_calls_read_back_every_entry(saver: Any) -> None:
+    """Batches larger than one read-back statement holds (SQLite: 200 keys per read;
+    Postgres: one statement) return every call's own entry, in order."""
+    intents = [planted(i, tool="send", digest=f"d{i}", at="p") for i in range(450)]
+    claimed = await saver.aclaim(intents, owner="me", lease_seconds=60)
+    assert [c.entry.key for c in claimed] == [f"k{i}" for i in range(450)]
+    assert all(c.claimed for c in claimed)
+    finished = await asyncio.gather(
+        *(
+            saver.afinish(
+                "t",
+                f"k{i}",
+                owner="me",
+                status=CallStatus.COMPLETED,
+                result_type="bytes",
+                result=str(i).encode(),
+            )
+            for i in range(450)
+        )
+    )
+    assert [(e.key, e.result) for e in finished] == [(f"k{i}", str(i).encode()) for i in range(450)]
+    assert all(e.status is CallStatus.COMPLETED for e in finished)

@@ -13,6 +13,9 @@ from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup
 from langgraph_idem_saver.sqlite import sql
 
+if TYPE_CHECKING:
+    from langgraph_idem_saver.group_commit import GroupCommit
+
 T = TypeVar("T")
 
 
@@ -20,6 +23,7 @@ class SqliteLedgerStore:
     """Ledger rows on SQLite: claims, guarded updates, writes, reads."""
 
     if TYPE_CHECKING:
+        _finishes: GroupCommit[tuple[Any, ...], LedgerEntry | None]
 
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
 
@@ -30,14 +34,33 @@ class SqliteLedgerStore:
         ) -> T: ...
 
     def _claim_rows(self, conn: sqlite3.Connection, claims: Claims) -> list[ClaimOutcome]:
+        """Insert every claim row whose key and slot are free, then read them all back in
+        one statement (a claim refused by a fork slot: the slot's holder, one read each)."""
+        claimed = [
+            conn.execute(sql.INSERT_ISSUED, claims.params(row)).rowcount == 1 for row in claims.rows
+        ]
+        entries = self._entries_by_keys(conn, [row[:2] for row in claims.rows])
         outcomes = []
-        for row in claims.rows:
-            claimed = conn.execute(sql.INSERT_ISSUED, claims.params(row)).rowcount == 1
-            found = conn.execute(sql.SELECT_ENTRY, row[:2]).fetchone()
-            if found is None:  # refused by the fork slot: another branch's call
+        for row, new in zip(claims.rows, claimed, strict=True):
+            entry = entries.get(row[:2])
+            if entry is None:  # refused by the fork slot: another branch's call
                 found = conn.execute(sql.SELECT_SLOT_HOLDER, claims.slot(row)).fetchone()
-            outcomes.append(ClaimOutcome(claimed=claimed, entry=self.entry_of(found)))
+                entry = self.entry_of(found)
+            outcomes.append(ClaimOutcome(claimed=new, entry=entry))
         return outcomes
+
+    def _entries_by_keys(
+        self, conn: sqlite3.Connection, keys: Sequence[tuple[Any, ...]]
+    ) -> dict[tuple[Any, ...], LedgerEntry]:
+        """(scope, key) -> entry, for those of ``keys`` that exist: one statement."""
+        found: dict[tuple[Any, ...], LedgerEntry] = {}
+        for i in range(0, len(keys), sql.KEYS_PER_READ):
+            chunk = keys[i : i + sql.KEYS_PER_READ]
+            params = [part for pair in chunk for part in pair]
+            for row in conn.execute(sql.select_entries_by_keys(len(chunk)), params):
+                entry = self.entry_of(row)
+                found[entry.scope, entry.key] = entry
+        return found
 
     async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
         return await self._write(lambda conn: self._claim_rows(conn, claims), before_tool_runs=True)
@@ -55,6 +78,23 @@ class SqliteLedgerStore:
             return [], self._claim_rows(conn, claims)
 
         return await self._write(claim, before_tool_runs=True)
+
+    async def _finish_entry(self, finish: Guarded) -> LedgerEntry | None:
+        """Outcomes of calls that finish together share one write body (_finish_all)."""
+        return await self._finishes.submit(finish.params)
+
+    async def _finish_all(self, batch: list[tuple[Any, ...]]) -> list[LedgerEntry | None]:
+        """Record the outcomes of calls that finished together in one body of the group
+        commit: an UPDATE each (one statement: atomic alone, no savepoint needed), then
+        one read of the rows finished; None for an outcome that was not ours to record."""
+
+        def finish(conn: sqlite3.Connection) -> list[LedgerEntry | None]:
+            done = [conn.execute(sql.FINISH_ENTRY, p).rowcount == 1 for p in batch]
+            keys = [p[5:7] for p, ok in zip(batch, done, strict=True) if ok]  # scope, key
+            entries = self._entries_by_keys(conn, keys) if keys else {}
+            return [entries.get(p[5:7]) if ok else None for p, ok in zip(batch, done, strict=True)]
+
+        return await self._write(finish)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 

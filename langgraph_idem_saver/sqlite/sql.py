@@ -311,6 +311,17 @@ ORDER BY rowid
 
 SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = ? AND key = ?"
 
+# many entries by (scope, key) in one read; bound parameters, not JSON: ids may hold any
+# text (a NUL too), which JSON functions would not compare back equal
+KEYS_PER_READ = 200  # pairs per statement: 400 parameters, under every SQLite's limit
+
+
+def select_entries_by_keys(n: int) -> str:
+    """The entries of ``n`` (scope, key) pairs, bound as 2n parameters."""
+    pairs = ", ".join(["(?, ?)"] * n)
+    return f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE (scope, key) IN (VALUES {pairs})"
+
+
 FINISH_ENTRY = """
 UPDATE idem_tool_calls
 SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
