@@ -94,7 +94,7 @@ class Profile:
     per_round: int = 10
     parallel: int = 8  # threads written at once
     calls: int = 50  # parallel tool calls of one step
-    graph_rounds: int = 4
+    graph_rounds: int = 6
     budget_s: float = 20.0
     delta: bool = True
 
@@ -346,6 +346,49 @@ def tool_step(savers: dict[str, Any], calls: int) -> Prepare:
     return prepare
 
 
+class Agentish(TypedDict):
+    messages: list[Any]  # a plain channel: each step re-emits the whole list
+    count: int
+
+
+E2E_STEPS = 20
+
+
+def e2e_graph(window: list[Any], fresh: list[Any]) -> StateGraph:
+    """``E2E_STEPS`` supersteps of one node that returns the whole 20-message list with
+    one message rotated in: a list re-versioned on every step without growing, as an agent
+    node that returns its full state writes it."""
+
+    def step(state: Agentish) -> dict[str, Any]:
+        n = state["count"]
+        return {"messages": [*state["messages"][1:], fresh[n % len(fresh)]], "count": n + 1}
+
+    g = StateGraph(Agentish)
+    g.add_node("agent", step)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", lambda s: "agent" if s["count"] < E2E_STEPS else END)
+    return g
+
+
+def e2e_specs(savers: dict[str, Any], prof: Profile) -> list[tuple[str, str, Prepare]]:
+    """(key, title, prepare) of the end-to-end rows: the graph under each durability."""
+    rng = random.Random(5)
+    window = [Sim.payloads.ai(rng, prof.msg_bytes) for _ in range(prof.window)]
+    fresh = [Sim.payloads.ai(rng, prof.msg_bytes) for _ in range(8)]
+    graphs = {lab: e2e_graph(window, fresh).compile(checkpointer=s) for lab, s in savers.items()}
+    specs = []
+    for durability in ("sync", "async", "exit"):
+
+        def prepare(lab: str, durability: str = durability) -> Callable[[], Awaitable[Any]]:
+            cfg = {"configurable": {"thread_id": f"e2e-{uuid.uuid4().hex}"}}
+            inp = {"messages": window, "count": 0}
+            return lambda: graphs[lab].ainvoke(inp, cfg, durability=durability)
+
+        title = f"graph.ainvoke, {E2E_STEPS} supersteps, durability {durability}"
+        specs.append((f"graph_{durability}", title, prepare))
+    return specs
+
+
 async def pool_gap(pool_saver: Any, dsn: str, prof: Profile) -> dict[str, float]:
     """Issue #16's pool target: our ``aget_tuple`` through the pool against our saver on
     one connection, on the same database, interleaved; and the same statement sent by
@@ -420,6 +463,13 @@ async def bench_config(
                     prof,
                 )
             )
+        if "graph" in only:
+            graph_prof = Profile(
+                "graph", 0, 0, warmup=2, rounds=prof.graph_rounds, per_round=2,
+                budget_s=prof.budget_s,
+            )  # fmt: skip
+            for key, title, prep in e2e_specs(savers, prof):
+                rows.append(await timed(config, key, title, prep, graph_prof))
         if "reads" in only and config == "pg-pool":
             GAPS.update(await pool_gap(savers["ours"], where["ours"], prof))
         if "ledger" in only:
@@ -730,7 +780,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the < 1 minute profile")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="sqlite,pg,pg-pool")
-    parser.add_argument("--only", default="aput,reads,ledger,sync,delta")
+    parser.add_argument("--only", default="aput,reads,graph,ledger,sync,delta")
     parser.add_argument("--dsn", help="a PostgreSQL server to use (else a throwaway one)")
     parser.add_argument("--explain", action="store_true", help="print our reads' plans")
     parser.add_argument("--json", help="also write the numbers here")
