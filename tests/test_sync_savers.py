@@ -40,9 +40,6 @@ from langchain_core.tools import tool
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
     CheckpointTuple,
     empty_checkpoint,
 )
@@ -286,36 +283,18 @@ class SyncDriven(BaseCheckpointSaver[str]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await asyncio.to_thread(self.sync.get_tuple, config)
 
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        it = self.sync.list(config, filter=filter, before=before, limit=limit)
+    async def alist(self, config: RunnableConfig | None, **kwargs: Any) -> AsyncIterator[Any]:
+        it = self.sync.list(config, **kwargs)  # filter=, before=, limit= as given
         end = object()
         while (item := await asyncio.to_thread(next, it, end)) is not end:
             yield item
 
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        return await asyncio.to_thread(self.sync.put, config, checkpoint, metadata, new_versions)
+    async def aput(self, *args: Any, **kwargs: Any) -> RunnableConfig:
+        result: RunnableConfig = await asyncio.to_thread(self.sync.put, *args, **kwargs)
+        return result
 
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        await asyncio.to_thread(self.sync.put_writes, config, writes, task_id, task_path)
+    async def aput_writes(self, *args: Any, **kwargs: Any) -> None:
+        await asyncio.to_thread(self.sync.put_writes, *args, **kwargs)
 
     async def adelete_thread(self, thread_id: str) -> None:
         await asyncio.to_thread(self.sync.delete_thread, thread_id)
