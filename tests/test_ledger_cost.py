@@ -128,7 +128,10 @@ async def test_a_step_claim_writes_nothing_when_adoption_has_something_to_look_a
     """``aclaim_step`` in one trip: nothing found - the calls are claimed (as ``aclaim``);
     something found - exactly what ``afind_step_candidates`` finds, and nothing written.
     The default of other ledgers (two calls) answers the same."""
-    await saver.aclaim([planted(0, tool="send", digest="h1", at="p1")], owner="x", lease_seconds=9)
+    for i in (0, 5):  # two entries of one signature and spot: found oldest first
+        await saver.aclaim(
+            [planted(i, tool="send", digest="h1", at="p1")], owner="x", lease_seconds=9
+        )
     fresh = [planted(i, tool="send", digest=f"n{i}", at="p2") for i in (1, 2)]
     found_nothing = StepLookup("t", "tools", [("send", "n1"), ("send", "n2")], [("p2", "send")])
     step = await saver.aclaim_step(fresh, found_nothing, owner="me", lease_seconds=9)
@@ -145,8 +148,9 @@ async def test_a_step_claim_writes_nothing_when_adoption_has_something_to_look_a
         assert step.candidates == await saver.afind_step_candidates(
             "t", "tools", finds.signatures, finds.spots
         )
-        assert [e.key for e in step.candidates.by_signature["send", "h1"]] == ["k0"]
-        assert sorted(e.key for e in await saver.alist_entries("t")) == ["k0", "k1", "k2"]
+        assert [e.key for e in step.candidates.by_signature["send", "h1"]] == ["k0", "k5"]
+        assert [e.key for e in step.candidates.at_position["p1", "send"]] == ["k0", "k5"]
+        assert sorted(e.key for e in await saver.alist_entries("t")) == ["k0", "k1", "k2", "k5"]
 
 
 async def test_a_claim_and_outcomes_of_450_calls_read_back_every_entry(saver: Any) -> None:

@@ -76,9 +76,9 @@ class PostgresLedgerStore:
                 return await cur.fetchall()
 
             rows = await self._run(claim)
-            found = sorted((r[1], self.entry_of(r[2:])) for r in rows if r[0] == "f")
+            found = sorted((r for r in rows if r[0] == "f"), key=lambda r: r[1])  # seq
             if found:
-                return [e for _, e in found], None
+                return [self.entry_of(r[2:]) for r in found], None
             query = sql.CLAIM_STEP  # decided: claim what is still missing
             inserted = {(r[2], r[3]) for r in rows if r[0] == "i"}  # scope, key
             entries = {(r[2], r[3]): self.entry_of(r[2:]) for r in rows}
