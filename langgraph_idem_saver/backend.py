@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from langgraph.checkpoint.base import (
@@ -59,8 +59,6 @@ class LedgerStatements(Protocol):
     SELECT_ENTRIES_OF_THREAD: str  # thread_id
     SELECT_ENTRIES_OF_AGENT: str  # thread_id, agent_path
     SELECT_ISSUED: str  # -
-    # status, result_type, result, error, finished_at, scope, key, owner
-    FINISH_ENTRY: str
     # owner, issued_at, lease_expires_at, scope, key, expected attempts, expected owner
     RECLAIM_ENTRY: str
     RELEASE_ENTRY: str  # scope, key, owner
@@ -106,10 +104,6 @@ class Claims:
         """The fork slot ``row`` claims, as ``ledger.slot_of`` gives it for an entry."""
         named = dict(zip(INTENT_COLUMNS, row, strict=True))
         return tuple(named[c] for c in SLOT_COLUMNS)
-
-    def columns(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
-        """``rows`` column-wise, named by ``INTENT_COLUMNS`` (for one batched INSERT)."""
-        return {name: [row[i] for row in rows] for i, name in enumerate(INTENT_COLUMNS)}
 
 
 @dataclasses.dataclass(frozen=True)

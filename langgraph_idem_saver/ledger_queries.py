@@ -25,7 +25,6 @@ class Dialect(Protocol):
     SELECT_ENTRY: str
     SELECT_AT_POSITION: str
     SELECT_STEP_CANDIDATES: str
-    FINISH_ENTRY: str
     RELEASE_ENTRY: str
     ADOPT_ENTRY: str
 
@@ -78,7 +77,6 @@ class LedgerSql:
         self.SELECT_ENTRY = dialect.SELECT_ENTRY
         self.SELECT_AT_POSITION = dialect.SELECT_AT_POSITION
         self.SELECT_STEP_CANDIDATES = dialect.SELECT_STEP_CANDIDATES
-        self.FINISH_ENTRY = dialect.FINISH_ENTRY
         self.RELEASE_ENTRY = dialect.RELEASE_ENTRY
         self.ADOPT_ENTRY = dialect.ADOPT_ENTRY
         self.SELECT_ORPHAN_CANDIDATES = shared(_SELECT_ORPHAN_CANDIDATES)

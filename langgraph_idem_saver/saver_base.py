@@ -267,7 +267,7 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
             status.value, result_type, result, self.ledger_error(error), time.time(), scope,
             key, owner,
         )  # fmt: skip
-        entry = await self._finish_entry(Guarded(self._sql.FINISH_ENTRY, params, scope, key))
+        entry = await self._finish_entry(params)
         if entry is not None:
             return entry
         found = await self.aget_entry(scope, key)
@@ -277,9 +277,12 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
             f"entry is {state}, not issued to {owner!r}"
         )
 
-    async def _finish_entry(self, finish: Guarded) -> LedgerEntry | None:
-        """Record one outcome (a backend may batch the outcomes of calls finishing together)."""
-        return await self._guarded_update(finish)
+    @abstractmethod
+    async def _finish_entry(self, outcome: tuple[Any, ...]) -> LedgerEntry | None:
+        """Record one outcome, committed: ``outcome`` is (status, result_type, result,
+        error, finished_at, scope, key, owner), applied only while the entry is ``issued``
+        to ``owner``; the entry after it, or None when that guard did not match. Backends
+        batch the outcomes of calls that finish together (one commit for all)."""
 
     async def areclaim(
         self,

@@ -24,7 +24,7 @@ from langgraph_idem_saver.backend import INTENT_COLUMNS
 # INTENT_COLUMNS, in order, plus the row's place in the batch (inserted in that order)
 _CLAIM_FIELDS = (*INTENT_COLUMNS, "ord")
 _ARGS = INTENT_COLUMNS.index("args")
-# FINISH_ENTRY's parameters, in order (see backend.LedgerStatements)
+# an outcome's parameters, in order (see saver_base.IdemSaverBase._finish_entry)
 _FINISH_FIELDS = (
     "status", "result_type", "result", "error", "finished_at", "scope", "key", "owner"
 )  # fmt: skip
@@ -47,7 +47,7 @@ def claim_rows(rows: Sequence[tuple[Any, ...]]) -> str:
 
 
 def finish_rows(batch: Sequence[tuple[Any, ...]]) -> str:
-    """Outcomes (``FINISH_ENTRY`` parameters) as the JSON ``FINISH_STEP`` reads."""
+    """Outcomes (``_finish_entry``'s parameters) as the JSON ``FINISH_STEP`` reads."""
     out = []
     for params in batch:
         values = list(params)

@@ -102,13 +102,6 @@ ORDER BY seq
 
 SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = %s AND key = %s"
 
-FINISH_ENTRY = f"""
-UPDATE idem_tool_calls
-SET status = %s, result_type = %s, result = %s, error = %s, finished_at = %s
-WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s
-RETURNING {LEDGER_COLUMNS}
-"""
-
 # The outcomes of calls that finished together, ONE statement: per row the entry as
 # finished; a row not returned was not ours to finish (no longer issued, or re-owned).
 FINISH_STEP = f"""

@@ -101,9 +101,9 @@ class PostgresLedgerStore:
             "deleted concurrently"
         )
 
-    async def _finish_entry(self, finish: Guarded) -> LedgerEntry | None:
+    async def _finish_entry(self, outcome: tuple[Any, ...]) -> LedgerEntry | None:
         """Outcomes of calls that finish together share one statement (_finish_all)."""
-        done, row = await self._finishes.submit(finish.params)
+        done, row = await self._finishes.submit(outcome)
         return self.entry_of(row) if done and row is not None else None
 
     async def _finish_all(self, batch: list[tuple[Any, ...]]) -> list[tuple[bool, TupleRow | None]]:

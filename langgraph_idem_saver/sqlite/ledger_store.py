@@ -79,9 +79,9 @@ class SqliteLedgerStore:
 
         return await self._write(claim, before_tool_runs=True)
 
-    async def _finish_entry(self, finish: Guarded) -> LedgerEntry | None:
+    async def _finish_entry(self, outcome: tuple[Any, ...]) -> LedgerEntry | None:
         """Outcomes of calls that finish together share one write body (_finish_all)."""
-        return await self._finishes.submit(finish.params)
+        return await self._finishes.submit(outcome)
 
     async def _finish_all(self, batch: list[tuple[Any, ...]]) -> list[LedgerEntry | None]:
         """Record the outcomes of calls that finished together in one body of the group

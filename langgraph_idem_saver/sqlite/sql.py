@@ -322,6 +322,7 @@ def select_entries_by_keys(n: int) -> str:
     return f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE (scope, key) IN (VALUES {pairs})"
 
 
+# one outcome: IdemSaverBase._finish_entry's parameters (ledger_store batches them)
 FINISH_ENTRY = """
 UPDATE idem_tool_calls
 SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
