@@ -195,6 +195,20 @@ class Faults:
         self.hits = 0
         self.arrived = 0
         self.all_here = asyncio.Event()
+        self.nodes_running = 0  # tool nodes of this process between entry and return
+
+    async def others_returned(self) -> None:
+        """In-process (``raise``) crashes "after the node": wait (bounded) until every
+        other tool node of the step has returned too. A sibling task still mid-call when
+        the exception cancels it would hold a claim of this very, live process, which a
+        resume in the same process waits on (a real crash leaves a dead owner instead:
+        the ``kill`` mode and the mid-call crash points cover that)."""
+        if not self.raise_only or self.crash_at != "after_node":
+            return
+        for _ in range(100):
+            if self.nodes_running == 0:
+                return
+            await asyncio.sleep(0.05)
 
     def die(self, point: str, where: str) -> None:
         if self.crash_at != point or where != self.target:
@@ -306,9 +320,14 @@ class ToolsNode(IdempotentToolNode):
         self._faults = faults
 
     async def _afunc(self, input: Any, config: Any, runtime: Any) -> Any:
-        out = await super()._afunc(input, config, runtime)
+        self._faults.nodes_running += 1
+        try:
+            out = await super()._afunc(input, config, runtime)
+        finally:
+            self._faults.nodes_running -= 1
         call = input.get("tool_call") if isinstance(input, dict) else None
         calls = [call] if call else getattr(input["messages"][-1], "tool_calls", [])
+        await self._faults.others_returned()
         for c in calls:
             self._faults.die("after_node", f"{self._agent}:{label(c['args'])}")
         return out
