@@ -22,6 +22,7 @@ Needs the ``[agents]`` extra (``pip install 'langgraph-idem-saver[agents]'``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -119,6 +120,9 @@ class IdempotencyMiddleware(AgentMiddleware):
                 result = await handler(request)
             except Exception as exc:
                 await self.engine.araised(batch, plan, exc)
+                raise
+            except asyncio.CancelledError:
+                await self.engine.acancelled(batch, plan)
                 raise
             return await self.engine.afinish(batch, plan, result)
         finally:

@@ -31,6 +31,7 @@ Outcomes
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from functools import wraps
@@ -80,13 +81,14 @@ def idempotent_task(
     namespace: str | None = None,
     lease_seconds: float = 300.0,
     wait_seconds: float = 30.0,
+    poll_seconds: float = 0.1,
 ) -> Any:
     """A drop-in for ``langgraph.func.task`` (``@idempotent_task`` or
     ``@idempotent_task(name=..., retry_policy=..., cache_policy=...)``) plus the ledger's
     options: ``verify(args) -> value | NOT_APPLIED`` (``args`` is the call's arguments by
     parameter name), ``key_policy`` (``"args"`` or a ``key_fn``), ``on_unknown``,
     ``not_applied_errors``, ``ledger`` (default: the entrypoint's checkpointer),
-    ``namespace``, ``lease_seconds``, ``wait_seconds``."""
+    ``namespace``, ``lease_seconds``, ``wait_seconds``, ``poll_seconds``."""
 
     def decorate(func: F) -> Any:
         task_name = name or func.__name__
@@ -105,6 +107,7 @@ def idempotent_task(
             not_applied_errors=not_applied_errors,
             lease_seconds=lease_seconds,
             wait_seconds=wait_seconds,
+            poll_seconds=poll_seconds,
         )
         engine = LedgerEngine(options, name=task_name, raw_results=True)
         signature = inspect.signature(func)
@@ -130,6 +133,9 @@ def idempotent_task(
                         value = await func(*args, **kwargs)
                     except Exception as exc:
                         await engine.araised(batch, call, exc)
+                        raise
+                    except asyncio.CancelledError:
+                        await engine.acancelled(batch, call)
                         raise
                     await engine.afinish(batch, call, value)
                     return value

@@ -51,6 +51,7 @@ would deadlock, so it is refused (use ``ainvoke`` there).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
@@ -235,6 +236,9 @@ class IdempotentToolNode(ToolNode):
                     result = await ToolNode._arun_one(self, call, input_type, runtime)
                 except Exception as exc:
                     await engine.araised(batch, current, exc)
+                    raise
+                except asyncio.CancelledError:
+                    await engine.acancelled(batch, current)
                     raise
                 result = await engine.afinish(batch, current, result)
             else:

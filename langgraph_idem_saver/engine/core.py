@@ -14,6 +14,7 @@ module::
     run       (the front door runs the tool)
     finish    afinish()             ``completed``/``failed`` with the result, committed
               araised()             the tool raised: unknown outcome (or released)
+              acancelled()          cancelled mid-run: unknown outcome, lease ended now
     answer    aanswer()             a call not run: replayed, settled, or its twin's
 
 A front door builds a :class:`Batch` of :class:`Plan` s, calls :meth:`aprepare`, runs the
@@ -136,6 +137,8 @@ class LedgerEngine:
         self.counters = IdempotencyCounters()
         self._owner_lock = threading.Lock()
         self._owner_id = make_owner()
+        # lease ends still being written after a second cancellation (``acancelled``)
+        self._background: set[asyncio.Future[None]] = set()
 
     @property
     def owner(self) -> str:
@@ -475,10 +478,31 @@ class LedgerEngine:
         if self.had_no_effect(plan.call["name"], exc):
             await self.arelease(batch, plan)
             return
+        await self.aabandon(batch, plan, f"{type(exc).__name__}: {exc}"[:2000])
+
+    async def acancelled(self, batch: Batch, plan: Plan) -> None:
+        """A started call was cancelled mid-run: a timeout around ``ainvoke``, a cancelled
+        task, or LangGraph cancelling the step's other tasks after one raised.
+
+        The effect may have landed, so this is an unknown outcome, as in :meth:`araised`.
+        This process is alive, though: left to its lease, the user's own retry would wait
+        ``wait_seconds`` on a call nobody runs and then raise ``ToolCallInProgress``. The
+        lease is ended now. The write is shielded, so the unwinding cancellation cannot
+        cut it short; cancelled again while waiting, it finishes in the background.
+        """
+        write = asyncio.ensure_future(
+            self.aabandon(batch, plan, "CancelledError: cancelled while the tool ran")
+        )
+        self._background.add(write)
+        write.add_done_callback(self._background.discard)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(write)
+
+    async def aabandon(self, batch: Batch, plan: Plan, error: str) -> None:
+        """End the lease of a started call whose outcome is unknown, keeping ``error``."""
         if not plan.owned or plan.ledger_key is None or batch.ledger is None:
             return
         plan.owned = False
-        error = f"{type(exc).__name__}: {exc}"[:2000]
         await self.lg(
             batch,
             batch.ledger.aabandon(batch.scope, plan.ledger_key, owner=self.owner, error=error),
