@@ -21,7 +21,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
-from langgraph_idem_saver.ledger import CallIntent, LedgerEntry, StepLookup
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, StepLookup
 
 __all__ = [
     "INTENT_COLUMNS",
@@ -38,6 +38,12 @@ __all__ = [
 LEDGER_COLUMNS = ", ".join(f.name for f in dataclasses.fields(LedgerEntry))
 # what a claim inserts per call: CallIntent's fields, in order (then owner and lease)
 INTENT_COLUMNS = tuple(f.name for f in dataclasses.fields(CallIntent))
+# what a claim's INSERT writes beside the intent's columns, owner and lease
+_ISSUED_DEFAULTS: dict[str, Any] = {
+    "status": CallStatus.ISSUED, "attempts": 1, "replays": 0, "conflicts": 0,
+    "finished_at": None, "result_type": None, "result": None, "error": None,
+    "adopted_by": None, "history": None,
+}  # fmt: skip
 # a fork slot's columns, in the order of ``ledger.slot_of``
 SLOT_COLUMNS = ("scope", "position", "tool_name", "args_hash", "occurrence")
 
@@ -95,10 +101,24 @@ class Claims:
     owner: str
     issued_at: float
     lease_expires_at: float
+    # the args in clear, when ``rows`` hold them sealed (an encrypting serializer)
+    clear_args: list[bytes] | None = None
 
     def params(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         """One row's INSERT parameters: its intent's columns, owner, issued_at, lease."""
         return (*row, self.owner, self.issued_at, self.lease_expires_at)
+
+    def issued_entry(self, index: int) -> LedgerEntry:
+        """The entry the claim of ``rows[index]`` inserted, exactly as ``entry_of`` would
+        read it back (args in clear): a backend builds the entries it inserted instead of
+        reading them. The columns not in the row are the INSERT's ``issued`` defaults."""
+        values = dict(zip(INTENT_COLUMNS, self.rows[index], strict=True))
+        if self.clear_args is not None:
+            values["args"] = self.clear_args[index]
+        values.update(_ISSUED_DEFAULTS)
+        values.update(owner=self.owner, issued_at=self.issued_at)
+        values["lease_expires_at"] = self.lease_expires_at
+        return LedgerEntry._of(values)
 
     def slot(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         """The fork slot ``row`` claims, as ``ledger.slot_of`` gives it for an entry."""

@@ -210,8 +210,9 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
 
     @abstractmethod
     async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
-        """Insert an ``issued`` row per claim row whose key is free and read each back,
-        in one transaction committed durably (a tool runs after it)."""
+        """Insert an ``issued`` row per claim row whose key is free, in one transaction
+        committed durably (a tool runs after it); per row, whether it was inserted and its
+        entry (``Claims.issued_entry`` for the rows inserted, read back for the others)."""
 
     @abstractmethod
     async def _claim_unless_found(
@@ -224,9 +225,10 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
     def _claims(self, intents: Sequence[CallIntent], owner: str, lease_seconds: float) -> Claims:
         now = time.time()
         rows = [_INTENT_ROW(i) for i in intents]
-        if self._encrypts():
-            rows = [(*r[:_ARGS], self.seal_args(r[_ARGS]), *r[_ARGS + 1 :]) for r in rows]
-        return Claims(rows, owner, now, now + lease_seconds)
+        if not self._encrypts():
+            return Claims(rows, owner, now, now + lease_seconds)
+        sealed = [(*r[:_ARGS], self.seal_args(r[_ARGS]), *r[_ARGS + 1 :]) for r in rows]
+        return Claims(sealed, owner, now, now + lease_seconds, [r[_ARGS] for r in rows])
 
     async def aclaim(
         self, intents: Sequence[CallIntent], *, owner: str, lease_seconds: float

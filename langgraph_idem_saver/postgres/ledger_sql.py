@@ -59,9 +59,15 @@ def _claim_statement(unless_found: bool) -> str:
 
     ``unless_found``: first the step's adoption read (``f`` rows); when it finds
     anything, nothing is inserted - adoption decides first, then the caller claims.
+
+    The ``k`` and ``s`` reads run only when some row was not inserted (``refused``: a
+    one-time filter, so a fresh step's claim is the insert alone). Without it they cost
+    as much as the insert, and on a table whose statistics are stale the planner scans
+    the whole ledger for them: a claim then grows with the table.
     """
     found = f", found AS ({_STEP_FOUND})" if unless_found else ""
     only = "AND NOT EXISTS (SELECT 1 FROM found)" if unless_found else ""
+    refused = "(SELECT count(*) FROM ins) < (SELECT count(*) FROM u)"
     found_rows = "SELECT 'f', * FROM found UNION ALL" if unless_found else ""
     return f"""
 WITH u AS (SELECT * FROM {_CLAIM_ROWS}){found},
@@ -81,10 +87,11 @@ ins AS (
 SELECT 'i', * FROM ins
 UNION ALL
 SELECT 'k', seq, {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE (scope, key) IN (SELECT scope, key FROM u) {only}
+WHERE {refused} AND (scope, key) IN (SELECT scope, key FROM u) {only}
 UNION ALL
 SELECT 's', seq, {LEDGER_COLUMNS} FROM idem_tool_calls
-WHERE position IS NOT NULL AND (scope, position, tool_name, args_hash, occurrence) IN (
+WHERE {refused} AND position IS NOT NULL
+AND (scope, position, tool_name, args_hash, occurrence) IN (
     SELECT scope, position, tool_name, args_hash, occurrence FROM u
     WHERE position IS NOT NULL) {only}
 """

@@ -81,18 +81,26 @@ class PostgresLedgerStore:
                 return [self.entry_of(r[2:]) for r in found], None
             query = sql.CLAIM_STEP  # decided: claim what is still missing
             inserted = {(r[2], r[3]) for r in rows if r[0] == "i"}  # scope, key
-            entries = {(r[2], r[3]): self.entry_of(r[2:]) for r in rows}
+            # the rows inserted are built (Claims.issued_entry), the others read
+            entries = {(r[2], r[3]): self.entry_of(r[2:]) for r in rows if r[0] != "i"}
             holders = {slot_of(e): e for e in entries.values() if e.position is not None}
-            missing = []
-            for pos, row in pending:
+            missing: list[tuple[int, tuple[Any, ...]]] = []
+            for pos, row in pending:  # in insertion order: the first of a key inserts it
                 k = (row[0], row[1])  # scope, key
+                if k in inserted:
+                    mine = claims.issued_entry(pos)
+                    outcomes[pos] = ClaimOutcome(claimed=True, entry=mine)
+                    inserted.discard(k)  # a key repeated in the batch is claimed once...
+                    entries[k] = mine  # ...and its repeats find this entry
+                    if mine.position is not None:
+                        holders[slot_of(mine)] = mine
+                    continue
                 # a key refused by the fork slot: another branch's call holds the slot
                 entry = entries.get(k) or holders.get(claims.slot(row))
                 if entry is None:  # committed by a concurrent claimer after our snapshot
                     missing.append((pos, row))
                     continue
-                outcomes[pos] = ClaimOutcome(claimed=k in inserted, entry=entry)
-                inserted.discard(k)  # a key repeated in the batch is claimed once
+                outcomes[pos] = ClaimOutcome(claimed=False, entry=entry)
             if not missing:
                 return [], [outcomes[p] for p in range(len(claims.rows))]
             pending = missing

@@ -34,14 +34,19 @@ class SqliteLedgerStore:
         ) -> T: ...
 
     def _claim_rows(self, conn: sqlite3.Connection, claims: Claims) -> list[ClaimOutcome]:
-        """Insert every claim row whose key and slot are free, then read them all back in
-        one statement (a claim refused by a fork slot: the slot's holder, one read each)."""
+        """Insert every claim row whose key and slot are free. An inserted row's entry is
+        built, not read (``Claims.issued_entry``); the rows refused are read back in one
+        statement (a claim refused by a fork slot: the slot's holder, one read each)."""
         claimed = [
             conn.execute(sql.INSERT_ISSUED, claims.params(row)).rowcount == 1 for row in claims.rows
         ]
-        entries = self._entries_by_keys(conn, [row[:2] for row in claims.rows])
+        refused = [row[:2] for row, new in zip(claims.rows, claimed, strict=True) if not new]
+        entries = self._entries_by_keys(conn, refused) if refused else {}
         outcomes = []
-        for row, new in zip(claims.rows, claimed, strict=True):
+        for i, (row, new) in enumerate(zip(claims.rows, claimed, strict=True)):
+            if new:
+                outcomes.append(ClaimOutcome(claimed=True, entry=claims.issued_entry(i)))
+                continue
             entry = entries.get(row[:2])
             if entry is None:  # refused by the fork slot: another branch's call
                 found = conn.execute(sql.SELECT_SLOT_HOLDER, claims.slot(row)).fetchone()
