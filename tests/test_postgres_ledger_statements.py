@@ -2,7 +2,9 @@
 the outcomes of calls that finish together are ONE statement, whatever their number;
 what they carry (bytes, floats, text) comes back exactly; a claim that races a
 concurrent claimer of the same key still ends with that claimer's row, never a second
-``issued`` row; and text PostgreSQL cannot hold is a typed error that loses nothing.
+``issued`` row; text PostgreSQL cannot hold is a typed error that loses nothing; and
+a fresh step's claim reads no ledger rows, however large the ledger and however stale
+its statistics.
 """
 
 from __future__ import annotations
@@ -139,3 +141,58 @@ async def test_an_outcome_with_a_nul_is_typed_and_leaves_the_call_issued(
         )  # fmt: skip
     [entry] = await saver.alist_entries("t")
     assert entry.status is CallStatus.ISSUED and entry.error is None
+
+
+LEDGER_FILL = """
+INSERT INTO idem_tool_calls (scope, key, thread_id, agent_path, tool_name, args_hash, args,
+    tool_call_id, status, owner, issued_at, lease_expires_at, position, branch, occurrence)
+SELECT 'other-' || (g / 50), 'key-' || g, 'other-' || (g / 50), 'tools', 'send',
+    md5(g::text), '\\x00', 'c' || g, 'completed', 'me', 0, 0, 'p' || (g / 50), 'b', g % 50
+FROM generate_series(1, 20000) AS g
+"""
+
+
+def ledger_scans(plan: dict[str, Any]) -> list[tuple[str, float]]:
+    """(node type, rows read) of every executed scan of the ledger table in ``plan``."""
+    found = []
+    nodes = [plan]
+    while nodes:
+        node = nodes.pop()
+        nodes += node.get("Plans", [])
+        ledger = node.get("Relation Name") == "idem_tool_calls"
+        if ledger and "Scan" in node["Node Type"] and node["Actual Loops"]:
+            found.append((node["Node Type"], node["Actual Rows"] * node["Actual Loops"]))
+    return found
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["stale-stats", "analyzed"])
+async def test_a_fresh_steps_claim_reads_no_ledger_rows(pg_dsn: str, analyzed: bool) -> None:
+    """A step whose calls are all new is claimed by its inserts alone: the reads of the
+    rows holding a key or a fork slot run only when a row was refused. Before, they ran
+    every time, and with statistics older than the table (a ledger that grew since the
+    last ANALYZE) they scanned the whole ledger: the claim grew with the table."""
+    from langgraph_idem_saver.postgres import ledger_sql
+    from langgraph_idem_saver.postgres.ledger_rows import claim_rows
+
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await saver.setup()
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute("ANALYZE idem_tool_calls")  # statistics of the empty table
+        await conn.execute(LEDGER_FILL)
+        if analyzed:
+            await conn.execute("ANALYZE idem_tool_calls")
+        rows = [(*intent(i, key=f"fresh-{i}").__dict__.values(),) for i in range(50)]
+        params = {"rows": claim_rows(rows), "owner": "me", "now": 1.0, "lease": 2.0}
+        cur = await conn.execute(
+            "EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + ledger_sql.CLAIM_STEP, params
+        )
+        [(doc,)] = await cur.fetchall()
+        assert ledger_scans(doc[0]["Plan"]) == []
+        # a refused row: the reads run, and find what refused it
+        refused = [(*intent(0, key="fresh-0").__dict__.values(),)]
+        cur = await conn.execute(ledger_sql.CLAIM_STEP, {**params, "rows": claim_rows(refused)})
+        # (EXPLAIN ANALYZE ran the claim: its row holds both the key and the slot)
+        assert sorted((r[0], r[3]) for r in await cur.fetchall()) == [
+            ("k", "fresh-0"),
+            ("s", "fresh-0"),
+        ]
