@@ -13,7 +13,9 @@ measured in a full, analyzed database with prepared statements on.
 
 Every saver is opened on one ``AsyncExitStack`` per configuration. Besides the rows, the
 run prints the raw floor of each configuration (an INSERT + commit of a 5 KB row with the
-same driver and settings) and, with ``--explain``, the generic plan of each of our
+same driver and settings), what a 200-turn chat leaves on disk with each saver
+(``storage``: one message appended a turn, so LangGraph's savers store the whole list at
+every turn and ours a delta) and, with ``--explain``, the generic plan of each of our
 PostgreSQL reads.
 
 Usage::
@@ -420,6 +422,36 @@ async def pool_gap(pool_saver: Any, dsn: str, prof: Profile) -> dict[str, float]
     return {lab: statistics.median(v) / 1000.0 for lab, v in samples.items()}
 
 
+STORAGE_TURNS = 200  # checkpoints of the storage probe's chat
+
+
+async def storage_bytes(config: str, where: dict[str, str]) -> dict[str, int]:
+    """What a chat of ``STORAGE_TURNS`` turns, one message appended per turn (GrowingSim,
+    starting from one message), leaves on disk with each saver: the SQLite file after a
+    WAL checkpoint, or on Postgres every table of the saver's schema with its indexes and
+    TOAST (``pg_total_relation_size``; TOAST compresses large values)."""
+    sizes: dict[str, int] = {}
+    for label in LABELS:
+        async with AsyncExitStack() as stack:
+            saver = (await open_savers(stack, config, where))[label]
+            sim = GrowingSim(saver, "storage", 1, 256, 7)
+            for _ in range(STORAGE_TURNS):
+                await sim.put(WITH_MSGS)
+        if config == "sqlite":
+            with closing(sqlite3.connect(where[label])) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            sizes[label] = os.path.getsize(where[label])
+        else:
+            with psycopg.connect(where[label], autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class AS c "
+                    "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = current_schema() AND c.relkind = 'r'"
+                ).fetchone()
+            sizes[label] = int(row[0]) if row and row[0] is not None else 0
+    return sizes
+
+
 async def bench_config(
     config: str, where: dict[str, str], prof: Profile, only: set[str], pg_base: str | None
 ) -> list[Row]:
@@ -674,7 +706,8 @@ def explain_reads(dsn: str, thread: str) -> str:
 
 def print_rows(rows: list[Row], floors: dict[str, float]) -> None:
     if not rows:  # e.g. --quick --only delta: the quick profile has no DeltaChannel rows
-        print("\nno rows measured (the quick profile skips the DeltaChannel rows)")
+        print("\nno timed rows (none selected by --only, or only the DeltaChannel rows, which")
+        print("the quick profile skips)")
         return
     w = max(len(r.title) for r in rows)
     head = f"{'official':>11} {'ours':>11} {'ratio':>7} {'ours+stock':>11} {'ledger':>9}"
@@ -715,6 +748,7 @@ async def main_async(args: argparse.Namespace) -> int:
     configs = [c for c in args.configs.split(",") if c]
     rows: list[Row] = []
     floors: dict[str, float] = {}
+    storage: dict[str, dict[str, int]] = {}
     plans = ""
     t0 = time.perf_counter()
     async with AsyncExitStack() as outer:
@@ -750,6 +784,13 @@ async def main_async(args: argparse.Namespace) -> int:
                     else {lab: new_schema(cast(str, pg_base), f"sync_{lab}") for lab in LABELS}
                 )
                 rows += await asyncio.to_thread(bench_sync, config, fresh, prof)
+            if "storage" in only and config != "pg-pool":
+                fresh = (
+                    {lab: os.path.join(tmp, f"storage-{lab}.db") for lab in LABELS}
+                    if config == "sqlite"
+                    else {lab: new_schema(cast(str, pg_base), f"storage_{lab}") for lab in LABELS}
+                )
+                storage[config] = await storage_bytes(config, fresh)
             floor_at = (
                 os.path.join(tmp, "floor.db") if config == "sqlite" else where[config]["ours"]
             )
@@ -758,6 +799,12 @@ async def main_async(args: argparse.Namespace) -> int:
         if args.explain and "pg" in where and "reads" in only:
             plans = explain_reads(where["pg"]["ours"], "long")
     print_rows(rows, floors)
+    for config, sizes in storage.items():
+        print(
+            f"storage ({config}): a {STORAGE_TURNS}-turn chat, one message appended a turn: "
+            f"official {sizes['official'] / 1e6:,.2f} MB, ours {sizes['ours'] / 1e6:,.2f} MB "
+            f"({sizes['official'] / sizes['ours']:.1f}x smaller)"
+        )
     if plans:
         print("\n" + plans)
     print(f"\n{prof.name} run: {time.perf_counter() - t0:.0f} s")
@@ -770,6 +817,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 "rows": [r.to_json() for r in rows],
                 "floors_us": floors,
                 "pool_gap_us": GAPS,
+                "storage_bytes": storage,
                 "plans": plans,
             },
         )
@@ -780,7 +828,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the < 1 minute profile")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="sqlite,pg,pg-pool")
-    parser.add_argument("--only", default="aput,reads,graph,ledger,sync,delta")
+    parser.add_argument("--only", default="aput,reads,graph,ledger,sync,delta,storage")
     parser.add_argument("--dsn", help="a PostgreSQL server to use (else a throwaway one)")
     parser.add_argument("--explain", action="store_true", help="print our reads' plans")
     parser.add_argument("--json", help="also write the numbers here")
