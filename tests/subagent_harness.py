@@ -41,6 +41,7 @@ import operator
 import os
 import sys
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -195,18 +196,20 @@ class Faults:
         self.hits = 0
         self.arrived = 0
         self.all_here = asyncio.Event()
-        self.nodes_running = 0  # tool nodes of this process between entry and return
+        # per agent: its tool nodes of this process between entry and return
+        self.nodes_running: Counter[str] = Counter()
 
-    async def others_returned(self) -> None:
-        """In-process (``raise``) crashes "after the node": wait (bounded) until every
-        other tool node of the step has returned too. A sibling task still mid-call when
-        the exception cancels it would hold a claim of this very, live process, which a
-        resume in the same process waits on (a real crash leaves a dead owner instead:
-        the ``kill`` mode and the mid-call crash points cover that)."""
+    async def others_returned(self, agent: str) -> None:
+        """In-process (``raise``) crashes "after the node": wait (bounded) until the
+        agent's other tool nodes of the step (its ``Send`` siblings) have returned too,
+        which is the state these tests describe: the step's calls all ran, its writes are
+        lost. Only the agent's own: waiting for another agent's nodes (the writer, which
+        runs beside the researcher) would let that agent finish its whole run first, and
+        its saved writes would show in the state the test expects empty."""
         if not self.raise_only or self.crash_at != "after_node":
             return
         for _ in range(100):
-            if self.nodes_running == 0:
+            if self.nodes_running[agent] == 0:
                 return
             await asyncio.sleep(0.05)
 
@@ -320,14 +323,14 @@ class ToolsNode(IdempotentToolNode):
         self._faults = faults
 
     async def _afunc(self, input: Any, config: Any, runtime: Any) -> Any:
-        self._faults.nodes_running += 1
+        self._faults.nodes_running[self._agent] += 1
         try:
             out = await super()._afunc(input, config, runtime)
         finally:
-            self._faults.nodes_running -= 1
+            self._faults.nodes_running[self._agent] -= 1
         call = input.get("tool_call") if isinstance(input, dict) else None
         calls = [call] if call else getattr(input["messages"][-1], "tool_calls", [])
-        await self._faults.others_returned()
+        await self._faults.others_returned(self._agent)
         for c in calls:
             self._faults.die("after_node", f"{self._agent}:{label(c['args'])}")
         return out

@@ -44,7 +44,7 @@ from langgraph_idem_saver.engine.adoption import (
     aadopt_superseded,
     step_lookup,
 )
-from langgraph_idem_saver.engine.forks import assign_slots, fork_point, siblings_refused
+from langgraph_idem_saver.engine.forks import SlotCounter, fork_point, siblings_refused
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.options import LedgerOptions
 from langgraph_idem_saver.engine.results import dumps, replayed_result, retarget, text_of
@@ -230,6 +230,7 @@ class LedgerEngine:
 
         # Keys first, for every call: a bad argument or key_fn fails before any claim.
         leaders: dict[str, Plan] = {}
+        slots = SlotCounter(fork_point(config, thread_id))
         for plan in pending:
             call = plan.call
             name = call["name"]
@@ -241,6 +242,7 @@ class LedgerEngine:
             ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest, origin)
             key = compute_key(policy, call, ctx)
             plan.policy = policy
+            leader = leaders.get(key)
             plan.intent = CallIntent(
                 scope=ctx.scope,
                 key=key,
@@ -251,8 +253,9 @@ class LedgerEngine:
                 args=ctx.canonical_args.encode("utf-8"),
                 tool_call_id=str(call["id"]),
                 run_id=run_id,
+                # a leader (the first call of its key) takes the next fork slot
+                **(slots.slot(policy, name, digest) if leader is None else {}),
             )
-            leader = leaders.get(key)
             if leader is None:
                 leaders[key] = plan
                 continue
@@ -267,8 +270,6 @@ class LedgerEngine:
             plan.leader = leader
             if leader.outcome is None:
                 leader.outcome = concurrent.futures.Future()
-
-        assign_slots(list(leaders.values()), fork_point(config, thread_id))
 
         # Any exception from here on (conflict, interrupt(), timeout) releases the fresh
         # claims of this run: the front door calls ``arelease_unstarted`` in a finally.

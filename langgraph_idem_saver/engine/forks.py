@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_CHECKPOINT_MAP
@@ -63,21 +64,28 @@ def fork_point(config: RunnableConfig, thread_id: str) -> ForkPoint | None:
     return ForkPoint(fork_position(thread_id, graph_ns, node.split(":", 1)[0], step), branch)
 
 
-def assign_slots(plans: list[Plan], point: ForkPoint | None) -> None:
-    """Give each default-key call of the step its fork slot: the point, and which
-    identical call (same tool, same arguments) of the step it is."""
-    if point is None:
-        return
-    seen: Counter[tuple[str, str]] = Counter()
-    for plan in plans:
-        intent = plan.intent
-        if intent is None or plan.policy != "tool_call":
-            continue
-        signature = (intent.tool_name, intent.args_hash)
-        plan.intent = dataclasses.replace(
-            intent, position=point.position, branch=point.branch, occurrence=seen[signature]
-        )
-        seen[signature] += 1
+class SlotCounter:
+    """Gives each default-key call of a step its fork slot as its intent is built: the
+    step's fork point, and which identical call (same tool, same arguments) of the step
+    it is. Only the step's leaders (one call per key) take a slot."""
+
+    def __init__(self, point: ForkPoint | None) -> None:
+        self.point = point
+        self.seen: Counter[tuple[str, str]] = Counter()
+
+    def slot(self, policy: object, tool_name: str, args_hash: str) -> dict[str, Any]:
+        """``CallIntent`` keyword arguments for the next such call: none when it has no
+        slot (outside a graph step, or a key policy that forks share anyway)."""
+        if self.point is None or policy != "tool_call":
+            return {}
+        signature = (tool_name, args_hash)
+        occurrence = self.seen[signature]
+        self.seen[signature] = occurrence + 1
+        return {
+            "position": self.point.position,
+            "branch": self.point.branch,
+            "occurrence": occurrence,
+        }
 
 
 def siblings_refused(plans: list[Plan]) -> list[Plan]:
