@@ -212,7 +212,11 @@ class AsyncSqliteSaver(
         """
         ttl = TTLConfig.of(ttl)  # refused before anything is opened
         uri = conn_string.startswith("file:")
-        conn = aiosqlite.connect(conn_string, isolation_level=None, uri=uri)
+        # check_same_thread=False: the sync SqliteSaver runs its checkpoint reads and
+        # writes from its callers' threads (holding the connection lock)
+        conn = aiosqlite.connect(
+            conn_string, isolation_level=None, uri=uri, check_same_thread=False
+        )
         saver = cls(conn, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout, ttl=ttl)
         saver._target = parse_target(conn_string, uri)
         try:
