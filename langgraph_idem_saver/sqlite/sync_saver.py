@@ -189,8 +189,6 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """Checkpoints newest first, a page per read (nothing held between pages, so the
-        caller may write while iterating)."""
         saver = self.saver
         paging = Paging(limit, saver._list_page_size)
         if paging.done:
@@ -249,6 +247,11 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
         if self._direct():
             return self.saver._write_here(body)
         return self._call(self.saver._write(body))
+
+
+# the direct methods say what their async twins say (they run the same bodies)
+for _name in ("get_tuple", "list", "put", "put_writes", "get_delta_channel_history"):
+    getattr(SqliteSaver, _name).__doc__ = getattr(AsyncSqliteSaver, f"a{_name}").__doc__
 
 
 def _closing_direct_first(stack: AsyncExitStack, saver: AsyncSqliteSaver) -> AsyncSqliteSaver:
