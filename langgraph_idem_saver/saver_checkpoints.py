@@ -6,7 +6,7 @@ statements each backend writes (``_put_checkpoint``, ``_insert_writes``, ``_list
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -100,14 +100,28 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
     ) -> RunnableConfig:
         """Store the checkpoint and its new channel values (one transaction); the list
         delta encoder then learns what was stored, which the next put extends."""
+        put = self._checkpoint_put(config, checkpoint, metadata, new_versions)
+        return self._stored(put, await self._put_checkpoint(put))
+
+    def _checkpoint_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> CheckpointPut:
+        """What ``aput`` stores, read from its arguments."""
         thread_id = thread_id_of(config)
         ns = checkpoint_ns_of(config)
         full_metadata = get_checkpoint_metadata(config, metadata)
-        put = CheckpointPut(
+        return CheckpointPut(
             thread_id, ns, checkpoint_id_of(config), checkpoint, full_metadata, new_versions
         )
-        self._deltas.remember(thread_id, ns, await self._put_checkpoint(put))
-        return make_config(thread_id, ns, checkpoint["id"])
+
+    def _stored(self, put: CheckpointPut, blobs: list[EncodedBlob]) -> RunnableConfig:
+        """After ``put`` was stored as ``blobs``: the encoder learns them; ``aput``'s result."""
+        self._deltas.remember(put.thread_id, put.ns, blobs)
+        return make_config(put.thread_id, put.ns, put.checkpoint["id"])
 
     async def aput_writes(
         self,
@@ -118,6 +132,18 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
     ) -> None:
         """Store a task's writes in one transaction: regular writes are never replaced, a
         repeated special write (idx < 0, ``WRITES_IDX_MAP``) replaces the earlier one."""
+        rows = self._writes_rows(config, writes, task_id, task_path)
+        if rows:
+            await self._insert_writes(rows)
+
+    def _writes_rows(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> list[tuple[Any, ...]]:
+        """The rows ``aput_writes`` stores (validated, values dumped), by ``idx``."""
         thread_id = thread_id_of(config)
         ns = checkpoint_ns_of(config)
         checkpoint_id = checkpoint_id_of(config)
@@ -131,9 +157,8 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
                 text_of(channel, "channel"),
                 *self._dump(value),
             )
-        if by_idx:
-            where = (thread_id, ns, checkpoint_id, task_id, task_path)
-            await self._insert_writes([(*where, idx, *row) for idx, row in by_idx.items()])
+        where = (thread_id, ns, checkpoint_id, task_id, task_path)
+        return [(*where, idx, *row) for idx, row in by_idx.items()]
 
     async def alist(
         self,
@@ -148,22 +173,46 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
 
         ``limit`` of 0 or less yields nothing (SQLite's ``LIMIT -1`` would mean "all").
         """
-        if limit is not None and limit <= 0:
+        paging = Paging(limit, self._list_page_size)
+        if paging.done:
             return
         read_page = self._list_pages(ListQuery.of(config, filter, before))
-        remaining = limit
-        after: tuple[str, str, str] | None = None
-        while True:
-            size = self._list_page_size
-            if remaining is not None:
-                size = min(remaining, size)
-            page = await read_page(after, size)
-            for tup in page.tuples:
+        while (request := paging.next_page()) is not None:
+            for tup in paging.take(await read_page(*request)):
                 yield tup
-                if remaining is not None:
-                    remaining -= 1
-                    if remaining <= 0:
-                        return
-            if page.fetched < size or page.last is None:
-                return
-            after = page.last
+
+
+class Paging:
+    """``alist``'s walk over pages, for any way of reading a page: which page to read
+    next (the key after which it starts, its size), and what of each page to yield."""
+
+    def __init__(self, limit: int | None, page_size: int) -> None:
+        self.remaining = limit
+        self.page_size = page_size
+        self.after: tuple[str, str, str] | None = None
+        self.size = page_size  # of the page asked for last
+        # a limit of 0 or less yields nothing (SQLite's ``LIMIT -1`` would mean "all")
+        self.done = limit is not None and limit <= 0
+
+    def next_page(self) -> tuple[tuple[str, str, str] | None, int] | None:
+        """The next page to read, or None when the walk is over."""
+        if self.done:
+            return None
+        self.size = self.page_size
+        if self.remaining is not None:
+            self.size = min(self.remaining, self.size)
+        return self.after, self.size
+
+    def take(self, page: ListPage) -> Iterator[CheckpointTuple]:
+        """What to yield of ``page`` (read as ``next_page`` asked), lazily: a backend may
+        decode its tuples as they are yielded, and none past the limit is."""
+        if page.fetched < self.size or page.last is None:
+            self.done = True
+        self.after = page.last
+        for tup in page.tuples:
+            yield tup
+            if self.remaining is not None:
+                self.remaining -= 1
+                if self.remaining <= 0:
+                    self.done = True
+                    return

@@ -16,11 +16,18 @@ Why this design, rather than a second, synchronous implementation of each backen
 * **Thread-safe as LangGraph's sync savers promise.** Every call, from any thread, is a
   coroutine handed to the one loop; the async saver serializes what must be serialized
   (one SQLite connection, one Postgres connection) and runs the rest concurrently (a
-  Postgres pool). Concurrent SQLite writes from several threads share a commit.
+  Postgres pool).
 
 The cost is a round trip to the loop thread per call (plus, for SQLite, aiosqlite's own
-hand-off to its worker thread, as in the async saver): tens of microseconds on an idle
-machine, more when threads wait for a CPU (``benchmarks/bench.py``'s ``sync`` rows).
+hand-off to its worker thread, as in the async saver): three thread switches, tens of
+microseconds on an idle machine but about a millisecond when threads wait for a CPU - more
+than the SQL of a read. So ``SqliteSaver`` skips it where ``graph.invoke`` spends its time:
+once set up, ``get_tuple``, ``put``, ``put_writes``, ``list`` and
+``get_delta_channel_history`` run the async saver's own read and write bodies on the
+caller's thread, holding the connection lock its worker holds for everything else (see
+:mod:`langgraph_idem_saver.sqlite.sync_saver`; concurrent direct writes then take turns,
+one commit each, instead of sharing one). ``PostgresSaver`` keeps the round trip: its
+async connection (or pool) belongs to the loop.
 
 Lifetime: the loop thread is a daemon, so a program that never closes its saver still
 exits; ``close()`` (or leaving ``from_conn_string``'s ``with`` block, or ``with saver:``)

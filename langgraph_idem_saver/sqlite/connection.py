@@ -2,15 +2,24 @@
 the file), one worker hand-off per call, transactions, the group commit of writes, and
 typed errors (mixed into :class:`AsyncSqliteSaver`).
 
-Kept apart from the checkpoint methods so that every function shipped to the aiosqlite
-worker goes through one place that commits, syncs and types its errors.
+Kept apart from the checkpoint methods so that every function run on the connection goes
+through one place that commits, syncs and types its errors.
+
+**The connection lock.** Every function runs holding the saver's :class:`ConnectionLock`:
+on the aiosqlite worker (``_call``, the async path) and on the caller's own thread
+(``_call_here``/``_write_here``, the direct path of the sync ``SqliteSaver``, which skips
+the hops to the loop and the worker). One function at a time uses the ``sqlite3``
+connection, so transactions never interleave whichever thread runs them. Nothing holding
+the lock waits for a loop or another thread, so a caller waiting for it never deadlocks:
+it waits for the function in progress, then runs.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 from langgraph_idem_saver.errors import (
     ConnectionClosedError,
@@ -71,14 +80,40 @@ def read_tx(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -
             conn.commit()
 
 
+class ConnectionLock:
+    """The connection lock (see the module docstring), shared by a saver and its
+    ``with_allowlist`` copies; ``direct_closed`` once the direct path is shut (set under
+    the lock: when :meth:`close_direct` returns, no direct call runs and none will)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.direct_closed = False
+
+    def close_direct(self) -> None:
+        """Wait for a direct call in progress, then refuse every later one."""
+        with self.lock:
+            self.direct_closed = True
+
+    def holding(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+        """``fn`` run holding the lock (what the worker runs)."""
+        lock = self.lock
+
+        def run(conn: sqlite3.Connection) -> T:
+            with lock:
+                return fn(conn)
+
+        return run
+
+
 class SqliteConnection:
     """How :class:`AsyncSqliteSaver` runs a function on its connection (``_run``,
-    ``_write``)."""
+    ``_write``; ``_call_here``, ``_write_here`` from the caller's thread)."""
 
     conn: aiosqlite.Connection
     synchronous: Synchronous
     busy_timeout: float
     _target: SqliteTarget | None
+    _conn_lock: ConnectionLock
 
     if TYPE_CHECKING:
         _group: GroupCommit[Write, tuple[bool, Any]]
@@ -171,22 +206,44 @@ class SqliteConnection:
                 ) from exc
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Ship ``fn`` to the aiosqlite worker thread: one hand-off, typed errors."""
+        """Ship ``fn`` to the aiosqlite worker thread: one hand-off, typed errors; ``fn``
+        runs there holding the connection lock."""
         conn = self.conn
         if not runner.is_started(conn):
-            raise ConnectionClosedError(
-                "the aiosqlite connection is closed (or was never opened); open a new one "
-                "and create a new saver, e.g. `async with AsyncSqliteSaver.from_conn_string(...)`"
-            )
+            raise _not_started()
         try:
-            return await runner.run_in_worker(conn, fn)
-        except IdemSaverError:
-            raise
+            return await runner.run_in_worker(conn, self._conn_lock.holding(fn))
         except (ValueError, sqlite3.Error) as exc:
+            self._raise_typed(exc)
+
+    def _call_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the ``sqlite3`` connection from the calling thread, holding the
+        connection lock: no hand-off, the same typed errors as ``_call``.
+
+        Only for a saver that is set up, over a connection opened with
+        ``check_same_thread=False`` (the sync ``SqliteSaver`` makes sure of both).
+        """
+        gate = self._conn_lock
+        with gate.lock:
+            if gate.direct_closed:
+                raise ConnectionClosedError(
+                    "the saver is closed (close() was called or its `with` block ended); "
+                    "open a new one"
+                )
+            if not runner.is_started(self.conn):
+                raise _not_started()
+            try:
+                return fn(runner.raw_connection(self.conn))
+            except (ValueError, sqlite3.Error) as exc:
+                self._raise_typed(exc)
+
+    def _raise_typed(self, exc: ValueError | sqlite3.Error) -> NoReturn:
+        """Raise the package's exception for ``exc`` (from it), or ``exc`` itself."""
+        if not isinstance(exc, IdemSaverError):
             typed = typed_error(exc, self.busy_timeout, self._target)
-            if typed is exc:
-                raise
-            raise typed from exc
+            if typed is not exc:
+                raise typed from exc
+        raise exc
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         await self.setup()
@@ -211,13 +268,31 @@ class SqliteConnection:
         """
         await self.setup()
         ok, value = await self._group.submit((body, before_tool_runs))
+        return cast(T, self._written(ok, value))
+
+    def _write_here(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """``_write`` from the calling thread (``_call_here``): ``body`` alone in its
+        transaction, committed before this returns. Concurrent callers take turns on the
+        connection lock, each with its own commit (no group commit: nothing waits on a
+        loop to gather them). Not for claims: those go through ``_write``."""
+        [(ok, value)] = self._call_here(self._commit_body([(body, False)]))
+        return cast(T, self._written(ok, value))
+
+    def _written(self, ok: bool, value: Any) -> Any:
+        """A write's result as ``_commit`` reported it: the value, or its error raised."""
         if ok:
-            return cast(T, value)
-        if isinstance(value, (ValueError, sqlite3.Error)) and not isinstance(value, IdemSaverError):
-            raise typed_error(value, self.busy_timeout, self._target) from value
+            return value
+        if isinstance(value, (ValueError, sqlite3.Error)):
+            self._raise_typed(value)
         raise value
 
     async def _commit(self, batch: list[Write]) -> list[tuple[bool, Any]]:
+        """One transaction for a group of writes, on the worker (``_commit_body``)."""
+        return await self._call(self._commit_body(batch))
+
+    def _commit_body(
+        self, batch: list[Write]
+    ) -> Callable[[sqlite3.Connection], list[tuple[bool, Any]]]:
         """One transaction for a group of writes: per write, (True, its result) or
         (False, its exception), each rolled back alone (a savepoint each when several)."""
         force_full = self.synchronous == "NORMAL" and any(synced for _, synced in batch)
@@ -233,7 +308,7 @@ class SqliteConnection:
                 if force_full:
                     conn.execute("PRAGMA synchronous = NORMAL")
 
-        return await self._call(run)
+        return run
 
 
 def alone(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> tuple[bool, Any]:
@@ -259,6 +334,13 @@ def in_savepoint(
         return False, exc
     conn.execute("RELEASE idem_write")
     return True, result
+
+
+def _not_started() -> ConnectionClosedError:
+    return ConnectionClosedError(
+        "the aiosqlite connection is closed (or was never opened); open a new one "
+        "and create a new saver, e.g. `async with AsyncSqliteSaver.from_conn_string(...)`"
+    )
 
 
 def typed_error(

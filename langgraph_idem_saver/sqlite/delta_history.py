@@ -51,9 +51,16 @@ class SqliteDeltaHistory:
         ancestors each channel's walk visited, and each seed is one primary-key read
         (plus its list-delta bases); all in one read transaction.
         """
-        wanted = list(dict.fromkeys(channels))
-        if not wanted:
+        if not channels:
             return {}
+        return await self._run(self._delta_history_body(config, channels))
+
+    def _delta_history_body(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> Callable[[sqlite3.Connection], dict[str, DeltaChannelHistory]]:
+        """``aget_delta_channel_history``'s read (one read transaction), to run on the
+        connection."""
+        wanted = list(dict.fromkeys(channels))
         thread_id = thread_id_of(config)
         ns = checkpoint_ns_of(config)
         # a name SQLite text cannot hold (a lone surrogate) has nothing stored
@@ -140,4 +147,4 @@ class SqliteDeltaHistory:
                 )
             return result
 
-        return await self._run(lambda conn: read_tx(conn, read))
+        return lambda conn: read_tx(conn, read)

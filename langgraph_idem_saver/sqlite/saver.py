@@ -23,7 +23,7 @@ production:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, ClassVar, TypeVar, cast
@@ -67,6 +67,7 @@ from langgraph_idem_saver.saver_config import (
 )
 from langgraph_idem_saver.sqlite import sql
 from langgraph_idem_saver.sqlite.connection import (
+    ConnectionLock,
     SqliteConnection,
     Synchronous,
     Write,
@@ -88,6 +89,8 @@ T = TypeVar("T")
 __all__ = ["AsyncSqliteSaver", "Synchronous"]
 
 LIST_PAGE_SIZE = 100
+# for the key after which a page starts and its size, the read of that page
+PageBodies = Callable[[tuple[str, str, str] | None, int], Callable[[sqlite3.Connection], ListPage]]
 
 
 def _metadata_filter(filter: dict[str, Any]) -> tuple[list[str], list[Any]]:
@@ -178,6 +181,8 @@ class AsyncSqliteSaver(
         self.conn = conn
         self.synchronous = synchronous
         self.busy_timeout = busy_timeout
+        # held by every function running on the connection, on whatever thread
+        self._conn_lock = ConnectionLock()
         self._deltas = ListDeltaEncoder()
         # concurrent writes share one transaction and one fsync (group_commit.py)
         self._group: GroupCommit[Write, tuple[bool, Any]] = GroupCommit(self._commit)
@@ -207,7 +212,11 @@ class AsyncSqliteSaver(
         """
         ttl = TTLConfig.of(ttl)  # refused before anything is opened
         uri = conn_string.startswith("file:")
-        conn = aiosqlite.connect(conn_string, isolation_level=None, uri=uri)
+        # check_same_thread=False: the sync SqliteSaver runs its checkpoint reads and
+        # writes from its callers' threads (holding the connection lock)
+        conn = aiosqlite.connect(
+            conn_string, isolation_level=None, uri=uri, check_same_thread=False
+        )
         saver = cls(conn, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout, ttl=ttl)
         saver._target = parse_target(conn_string, uri)
         try:
@@ -276,6 +285,12 @@ class AsyncSqliteSaver(
         )
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._run(self._get_tuple_body(config))
+
+    def _get_tuple_body(
+        self, config: RunnableConfig
+    ) -> Callable[[sqlite3.Connection], CheckpointTuple | None]:
+        """``aget_tuple``'s read (in one read transaction), to run on the connection."""
         thread_id = thread_id_of(config)
         ns = checkpoint_ns_of(config)
         checkpoint_id = checkpoint_id_of(config)
@@ -289,10 +304,20 @@ class AsyncSqliteSaver(
                 row = conn.execute(sql.SELECT_LATEST_CHECKPOINT, (thread_id, ns)).fetchone()
             return None if row is None else self._row_to_tuple(conn, row, loading=True)
 
-        return await self._run(lambda conn: read_tx(conn, read))
+        return lambda conn: read_tx(conn, read)
 
     def _list_pages(self, query: ListQuery) -> PageReader:
         """Pages newest first, each one worker trip (no lock held between)."""
+        page_body = self._list_page_bodies(query)
+
+        async def read_page(after: tuple[str, str, str] | None, size: int) -> ListPage:
+            return await self._run(page_body(after, size))
+
+        return read_page
+
+    def _list_page_bodies(self, query: ListQuery) -> PageBodies:
+        """The reads of ``query``'s pages (validated at once): for the key after which a
+        page starts and its size, the read of that page (one read transaction)."""
         clauses: list[str] = []
         params: list[Any] = []
         for column, value in (
@@ -327,16 +352,21 @@ class AsyncSqliteSaver(
                 rows = [r for r in rows if metadata_matches(_metadata_of(r), filter)]
             return ListPage(fetched, last, [self._row_to_tuple(conn, row) for row in rows])
 
-        async def read_page(after: tuple[str, str, str] | None, size: int) -> ListPage:
-            return await self._run(
-                lambda conn: read_tx(conn, partial(read, after=after, size=size))
-            )
+        def page_body(
+            after: tuple[str, str, str] | None, size: int
+        ) -> Callable[[sqlite3.Connection], ListPage]:
+            return lambda conn: read_tx(conn, partial(read, after=after, size=size))
 
-        return read_page
+        return page_body
 
     # --- writes --------------------------------------------------------------------
 
     async def _put_checkpoint(self, put: CheckpointPut) -> list[EncodedBlob]:
+        return await self._write(self._put_body(put))
+
+    def _put_body(self, put: CheckpointPut) -> Callable[[sqlite3.Connection], list[EncodedBlob]]:
+        """Validate and encode ``put`` (here, before any lock), and the write body storing
+        it; the body returns the blobs as stored."""
         thread_id, ns, checkpoint = put.thread_id, put.ns, put.checkpoint
         text_of(checkpoint["id"], "checkpoint id")
         for channel in put.new_versions:  # ids too: a raw UnicodeEncodeError otherwise
@@ -380,10 +410,19 @@ class AsyncSqliteSaver(
             conn.execute(sql.UPSERT_CHECKPOINT, row)
             return rows
 
-        return await self._write(write)
+        return write
 
     async def _insert_writes(self, rows: list[tuple[Any, ...]]) -> None:
-        await self._write(lambda c: c.executemany(sql.UPSERT_WRITE, rows))
+        await self._write(self._writes_body(rows))
+
+    @staticmethod
+    def _writes_body(rows: list[tuple[Any, ...]]) -> Callable[[sqlite3.Connection], None]:
+        """The write body storing ``aput_writes``' rows."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany(sql.UPSERT_WRITE, rows)
+
+        return write
 
     # --- thread maintenance ----------------------------------------------------------
 

@@ -6,46 +6,78 @@ constructor (``SqliteSaver(conn)`` over a ``sqlite3.Connection``), ``from_conn_s
 
 **Design: the async saver on a private loop, not a second implementation.** A
 ``SqliteSaver`` owns an event loop in a daemon thread and an :class:`AsyncSqliteSaver`
-on it (see :mod:`langgraph_idem_saver.sync_bridge` for why); every method hands its
-work to that saver. So the file format is the async saver's by construction: a database
-written by ``AsyncSqliteSaver`` opens with ``SqliteSaver`` and vice versa, ledger
-included, and every capability (list deltas, group commit, typed errors, ``prune``,
-``copy_thread``, the ledger, migrations) is the same code.
+on it (see :mod:`langgraph_idem_saver.sync_bridge` for why). So the file format is the
+async saver's by construction: a database written by ``AsyncSqliteSaver`` opens with
+``SqliteSaver`` and vice versa, ledger included, and every capability (list deltas,
+typed errors, ``prune``, ``copy_thread``, the ledger, migrations) is the same code.
 
-``SqliteSaver(conn)`` runs its SQL on *your* connection, from the aiosqlite worker thread
-of an ``aiosqlite.Connection`` built over it (its connector returns ``conn``). So the
-connection must allow use from another thread: open it as LangGraph's docs do,
-``sqlite3.connect(path, check_same_thread=False)`` (else :class:`ConfigError`, at
-once). It is yours: ``close()`` stops the saver's threads and leaves it open. Don't run
-statements on it yourself while the saver is in use (a transaction of yours would
-interleave with the saver's). The default legacy transaction control and
-``isolation_level=None`` both work; Python 3.12's ``autocommit=False`` keeps a transaction
-open at all times, which the saver cannot work inside: :class:`ConfigError`.
+**The direct path.** What ``graph.invoke`` calls on every step - ``get_tuple``, ``put``,
+``put_writes``, ``list`` and ``get_delta_channel_history`` - does not go through the loop:
+once the saver is set up, each runs the async saver's own read or write body (the same
+function its ``a``-method ships to the aiosqlite worker) on the caller's thread, holding
+the connection lock every function on the connection holds (``sqlite/connection.py``).
+A hop to the loop and on to the worker and back costs about a millisecond per call on a
+busy machine, more than the SQL; the lock costs nothing measurable when free. The rest
+(the ledger, which the engine drives on the loop; ``prune``, ``copy_thread``,
+``delete_thread``, ``sweep``...; the first call, which runs ``setup()``) takes the loop
+path, its functions holding the same lock on the worker, so the two paths take turns on
+the connection and never interleave a transaction.
+
+Trade-off: direct writes from several threads take turns on the lock, one transaction
+and one commit (one fsync with ``synchronous=FULL``) each, as LangGraph's own
+``SqliteSaver`` does; on the loop path concurrent writes shared a commit (group commit).
+Claims (the ledger) still go through the loop and keep their group commit and their
+``synchronous=FULL`` rule.
+
+``SqliteSaver(conn)`` runs its SQL on *your* connection, from the callers' threads and
+from the aiosqlite worker thread of an ``aiosqlite.Connection`` built over it (its
+connector returns ``conn``). So the connection must allow use from other threads: open
+it as LangGraph's docs do, ``sqlite3.connect(path, check_same_thread=False)`` (else
+:class:`ConfigError`, at once). It is yours: ``close()`` stops the saver's threads and
+leaves it open. Don't run statements on it yourself while the saver is in use (a
+transaction of yours would interleave with the saver's). The default legacy transaction
+control and ``isolation_level=None`` both work; Python 3.12's ``autocommit=False`` keeps
+a transaction open at all times, which the saver cannot work inside: :class:`ConfigError`.
 
 ``from_conn_string(path)`` opens its own connection (as ``AsyncSqliteSaver`` does: WAL,
-``synchronous=FULL``, path errors named), closed with the ``with`` block. Its ``conn``
-attribute is that ``sqlite3.Connection``, owned by the saver's worker thread.
+``synchronous=FULL``, path errors named, ``check_same_thread=False``), closed with the
+``with`` block. Its ``conn`` attribute is that ``sqlite3.Connection``; the saver's
+threads use it in turn, holding the connection lock.
 
 Threads: one saver may be shared by any number of threads (``graph.invoke`` from a thread
-pool); calls are serialized on the one connection, and concurrent writes share a commit.
+pool); their calls take turns on the one connection. ``close()`` waits for a direct call
+in progress; every call after it raises
+:class:`~langgraph_idem_saver.errors.ConnectionClosedError`.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+)
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
+from langgraph_idem_saver.saver_checkpoints import ListQuery, Paging
 from langgraph_idem_saver.sqlite.runner import BorrowedConnection, raw_connection
 from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver, Synchronous
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
 
 __all__ = ["SqliteSaver"]
+
+T = TypeVar("T")
 
 
 class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
@@ -62,6 +94,7 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
     """
 
     conn: sqlite3.Connection
+    saver: AsyncSqliteSaver
 
     def __init__(
         self,
@@ -88,8 +121,15 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
             _check_usable_from_another_thread(conn)  # we are on the loop's thread
             borrowed = BorrowedConnection(conn)  # its worker thread is a daemon, as ours
             stack.push_async_callback(borrowed.close)
-            return AsyncSqliteSaver(
-                borrowed, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout, ttl=ttl
+            return _closing_direct_first(
+                stack,
+                AsyncSqliteSaver(
+                    borrowed,
+                    serde=serde,
+                    synchronous=synchronous,
+                    busy_timeout=busy_timeout,
+                    ttl=ttl,
+                ),
             )
 
         self._start("SqliteSaver", open_saver)
@@ -112,7 +152,7 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
         """
 
         async def open_saver(stack: AsyncExitStack) -> AsyncSqliteSaver:
-            return await stack.enter_async_context(
+            opened = await stack.enter_async_context(
                 AsyncSqliteSaver.from_conn_string(
                     conn_string,
                     serde=serde,
@@ -121,6 +161,7 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
                     ttl=ttl,
                 )
             )
+            return _closing_direct_first(stack, opened)
 
         saver = cls.__new__(cls)
         saver._start("SqliteSaver", open_saver)
@@ -134,6 +175,90 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
         """Configure the connection and create or migrate the tables (idempotent; also
         runs on first use). Raises what ``AsyncSqliteSaver.setup`` raises."""
         self._call(self.saver.setup())
+
+    # --- the direct path (see the module docstring) ------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._read(self.saver._get_tuple_body(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        saver = self.saver
+        paging = Paging(limit, saver._list_page_size)
+        if paging.done:
+            return
+        page_body = saver._list_page_bodies(ListQuery.of(config, filter, before))
+        while (request := paging.next_page()) is not None:
+            yield from paging.take(self._read(page_body(*request)))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        saver = self.saver
+        put = saver._checkpoint_put(config, checkpoint, metadata, new_versions)
+        return saver._stored(put, self._store(saver._put_body(put)))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        rows = self.saver._writes_rows(config, writes, task_id, task_path)
+        if rows:
+            self._store(self.saver._writes_body(rows))
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        if not channels:
+            return {}
+        return self._read(self.saver._delta_history_body(config, channels))
+
+    def _direct(self) -> bool:
+        """Whether this call may run on the caller's thread: the saver is set up and open,
+        and the caller is not the loop's thread (refused on the loop path)."""
+        runtime = self._runtime
+        return (
+            self.saver.is_setup
+            and not runtime.closed
+            and threading.get_ident() != runtime.thread.ident
+        )
+
+    def _read(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a read body here, or on the loop (setting up first) when it cannot be."""
+        if self._direct():
+            return self.saver._call_here(body)
+        return self._call(self.saver._run(body))
+
+    def _store(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a write body in its own committed transaction, here or on the loop."""
+        if self._direct():
+            return self.saver._write_here(body)
+        return self._call(self.saver._write(body))
+
+
+# the direct methods say what their async twins say (they run the same bodies)
+for _name in ("get_tuple", "list", "put", "put_writes", "get_delta_channel_history"):
+    getattr(SqliteSaver, _name).__doc__ = getattr(AsyncSqliteSaver, f"a{_name}").__doc__
+
+
+def _closing_direct_first(stack: AsyncExitStack, saver: AsyncSqliteSaver) -> AsyncSqliteSaver:
+    """Register (last, so closing runs it first) the end of ``saver``'s direct path: once
+    the direct call in progress is done, before the connection closes."""
+    stack.callback(saver._conn_lock.close_direct)
+    return saver
 
 
 def _check_usable_from_another_thread(conn: sqlite3.Connection) -> None:
