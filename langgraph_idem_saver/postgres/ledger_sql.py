@@ -11,6 +11,7 @@ from __future__ import annotations
 from langgraph_idem_saver.backend import LEDGER_COLUMNS
 
 # LEDGER_COLUMNS (imported above): LedgerEntry's fields, in order
+_COLUMNS = LEDGER_COLUMNS.split(", ")
 
 # The step's calls as one JSON document (``claim_rows``/``finish_rows``): one parameter
 # whatever the batch size - psycopg dumps a 50-element array per column in Python, which
@@ -51,7 +52,7 @@ def _claim_statement(unless_found: bool) -> str:
     """The claim, ONE statement (autocommit: one round trip, one commit).
 
     It inserts an ``issued`` row for every call whose key and fork slot are free, and
-    returns, tagged, the rows it inserted (``i``), the rows already under the keys
+    returns, tagged, the keys it inserted (``i``), the rows already under the keys
     (``k``) and the rows holding the slots (``s``: a claim refused by the slot, not by
     the key). The statement's snapshot cannot see rows a concurrent claimer committed
     after it began (ON CONFLICT waited for them): those calls come back with no row, and
@@ -65,6 +66,9 @@ def _claim_statement(unless_found: bool) -> str:
     as much as the insert, and on a table whose statistics are stale the planner scans
     the whole ledger for them: a claim then grows with the table.
     """
+    # an inserted row comes back as its key alone (the caller builds its entry:
+    # ``Claims.issued_entry``); NULLs take the other rows' column types
+    inserted = ", ".join(c if c in ("scope", "key") else "NULL" for c in _COLUMNS)
     found = f", found AS ({_STEP_FOUND})" if unless_found else ""
     only = "AND NOT EXISTS (SELECT 1 FROM found)" if unless_found else ""
     refused = "(SELECT count(*) FROM ins) < (SELECT count(*) FROM u)"
@@ -81,10 +85,10 @@ ins AS (
            'issued', 1, %(owner)s, %(now)s, %(lease)s
     FROM u WHERE true {only} ORDER BY ord
     ON CONFLICT DO NOTHING
-    RETURNING seq, {LEDGER_COLUMNS}
+    RETURNING seq, scope, key
 )
 {found_rows}
-SELECT 'i', * FROM ins
+SELECT 'i', seq, {inserted} FROM ins
 UNION ALL
 SELECT 'k', seq, {LEDGER_COLUMNS} FROM idem_tool_calls
 WHERE {refused} AND (scope, key) IN (SELECT scope, key FROM u) {only}
