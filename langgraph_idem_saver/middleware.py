@@ -22,7 +22,6 @@ Needs the ``[agents]`` extra (``pip install 'langgraph-idem-saver[agents]'``).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -115,15 +114,8 @@ class IdempotencyMiddleware(AgentMiddleware):
             await self.engine.aprepare(batch, config)
             if plan.kind is not Kind.RUN:
                 return await self.engine.aanswer(batch, plan)
-            plan.started = True
-            try:
+            async with self.engine.running(batch, plan):
                 result = await handler(request)
-            except Exception as exc:
-                await self.engine.araised(batch, plan, exc)
-                raise
-            except asyncio.CancelledError:
-                await self.engine.acancelled(batch, plan)
-                raise
             return await self.engine.afinish(batch, plan, result)
         finally:
             await self.engine.arelease_unstarted(batch)

@@ -31,7 +31,6 @@ Outcomes
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable
 from functools import wraps
@@ -128,15 +127,8 @@ def idempotent_task(
                     await engine.aprepare(batch, get_config())
                     if call.kind is not Kind.RUN:
                         return _answered(call, await engine.aanswer(batch, call))
-                    call.started = True
-                    try:
+                    async with engine.running(batch, call):
                         value = await func(*args, **kwargs)
-                    except Exception as exc:
-                        await engine.araised(batch, call, exc)
-                        raise
-                    except asyncio.CancelledError:
-                        await engine.acancelled(batch, call)
-                        raise
                     await engine.afinish(batch, call, value)
                     return value
                 finally:

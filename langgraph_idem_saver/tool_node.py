@@ -51,7 +51,6 @@ would deadlock, so it is refused (use ``ainvoke`` there).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
@@ -231,15 +230,8 @@ class IdempotentToolNode(ToolNode):
         batch, engine, current = taken
         with settling(current) as settle:
             if current.kind is Kind.RUN:
-                current.started = True
-                try:
+                async with engine.running(batch, current):
                     result = await ToolNode._arun_one(self, call, input_type, runtime)
-                except Exception as exc:
-                    await engine.araised(batch, current, exc)
-                    raise
-                except asyncio.CancelledError:
-                    await engine.acancelled(batch, current)
-                    raise
                 result = await engine.afinish(batch, current, result)
             else:
                 result = await engine.aanswer(batch, current)

@@ -11,7 +11,7 @@ module::
     settle    asettle()             replay / conflict / wait / unknown outcome:
               unknown.adecide()         operator approval -> verify -> policy -> interrupt
               unknown.aapply()          record the decision
-    run       (the front door runs the tool)
+    run       running()             the front door runs the tool inside it
     finish    afinish()             ``completed``/``failed`` with the result, committed
               araised()             the tool raised: unknown outcome (or released)
               acancelled()          cancelled mid-run: unknown outcome, lease ended now
@@ -28,7 +28,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar, cast
 
 from langchain_core.callbacks.manager import adispatch_custom_event
@@ -465,6 +465,22 @@ class LedgerEngine:
         plan.owned = False
         self.counters.bump("executed")
         return result
+
+    @contextlib.asynccontextmanager
+    async def running(self, batch: Batch, plan: Plan) -> AsyncIterator[None]:
+        """Around a front door's run of a ``Kind.RUN`` call's tool: marks it started, and
+        an exception (:meth:`araised`) or a cancellation (:meth:`acancelled`) that ends
+        the run settles its claim before propagating. Async front doors only: a sync tool
+        runs in its thread, where nothing cancels it."""
+        plan.started = True
+        try:
+            yield
+        except Exception as exc:
+            await self.araised(batch, plan, exc)
+            raise
+        except asyncio.CancelledError:
+            await self.acancelled(batch, plan)
+            raise
 
     async def araised(self, batch: Batch, plan: Plan, exc: BaseException) -> None:
         """A started call raised instead of returning (``handle_tool_errors`` let it out).
