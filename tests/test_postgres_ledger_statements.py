@@ -3,8 +3,9 @@ the outcomes of calls that finish together are ONE statement, whatever their num
 what they carry (bytes, floats, text) comes back exactly; a claim that races a
 concurrent claimer of the same key still ends with that claimer's row, never a second
 ``issued`` row; text PostgreSQL cannot hold is a typed error that loses nothing; and
-a fresh step's claim reads no ledger rows, however large the ledger and however stale
-its statistics.
+a fresh step's claim reads no ledger rows, and a step's outcomes only their own rows,
+however large the ledger and however stale its statistics; an outcome writes no index
+entry (a HOT update, migration 6).
 """
 
 from __future__ import annotations
@@ -196,3 +197,101 @@ async def test_a_fresh_steps_claim_reads_no_ledger_rows(pg_dsn: str, analyzed: b
             ("k", "fresh-0"),
             ("s", "fresh-0"),
         ]
+
+
+def ledger_indexes(plan: dict[str, Any]) -> list[str]:
+    """The name of every index of the ledger table ``plan`` executed a scan of."""
+    found = []
+    nodes = [plan]
+    while nodes:
+        node = nodes.pop()
+        nodes += node.get("Plans", [])
+        if node.get("Index Name", "").startswith("idem_tool_calls") and node["Actual Loops"]:
+            found.append(node["Index Name"])
+    return found
+
+
+async def claim_and_finish_plan(conn: psycopg.AsyncConnection[Any], n: int) -> dict[str, Any]:
+    """Claim ``n`` fresh calls, then record their outcomes under EXPLAIN ANALYZE (the
+    outcomes are written: EXPLAIN ANALYZE runs the statement) in a transaction left open,
+    so the caller can read its statistics; the plan's JSON document."""
+    from langgraph_idem_saver.postgres import ledger_sql
+    from langgraph_idem_saver.postgres.ledger_rows import claim_rows, finish_rows
+
+    rows = [(*intent(i, key=f"fresh-{i}").__dict__.values(),) for i in range(n)]
+    params = {"rows": claim_rows(rows), "owner": "me", "now": 1.0, "lease": 2.0}
+    await conn.execute(ledger_sql.CLAIM_STEP, params)
+    # a ToolMessage of a few words serializes to about this size
+    outcomes = [
+        ("completed", "msgpack", b"r" * 200, None, 3.0, "t", f"fresh-{i}", "me")
+        for i in range(n)
+    ]
+    await conn.execute("BEGIN")
+    cur = await conn.execute(
+        "EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + ledger_sql.FINISH_STEP,
+        (finish_rows(outcomes),),
+    )
+    [(doc,)] = await cur.fetchall()
+    return dict(doc[0])
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["stale-stats", "analyzed"])
+async def test_a_steps_outcomes_read_their_own_rows_by_key(pg_dsn: str, analyzed: bool) -> None:
+    """The outcomes of a step find their rows through the primary key: 50 rows read for
+    50 outcomes, however large the ledger and however stale its statistics. (Before
+    migration 6 they went through the partial index of issued rows, which also returns
+    an entry for every call finished since the table was last vacuumed.)"""
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await saver.setup()
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute("ANALYZE idem_tool_calls")  # statistics of the empty table
+        await conn.execute(LEDGER_FILL)
+        if analyzed:
+            await conn.execute("ANALYZE idem_tool_calls")
+        plan = await claim_and_finish_plan(conn, 50)
+        await conn.execute("ROLLBACK")
+    assert ledger_indexes(plan["Plan"]) == ["idem_tool_calls_pkey"]
+    assert ledger_scans(plan["Plan"]) == [("Index Scan", 50)]
+
+
+async def test_an_outcome_writes_no_index_entry(pg_dsn: str) -> None:
+    """Recording an outcome is a heap-only (HOT) update: no index covers a column an
+    outcome changes, and each page keeps room for the finished versions of its rows
+    (migration 6). Before, every outcome wrote a new entry into all six indexes of the
+    ledger: ~7 WAL records a call instead of ~1."""
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await saver.setup()
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await claim_and_finish_plan(conn, 50)
+        cur = await conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
+            "WHERE relid = 'idem_tool_calls'::regclass"
+        )
+        counts = await cur.fetchone()
+        await conn.execute("COMMIT")
+    assert counts == (50, 50)
+
+
+async def test_migration_6_applies_to_an_existing_ledger(pg_dsn: str) -> None:
+    """A database at schema 5 (with the index of issued rows) is migrated in place: the
+    index is gone, new pages keep room for outcomes, and its calls are still there."""
+    from langgraph_idem_saver.postgres import sql
+
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        for version in range(6):
+            for statement in sql.MIGRATIONS[version]:
+                await conn.execute(statement)
+            await conn.execute(sql.INSERT_MIGRATION, (version,))
+        await conn.execute(LEDGER_FILL)
+        cur = await conn.execute("SELECT to_regclass('idem_tool_calls_issued') IS NOT NULL")
+        assert await cur.fetchone() == (True,)
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await saver.setup()
+        assert len(await saver.alist_entries("other-7")) == 50
+        assert [e.key for e in await saver.alist_issued()] == []
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT to_regclass('idem_tool_calls_issued') IS NULL, reloptions "
+            "FROM pg_class WHERE oid = 'idem_tool_calls'::regclass"
+        )
+        assert await cur.fetchone() == (True, ["fillfactor=25"])
