@@ -41,38 +41,55 @@ concurrently.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import AsyncExitStack, contextmanager
-from typing import Any, cast
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack, contextmanager, nullcontext
+from typing import Any, TypeVar
 
 import psycopg
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, Capabilities, Connection, Pipeline
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
+from langgraph_idem_saver.postgres.connection import Steps, connect_error, single
+from langgraph_idem_saver.postgres.direct import DirectPath
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
+from langgraph_idem_saver.saver_checkpoints import ListQuery, Paging
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
 
 __all__ = ["PostgresSaver"]
+
+T = TypeVar("T")
 
 
 class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
     """Sync PostgreSQL checkpointer and tool-call ledger (see the module docstring).
 
     Args:
-        conn: a psycopg 3 ``Connection`` or ``ConnectionPool`` (its parameters are used to
-            open the saver's own async connection or pool).
+        conn: a psycopg 3 ``Connection`` or ``ConnectionPool``: the checkpoint calls run
+            on it (its parameters also open the saver's own async connection or pool).
         pipe: a ``Pipeline`` of ``conn`` (single connection only), as LangGraph's saver
-            accepts: the saver's connection then runs in pipeline mode.
+            accepts: the saver's async connection then runs in pipeline mode, and every
+            call goes through it (no direct path).
         serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default.
         ttl: retention, applied by ``sweep()`` (see ``TTLConfig``).
     """
 
-    conn: Connection[Any] | ConnectionPool[Any] | AsyncConnection[Any]
+    conn: Connection[Any] | ConnectionPool[Any]
+    saver: AsyncPostgresSaver
     pipe: Pipeline | None
     supports_pipeline: bool
+    _direct_path: DirectPath | None
 
     def __init__(
         self,
@@ -98,10 +115,11 @@ class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
 
         elif isinstance(conn, Connection):
             dsn, connect_args = _async_connection_args(conn)
+            search_path = _search_path(conn)
             pipeline = pipe is not None
 
             async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
-                aconn = await _connect(dsn, **connect_args)
+                aconn = await _connect(dsn, search_path, **connect_args)
                 stack.push_async_callback(aconn.close)
                 apipe = await stack.enter_async_context(aconn.pipeline()) if pipeline else None
                 return AsyncPostgresSaver(aconn, apipe, serde=serde, ttl=ttl)
@@ -114,7 +132,16 @@ class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
         self.conn = conn
         self.pipe = pipe
         self.supports_pipeline = Capabilities().has_pipeline()
-        self._start("PostgresSaver", open_saver)
+        # a pipelined connection takes the loop path (see the module docstring)
+        direct = self._direct_path = None if pipe is not None else DirectPath(conn)
+
+        async def open_with_direct_path(stack: AsyncExitStack) -> AsyncPostgresSaver:
+            saver = await open_saver(stack)
+            if direct is not None:  # registered last, so closing ends the direct path first
+                stack.callback(direct.close)
+            return saver
+
+        self._start("PostgresSaver", open_with_direct_path)
 
     @classmethod
     @contextmanager
@@ -126,30 +153,83 @@ class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
         serde: SerializerProtocol | None = None,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> Iterator[PostgresSaver]:
-        """Connect to ``conn_string`` for the block (autocommit, prepared statements), set
-        up; ``pipeline=True`` runs the connection in pipeline mode, as LangGraph's does."""
-
-        async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
-            return await stack.enter_async_context(
-                AsyncPostgresSaver.from_conn_string(
-                    conn_string, pipeline=pipeline, serde=serde, ttl=ttl
-                )
-            )
-
-        saver = cls.__new__(cls)
-        saver._start("PostgresSaver", open_saver)
-        try:
-            saver.conn = cast(AsyncConnection[Any], saver.saver.conn)  # what it opened
-            saver.pipe = None
-            saver.supports_pipeline = saver.saver.supports_pipeline
-            yield saver
-        finally:
-            saver.close()
+        """Connect to ``conn_string`` for the block (autocommit, prepared statements, as
+        LangGraph's does), set up; ``pipeline=True`` runs the connection in pipeline mode.
+        ``conn`` is that sync connection, closed with the block."""
+        ttl = TTLConfig.of(ttl)  # refused before connecting
+        with _connect_sync(conn_string) as conn:
+            pipe_cm = conn.pipeline() if pipeline else nullcontext()
+            with pipe_cm as pipe, cls(conn, pipe, serde=serde, ttl=ttl) as saver:
+                saver.setup()
+                yield saver
 
     def setup(self) -> None:
         """Create or migrate the tables (idempotent; also runs on first use), in one
         transaction under an advisory lock, as ``AsyncPostgresSaver.setup`` does."""
         self._call(self.saver.setup())
+
+    # --- the direct path (see the module docstring) ------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        saver = self.saver
+        return saver._tuple_of(self._run_steps(single(saver._tuple_statement(config))))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        saver = self.saver
+        paging = Paging(limit, saver._list_page_size)
+        if paging.done:
+            return
+        page_steps = saver._list_page_steps(ListQuery.of(config, filter, before))
+        while (request := paging.next_page()) is not None:
+            yield from paging.take(self._run_steps(page_steps(*request)))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        saver = self.saver
+        put = saver._checkpoint_put(config, checkpoint, metadata, new_versions)
+        return saver._stored(put, self._run_steps(saver._put_steps(put)))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        rows = self.saver._writes_rows(config, writes, task_id, task_path)
+        if rows:
+            self._run_steps(single(self.saver._writes_statement(rows)))
+
+    def _run_steps(self, steps: Steps[T]) -> T:
+        """Run a checkpoint call's statements here, on the user's connection, or on the
+        loop (which sets up first) when they cannot run here: not set up yet, a pipeline,
+        closed, or called on the loop's own thread (refused there)."""
+        direct, runtime = self._direct_path, self._runtime
+        if (
+            direct is not None
+            and self.saver.is_setup
+            and not runtime.closed
+            and threading.get_ident() != runtime.thread.ident
+        ):
+            return direct.run(self.saver, steps)
+        return self._call(self.saver._run_steps(steps))
+
+
+# the direct methods say what their async twins say (they run the same statements)
+for _name in ("get_tuple", "list", "put", "put_writes"):
+    getattr(PostgresSaver, _name).__doc__ = getattr(AsyncPostgresSaver, f"a{_name}").__doc__
 
 
 def _async_connection_args(conn: Connection[Any]) -> tuple[str, dict[str, Any]]:
@@ -168,11 +248,41 @@ def _async_connection_args(conn: Connection[Any]) -> tuple[str, dict[str, Any]]:
     return conn.info.dsn, args
 
 
-async def _connect(dsn: str, **args: Any) -> AsyncConnection[Any]:
+def _search_path(conn: Connection[Any]) -> str:
+    """The ``search_path`` of the user's connection, which the saver's async connection
+    (the ledger, maintenance) then uses too: one set of tables for both."""
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute("SELECT current_setting('search_path')")
+        row = cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def _connect(dsn: str, search_path: str, **args: Any) -> AsyncConnection[Any]:
+    """The saver's async connection, on the tables the user's connection sees."""
     try:
-        return await AsyncConnection.connect(dsn, **args)
+        aconn = await AsyncConnection.connect(dsn, **args)
     except psycopg.OperationalError as exc:
         raise ConnectionClosedError(f"cannot connect to PostgreSQL: {exc}") from exc
+    try:
+        async with aconn.transaction():
+            await aconn.execute("SELECT set_config('search_path', %s, false)", (search_path,))
+    except BaseException:
+        await aconn.close()
+        raise
+    return aconn
+
+
+def _connect_sync(conn_string: str) -> Connection[Any]:
+    """``from_conn_string``'s connection, opened as LangGraph's ``PostgresSaver`` opens
+    it, with the errors ``AsyncPostgresSaver.from_conn_string`` raises."""
+    try:
+        return Connection.connect(
+            conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+        error = connect_error(exc, conn_string)
+        raise error from (None if isinstance(error, ConfigError) else exc)
 
 
 def _async_pool_args(pool: ConnectionPool[Any]) -> dict[str, Any]:
