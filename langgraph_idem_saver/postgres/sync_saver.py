@@ -300,7 +300,9 @@ def _async_pool_args(pool: ConnectionPool[Any]) -> dict[str, Any]:
     check = getattr(pool, "_check", None)
     return {
         "conninfo": pool.conninfo,
-        "kwargs": pool.kwargs,
+        # a cursor_factory is a sync cursor class: not for async connections (and the
+        # saver's statements do not need one)
+        "kwargs": {k: v for k, v in pool.kwargs.items() if k != "cursor_factory"},
         "min_size": pool.min_size,
         "max_size": pool.max_size,
         "timeout": pool.timeout,
