@@ -23,9 +23,8 @@ own async connection, which serves the loop path, is not traced).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,7 +34,16 @@ from langgraph.checkpoint.base import empty_checkpoint
 from pg_server import fresh_dsn
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
-from test_sync_direct import assert_all_closed, assert_whole, put_checkpoint
+from test_sync_direct import (
+    Trace,
+    assert_all_closed,
+    assert_stored,
+    assert_whole,
+    call_from_threads_until_closed,
+    per_step_calls,
+    put_checkpoint,
+    write_and_read_from_many_threads,
+)
 from tool_node_helpers import cfg, intent_for
 
 from langgraph_idem_saver import ConnectionClosedError, ReadOnlyDatabaseError
@@ -46,34 +54,14 @@ HOWS = ["conn", "pool", "from_conn_string"]
 KWARGS: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
 
 
-class Trace:
-    """Every statement run on a traced connection, with the thread that ran it."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.rows: list[tuple[int, str]] = []
-        self.hook: Callable[[str], None] | None = None  # called before each statement
-
-    def threads_of(self, run: Callable[[], Any]) -> set[int]:
-        """The threads that ran statements on the user's connections during ``run()``."""
-        with self.lock:
-            start = len(self.rows)
-        run()
-        with self.lock:
-            return {ident for ident, _ in self.rows[start:]}
-
-
-TRACE = Trace()
+TRACE = Trace()  # every statement run on the user's connections, with its thread
 
 
 class TracingCursor(psycopg.Cursor[Any]):
     """psycopg's cursor, recording each statement's thread in :data:`TRACE`."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        with TRACE.lock:
-            TRACE.rows.append((threading.get_ident(), str(query)[:60]))
-        if TRACE.hook is not None:
-            TRACE.hook(str(query))
+        TRACE._record(str(query))  # as SQLite's trace callback would
         return super().execute(query, params, **kwargs)
 
 
@@ -104,15 +92,7 @@ def test_checkpoint_calls_run_on_the_callers_thread(pg_dsn: str, how: str) -> No
     with open_saver(pg_dsn, how) as saver:
         here = {threading.get_ident()}
         stored = put_checkpoint(saver, "t", 0)
-        checkpoint_calls: list[Callable[[], Any]] = [
-            lambda: put_checkpoint(saver, "t", 1, stored),
-            lambda: saver.put_writes(stored, [("step", 5), ("log", ["w"])], "task-1"),
-            lambda: saver.get_tuple(cfg("t", "")),
-            lambda: saver.get_tuple(stored),
-            lambda: list(saver.list(cfg("t"), limit=1)),
-            lambda: list(saver.list(None, filter={"step": 1})),
-        ]
-        for call in checkpoint_calls:
+        for call in per_step_calls(saver, stored):
             assert TRACE.threads_of(call) == here
         assert saver.get_tuple(stored).pending_writes == [  # type: ignore[union-attr]
             ("task-1", "step", 5),
@@ -159,78 +139,13 @@ def test_a_pipelined_connection_keeps_the_loop_path(pg_dsn: str) -> None:
 def test_many_threads_write_and_read_one_saver(pg_dsn: str, how: str) -> None:
     """Six threads put chains and read back on their own threads, two read everyone's
     latest, one puts through the async methods (on the loop): every checkpoint and write
-    lands, and every read is a whole checkpoint of its thread."""
-    steps = 15
-    errors: list[BaseException] = []
+    lands, and every read is a whole checkpoint of its thread (test_sync_direct's test);
+    a non-autocommit connection is left outside a transaction."""
     kwargs = {"autocommit": False} if how == "conn-not-autocommit" else {}
-    names = [f"w{i}" for i in range(6)]
     with open_saver(pg_dsn, how.split("-")[0], **kwargs) as saver:
-        done = threading.Event()
-
-        def writer(name: str) -> None:
-            try:
-                parent = None
-                for step in range(steps):
-                    parent = put_checkpoint(saver, name, step, parent)
-                    saver.put_writes(parent, [("step", step)], f"task-{step}")
-                    tup = saver.get_tuple(cfg(name, ""))
-                    assert tup is not None and assert_whole(tup, name) == step
-                    assert tup.pending_writes == [(f"task-{step}", "step", step)]
-            except BaseException as exc:
-                errors.append(exc)
-
-        async def async_writer(name: str) -> None:
-            parent = None
-            for step in range(steps):
-                checkpoint = empty_checkpoint()
-                log = [f"{name}:{i}" for i in range(step)]
-                checkpoint["channel_values"] = {"step": step, "log": log}
-                version = saver.get_next_version(None if step == 0 else str(step), None)
-                checkpoint["channel_versions"] = {"step": version, "log": version}
-                config = parent or {"configurable": {"thread_id": name, "checkpoint_ns": ""}}
-                new = {"step": version, "log": version}
-                parent = await saver.aput(config, checkpoint, {"step": step}, new)
-                tup = await saver.aget_tuple(cfg(name, ""))
-                assert tup is not None and assert_whole(tup, name) == step
-
-        def run_async_writer() -> None:
-            try:
-                asyncio.run(async_writer("async"))
-            except BaseException as exc:
-                errors.append(exc)
-
-        def reader() -> None:
-            try:
-                while not done.is_set():
-                    for name in [*names, "async"]:
-                        tup = saver.get_tuple(cfg(name, ""))
-                        if tup is not None:
-                            assert_whole(tup, name)
-                        for listed in saver.list(cfg(name), limit=3):
-                            assert_whole(listed, name)
-            except BaseException as exc:
-                errors.append(exc)
-
-        writers = [threading.Thread(target=writer, args=(name,)) for name in names]
-        writers.append(threading.Thread(target=run_async_writer))
-        readers = [threading.Thread(target=reader) for _ in range(2)]
-        for t in writers + readers:
-            t.start()
-        for t in writers:
-            t.join(120)
-        done.set()
-        for t in readers:
-            t.join(120)
-        assert errors == []
+        write_and_read_from_many_threads(saver, 15)
         if isinstance(saver.conn, psycopg.Connection):
             assert saver.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        for name in [*names, "async"]:
-            history = list(saver.list(cfg(name)))
-            assert [assert_whole(t, name) for t in history] == list(range(steps))[::-1]
-            for child, parent in itertools.pairwise(history):
-                assert child.parent_config == parent.config
-            if name != "async":
-                assert all(len(t.pending_writes or []) == 1 for t in history)
 
 
 def test_a_non_autocommit_connection_commits_each_call(pg_dsn: str) -> None:
@@ -388,39 +303,10 @@ def test_close_while_threads_are_calling(pg_dsn: str, how: str) -> None:
     """Threads read and write while another closes the saver: each call either completes
     or raises ConnectionClosedError (never a raw psycopg error, never a hang), and what
     completed is stored."""
-    errors: list[BaseException] = []
-    stored: dict[str, list[Any]] = {}
     with open_saver(pg_dsn, how) as saver:
-        started = threading.Barrier(5)
-
-        def caller(name: str) -> None:
-            mine = stored.setdefault(name, [])
-            parent = None
-            try:
-                started.wait(30)
-                for step in range(10_000):
-                    parent = put_checkpoint(saver, name, step, parent)
-                    mine.append(parent)
-                    saver.get_tuple(parent)
-            except ConnectionClosedError:
-                return
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=caller, args=(f"c{i}",)) for i in range(4)]
-        for t in threads:
-            t.start()
-        started.wait(30)
-        while sum(len(v) for v in stored.values()) < 20 and not errors:
-            threading.Event().wait(0.01)
-    for t in threads:
-        t.join(60)
-    assert errors == [] and not any(t.is_alive() for t in threads)
+        stored = call_from_threads_until_closed(saver)
     with open_saver(pg_dsn, "conn") as reopened:
-        for name, configs in stored.items():
-            for config in configs:
-                tup = reopened.get_tuple(config)
-                assert tup is not None and assert_whole(tup, name) >= 0
+        assert_stored(reopened, stored)
 
 
 # --- one search_path for the checkpoints and the ledger ---------------------------------

@@ -7,51 +7,78 @@ constructor ``(conn, pipe=None, serde=None)`` over a psycopg 3 ``Connection`` or
 
 **Design: the async saver on a private loop, not a second implementation.** A
 ``PostgresSaver`` owns an event loop in a daemon thread and an
-:class:`AsyncPostgresSaver` on it (see :mod:`langgraph_idem_saver.sync_bridge` for why);
-every method hands its work to that saver. So the schema is the async saver's by
-construction: a database written by ``AsyncPostgresSaver`` is continued by
-``PostgresSaver`` and vice versa, ledger included, and every capability (one-statement
-reads, compression, list deltas, advisory-locked migrations, typed errors, ``prune``,
-``copy_thread``, the ledger) is the same code.
+:class:`AsyncPostgresSaver` on it (see :mod:`langgraph_idem_saver.sync_bridge` for why).
+So the schema is the async saver's by construction: a database written by
+``AsyncPostgresSaver`` is continued by ``PostgresSaver`` and vice versa, ledger included,
+and every capability (one-statement reads, compression, list deltas, advisory-locked
+migrations, typed errors, ``prune``, ``copy_thread``, the ledger) is the same code.
 
-The async saver needs psycopg's *async* connections, so what you pass in is used as a
-recipe, not as the transport:
+**The direct path.** What ``graph.invoke`` calls on every step - ``get_tuple``, ``put``,
+``put_writes`` and ``list`` - does not go through the loop: once the saver is set up,
+each runs on the caller's thread over *your* sync connection, as LangGraph's
+``PostgresSaver`` does: a ``Connection`` one call at a time under a ``threading.Lock``, a
+``ConnectionPool`` one pooled connection per call, concurrently. What runs is the async
+saver's own statements and decoding (a ``Steps`` body, ``postgres/connection.py``; only
+the execute differs), on a ``tuple_row`` binary cursor whatever your row factory
+(``dict_row`` as LangGraph asks, or any other), with the same typed errors (a closed or
+lost connection, or a closed pool: :class:`ConnectionClosedError`; a read-only session:
+:class:`ReadOnlyDatabaseError`; ...). On a non-autocommit connection each call runs in
+its own transaction, committed before it returns (don't leave a transaction of yours
+open on it: the saver's statements would join it, as LangGraph's do). The hop to the loop
+and back cost hundreds of microseconds per call, more than a read's SQL.
+
+The rest - the ledger (which the engine drives on the loop), ``setup()`` (the first call
+of a saver not set up yet takes the loop, setting up first), ``prune``, ``copy_thread``,
+``delete_thread``, ``sweep``, ``get_delta_channel_history``, the ``a``-methods - runs on
+the saver's own async connection or pool, opened from yours as a recipe:
 
 * ``PostgresSaver(conn)`` opens one ``AsyncConnection`` with ``conn``'s parameters
   (``conn.info.dsn`` and its password), ``autocommit`` and ``prepare_threshold`` (so
-  ``prepare_threshold=None`` for pgbouncer carries over). ``pipe`` given: that connection
-  runs in pipeline mode. Session state you set on ``conn`` afterwards (``SET
-  search_path``) does not carry over: put it in the DSN (``options=-c search_path=...``).
+  ``prepare_threshold=None`` for pgbouncer carries over), and ``conn``'s current
+  ``search_path``: what you ``SET search_path`` on ``conn`` *before* making the saver
+  applies to both, so the checkpoints (on ``conn``) and the ledger (on the async
+  connection) are one set of tables. Don't change it on ``conn`` afterwards.
 * ``PostgresSaver(pool)`` opens an ``AsyncConnectionPool`` with the pool's ``conninfo``,
-  ``kwargs``, sizes and timeouts; calls then run concurrently, one pooled connection
-  each. A ``configure`` callback (a function of sync connections) cannot run on async
-  ones: :class:`ConfigError` - put session settings in ``conninfo``/``kwargs`` instead.
-  ``reset`` is not needed (the saver leaves no session state) and ``check`` becomes
-  ``AsyncConnectionPool.check_connection``.
-* ``from_conn_string(dsn)`` opens the async connection directly, as
-  ``AsyncPostgresSaver.from_conn_string`` does; ``conn`` is then that ``AsyncConnection``.
+  ``kwargs`` (but a ``cursor_factory``, a sync class), sizes and timeouts, so both pools'
+  sessions are alike. A ``configure`` callback (a function of sync connections) cannot
+  run on async ones: :class:`ConfigError` - put session settings in
+  ``conninfo``/``kwargs`` instead. ``reset`` is not needed (the saver leaves no session
+  state) and ``check`` becomes ``AsyncConnectionPool.check_connection``.
+* ``from_conn_string(dsn)`` opens a sync ``Connection`` as LangGraph's does (autocommit,
+  ``prepare_threshold=0``, ``dict_row``), which is then ``conn``, and the saver over it as
+  above; both are closed at the end of the ``with`` block.
 
-Your connection or pool stays yours: ``close()`` (or the ``with`` block's end) closes what
-the saver opened and never yours.
+The direct path and the loop path use two different sessions, so their transactions
+never interleave on one connection; direct calls on your ``Connection`` take turns under
+its lock.
+
+**A pipeline keeps the loop path.** With ``pipe`` (``PostgresSaver(conn, pipe)``, or
+``from_conn_string(..., pipeline=True)``) every call goes through the saver's own async
+connection, in pipeline mode, as before. The direct path would share your pipeline: in
+pipeline mode an error is reported at the next sync point and aborts what else is queued
+until it, so a failing statement of ours would fail statements of yours queued in the
+same pipeline (and one of yours would fail our call), and each of our calls reads its
+rows at once anyway, forcing a sync - nothing for a pipeline to batch.
+
+Your connection or pool stays yours: ``close()`` (or the ``with`` block's end) waits for
+the direct calls in progress, closes what the saver opened and never yours; every call
+after it raises :class:`ConnectionClosedError`.
 
 Threads: one saver may be shared by any number of threads; with a single connection calls
-are serialized (one connection runs one transaction at a time), with a pool they run
+take turns (one connection runs one transaction at a time), with a pool they run
 concurrently.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
     CheckpointTuple,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -59,12 +86,14 @@ from psycopg import AsyncConnection, Capabilities, Connection, Pipeline
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from langgraph_idem_saver.backend import CheckpointPut
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
+from langgraph_idem_saver.list_deltas import EncodedBlob
 from langgraph_idem_saver.postgres.connection import Steps, connect_error, single
 from langgraph_idem_saver.postgres.direct import DirectPath
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
-from langgraph_idem_saver.saver_checkpoints import ListQuery, Paging
+from langgraph_idem_saver.saver_checkpoints import ListQuery, SyncCheckpointCalls, SyncPageReader
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
 
 __all__ = ["PostgresSaver"]
@@ -72,7 +101,7 @@ __all__ = ["PostgresSaver"]
 T = TypeVar("T")
 
 
-class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
+class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
     """Sync PostgreSQL checkpointer and tool-call ledger (see the module docstring).
 
     Args:
@@ -174,43 +203,17 @@ class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
         saver = self.saver
         return saver._tuple_of(self._run_steps(single(saver._tuple_statement(config))))
 
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        saver = self.saver
-        paging = Paging(limit, saver._list_page_size)
-        if paging.done:
-            return
-        page_steps = saver._list_page_steps(ListQuery.of(config, filter, before))
-        while (request := paging.next_page()) is not None:
-            yield from paging.take(self._run_steps(page_steps(*request)))
+    # put, put_writes and list: SyncCheckpointCalls, over these
 
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        saver = self.saver
-        put = saver._checkpoint_put(config, checkpoint, metadata, new_versions)
-        return saver._stored(put, self._run_steps(saver._put_steps(put)))
+    def _direct_put(self, put: CheckpointPut) -> list[EncodedBlob]:
+        return self._run_steps(self.saver._put_steps(put))
 
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        rows = self.saver._writes_rows(config, writes, task_id, task_path)
-        if rows:
-            self._run_steps(single(self.saver._writes_statement(rows)))
+    def _direct_writes(self, rows: list[tuple[Any, ...]]) -> None:
+        self._run_steps(single(self.saver._writes_statement(rows)))
+
+    def _direct_pages(self, query: ListQuery) -> SyncPageReader:
+        page_steps = self.saver._list_page_steps(query)
+        return lambda after, size: self._run_steps(page_steps(after, size))
 
     def _run_steps(self, steps: Steps[T]) -> T:
         """Run a checkpoint call's statements here, on the user's connection, or on the
@@ -227,9 +230,9 @@ class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
         return self._call(self.saver._run_steps(steps))
 
 
-# the direct methods say what their async twins say (they run the same statements)
-for _name in ("get_tuple", "list", "put", "put_writes"):
-    getattr(PostgresSaver, _name).__doc__ = getattr(AsyncPostgresSaver, f"a{_name}").__doc__
+# get_tuple says what aget_tuple says (it runs the same statement; put, put_writes and
+# list: SyncCheckpointCalls')
+PostgresSaver.get_tuple.__doc__ = AsyncPostgresSaver.aget_tuple.__doc__
 
 
 def _async_connection_args(conn: Connection[Any]) -> tuple[str, dict[str, Any]]:
@@ -285,6 +288,14 @@ def _connect_sync(conn_string: str) -> Connection[Any]:
         raise error from (None if isinstance(error, ConfigError) else exc)
 
 
+def _without_cursor_factory(kwargs: Any) -> Any:
+    """A pool's connection kwargs for the async pool: a ``cursor_factory`` (a sync class)
+    left out; a callable or None as it is."""
+    if isinstance(kwargs, dict) and "cursor_factory" in kwargs:
+        return {k: v for k, v in kwargs.items() if k != "cursor_factory"}
+    return kwargs
+
+
 def _async_pool_args(pool: ConnectionPool[Any]) -> dict[str, Any]:
     """The arguments of an ``AsyncConnectionPool`` equivalent to ``pool``."""
     # psycopg_pool keeps the callbacks private; reading them is the only way to refuse
@@ -300,9 +311,7 @@ def _async_pool_args(pool: ConnectionPool[Any]) -> dict[str, Any]:
     check = getattr(pool, "_check", None)
     return {
         "conninfo": pool.conninfo,
-        # a cursor_factory is a sync cursor class: not for async connections (and the
-        # saver's statements do not need one)
-        "kwargs": {k: v for k, v in pool.kwargs.items() if k != "cursor_factory"},
+        "kwargs": _without_cursor_factory(pool.kwargs),
         "min_size": pool.min_size,
         "max_size": pool.max_size,
         "timeout": pool.timeout,
