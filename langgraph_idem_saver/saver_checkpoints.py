@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 # reads one page of alist: after the key of the previous page's last row, this many rows
 PageReader = Callable[[tuple[str, str, str] | None, int], Awaitable[ListPage]]
+# the same, for the sync savers' direct path
+SyncPageReader = Callable[[tuple[str, str, str] | None, int], ListPage]
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,60 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
                 yield tup
 
 
+class SyncCheckpointCalls(ABC):
+    """The sync savers' direct ``put``, ``put_writes`` and ``list``: read, validated and
+    paged here, once, over three hooks each backend writes, which run the async saver's
+    own bodies on the caller's thread (or on the loop when the call cannot run there)."""
+
+    saver: CheckpointMethods
+
+    @abstractmethod
+    def _direct_put(self, put: CheckpointPut) -> list[EncodedBlob]:
+        """``_put_checkpoint`` of the async saver, run as the backend runs direct calls."""
+
+    @abstractmethod
+    def _direct_writes(self, rows: list[tuple[Any, ...]]) -> None:
+        """``_insert_writes`` of the async saver, likewise."""
+
+    @abstractmethod
+    def _direct_pages(self, query: ListQuery) -> SyncPageReader:
+        """``_list_pages`` of the async saver, likewise (validates ``query`` at once)."""
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        saver = self.saver
+        put = saver._checkpoint_put(config, checkpoint, metadata, new_versions)
+        return saver._stored(put, self._direct_put(put))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        rows = self.saver._writes_rows(config, writes, task_id, task_path)
+        if rows:
+            self._direct_writes(rows)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        paging = Paging(limit, self.saver._list_page_size)
+        for page in paging.pages(lambda: self._direct_pages(ListQuery.of(config, filter, before))):
+            yield from paging.take(page)
+
+
 class Paging:
     """``alist``'s walk over pages, for any way of reading a page: which page to read
     next (the key after which it starts, its size), and what of each page to yield."""
@@ -203,6 +259,14 @@ class Paging:
             self.size = min(self.remaining, self.size)
         return self.after, self.size
 
+    def pages(self, reader: Callable[[], SyncPageReader]) -> Iterator[ListPage]:
+        """The pages a sync reader reads, as :meth:`next_page` asks (``reader()`` makes
+        the reader, only when a page is wanted); pass each to :meth:`take`."""
+        read_page = None
+        while (request := self.next_page()) is not None:
+            read_page = read_page or reader()
+            yield read_page(*request)
+
     def take(self, page: ListPage) -> Iterator[CheckpointTuple]:
         """What to yield of ``page`` (read as ``next_page`` asked), lazily: a backend may
         decode its tuples as they are yielded, and none past the limit is."""
@@ -216,3 +280,8 @@ class Paging:
                 if self.remaining <= 0:
                     self.done = True
                     return
+
+
+# the direct methods say what their async twins say (they store and read alike)
+for _name in ("list", "put", "put_writes"):
+    getattr(SyncCheckpointCalls, _name).__doc__ = getattr(CheckpointMethods, f"a{_name}").__doc__

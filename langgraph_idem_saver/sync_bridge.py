@@ -13,10 +13,10 @@ Why this design, rather than a second, synchronous implementation of each backen
   (:mod:`langgraph_idem_saver.engine.loops`). A sync saver exposes its private loop as
   ``loop``, so ``graph.invoke`` with ``IdempotentToolNode``, ``IdempotencyMiddleware`` or
   ``idempotent_task`` works with no loop anywhere in the caller's program.
-* **Thread-safe as LangGraph's sync savers promise.** Every call, from any thread, is a
-  coroutine handed to the one loop; the async saver serializes what must be serialized
-  (one SQLite connection, one Postgres connection) and runs the rest concurrently (a
-  Postgres pool).
+* **Thread-safe as LangGraph's sync savers promise.** Every call that takes the loop,
+  from any thread, is a coroutine handed to the one loop; the async saver serializes
+  what must be serialized (one SQLite connection, one Postgres connection) and runs the
+  rest concurrently (a Postgres pool).
 
 The cost is a round trip to the loop thread per call (plus, for SQLite, aiosqlite's own
 hand-off to its worker thread, as in the async saver): three thread switches, tens of
@@ -26,8 +26,12 @@ once set up, ``get_tuple``, ``put``, ``put_writes``, ``list`` and
 ``get_delta_channel_history`` run the async saver's own read and write bodies on the
 caller's thread, holding the connection lock its worker holds for everything else (see
 :mod:`langgraph_idem_saver.sqlite.sync_saver`; concurrent direct writes then take turns,
-one commit each, instead of sharing one). ``PostgresSaver`` keeps the round trip: its
-async connection (or pool) belongs to the loop.
+one commit each, instead of sharing one). ``PostgresSaver`` skips it for the same calls
+(not ``get_delta_channel_history``) by running them over the user's own *sync* psycopg
+``Connection`` or ``ConnectionPool`` on the caller's thread - the async saver's own
+statements and decoding, built once for both (see
+:mod:`langgraph_idem_saver.postgres.sync_saver`); its async connection (or pool) belongs
+to the loop and serves the ledger, maintenance and ``setup()``.
 
 Lifetime: the loop thread is a daemon, so a program that never closes its saver still
 exits; ``close()`` (or leaving ``from_conn_string``'s ``with`` block, or ``with saver:``)

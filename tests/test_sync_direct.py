@@ -56,12 +56,13 @@ def open_saver(path: Path, how: str) -> Iterator[SqliteSaver]:
 class Trace:
     """Every statement SQLite runs on a connection, with the thread that ran it."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection | None = None) -> None:
         self.conn = conn
         self.lock = threading.Lock()
         self.rows: list[tuple[int, str]] = []
         self.hook: Callable[[str], None] | None = None
-        conn.set_trace_callback(self._record)
+        if conn is not None:  # else, a recorder for another driver (test_pg_sync_direct)
+            conn.set_trace_callback(self._record)
 
     def _record(self, statement: str) -> None:
         with self.lock:
@@ -98,19 +99,27 @@ def assert_whole(tup: Any, thread_id: str) -> int:
     return int(step)
 
 
+def per_step_calls(saver: Any, stored: Any) -> list[Callable[[], Any]]:
+    """The checkpoint calls ``graph.invoke`` makes on every step, on a saver holding the
+    checkpoint ``stored`` of thread "t" (a child of it put, writes, reads, lists)."""
+    return [
+        lambda: put_checkpoint(saver, "t", 1, stored),
+        lambda: saver.put_writes(stored, [("step", 5), ("log", ["w"])], "task-1"),
+        lambda: saver.get_tuple(cfg("t", "")),
+        lambda: saver.get_tuple(stored),
+        lambda: list(saver.list(cfg("t"), limit=1)),
+        lambda: list(saver.list(None, filter={"step": 1})),
+    ]
+
+
 @pytest.mark.parametrize("how", HOWS)
 def test_checkpoint_calls_run_on_the_callers_thread(tmp_path: Path, how: str) -> None:
     with open_saver(tmp_path / "x.db", how) as saver:
         trace = Trace(saver.conn)
         here = {threading.get_ident()}
         stored = put_checkpoint(saver, "t", 0)
-        checkpoint_calls: list[Callable[[], Any]] = [
-            lambda: put_checkpoint(saver, "t", 1, stored),
-            lambda: saver.put_writes(stored, [("step", 5), ("log", ["w"])], "task-1"),
-            lambda: saver.get_tuple(cfg("t", "")),
-            lambda: saver.get_tuple(stored),
-            lambda: list(saver.list(cfg("t"), limit=1)),
-            lambda: list(saver.list(None, filter={"step": 1})),
+        checkpoint_calls = [
+            *per_step_calls(saver, stored),
             lambda: saver.get_delta_channel_history(config=stored, channels=["log"]),
         ]
         for call in checkpoint_calls:
@@ -152,74 +161,78 @@ def test_many_threads_write_and_read_one_saver(tmp_path: Path, how: str) -> None
     """Six threads put chains and read back on their own threads, two read everyone's
     latest, one puts through the async methods (on the worker): every checkpoint and
     write lands, and every read is a whole checkpoint of its thread."""
-    steps = 25
-    errors: list[BaseException] = []
     with open_saver(tmp_path / "x.db", how) as saver:
-        done = threading.Event()
+        write_and_read_from_many_threads(saver, 25)
 
-        def writer(name: str) -> None:
-            try:
-                parent = None
-                for step in range(steps):
-                    parent = put_checkpoint(saver, name, step, parent)
-                    saver.put_writes(parent, [("step", step)], f"task-{step}")
-                    tup = saver.get_tuple(cfg(name, ""))
-                    assert tup is not None and assert_whole(tup, name) == step
-                    assert tup.pending_writes == [(f"task-{step}", "step", step)]
-            except BaseException as exc:
-                errors.append(exc)
 
-        async def async_writer(name: str) -> None:
+def write_and_read_from_many_threads(saver: Any, steps: int) -> None:
+    """The test above on ``saver`` (any sync saver): ``steps`` checkpoints per thread."""
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def writer(name: str) -> None:
+        try:
             parent = None
             for step in range(steps):
-                checkpoint = empty_checkpoint()
-                log = [f"{name}:{i}" for i in range(step)]
-                checkpoint["channel_values"] = {"step": step, "log": log}
-                version = saver.get_next_version(None if step == 0 else str(step), None)
-                checkpoint["channel_versions"] = {"step": version, "log": version}
-                config = parent or {"configurable": {"thread_id": name, "checkpoint_ns": ""}}
-                new = {"step": version, "log": version}
-                parent = await saver.aput(config, checkpoint, {"step": step}, new)
-                tup = await saver.aget_tuple(cfg(name, ""))
+                parent = put_checkpoint(saver, name, step, parent)
+                saver.put_writes(parent, [("step", step)], f"task-{step}")
+                tup = saver.get_tuple(cfg(name, ""))
                 assert tup is not None and assert_whole(tup, name) == step
+                assert tup.pending_writes == [(f"task-{step}", "step", step)]
+        except BaseException as exc:
+            errors.append(exc)
 
-        def run_async_writer() -> None:
-            try:
-                asyncio.run(async_writer("async"))
-            except BaseException as exc:
-                errors.append(exc)
+    async def async_writer(name: str) -> None:
+        parent = None
+        for step in range(steps):
+            checkpoint = empty_checkpoint()
+            log = [f"{name}:{i}" for i in range(step)]
+            checkpoint["channel_values"] = {"step": step, "log": log}
+            version = saver.get_next_version(None if step == 0 else str(step), None)
+            checkpoint["channel_versions"] = {"step": version, "log": version}
+            config = parent or {"configurable": {"thread_id": name, "checkpoint_ns": ""}}
+            new = {"step": version, "log": version}
+            parent = await saver.aput(config, checkpoint, {"step": step}, new)
+            tup = await saver.aget_tuple(cfg(name, ""))
+            assert tup is not None and assert_whole(tup, name) == step
 
-        def reader() -> None:
-            try:
-                while not done.is_set():
-                    for name in [f"w{i}" for i in range(6)] + ["async"]:
-                        tup = saver.get_tuple(cfg(name, ""))
-                        if tup is not None:
-                            assert_whole(tup, name)
-                        for listed in saver.list(cfg(name), limit=3):
-                            assert_whole(listed, name)
-            except BaseException as exc:
-                errors.append(exc)
+    def run_async_writer() -> None:
+        try:
+            asyncio.run(async_writer("async"))
+        except BaseException as exc:
+            errors.append(exc)
 
-        writers = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(6)]
-        writers.append(threading.Thread(target=run_async_writer))
-        readers = [threading.Thread(target=reader) for _ in range(2)]
-        for t in writers + readers:
-            t.start()
-        for t in writers:
-            t.join(120)
-        done.set()
-        for t in readers:
-            t.join(120)
-        assert errors == []
-        for name in [f"w{i}" for i in range(6)] + ["async"]:
-            history = list(saver.list(cfg(name)))
-            assert [assert_whole(t, name) for t in history] == list(range(steps))[::-1]
-            # each the child of the one before
-            for child, parent in itertools.pairwise(history):
-                assert child.parent_config == parent.config
-            if name != "async":
-                assert all(len(t.pending_writes or []) == 1 for t in history)
+    def reader() -> None:
+        try:
+            while not done.is_set():
+                for name in [f"w{i}" for i in range(6)] + ["async"]:
+                    tup = saver.get_tuple(cfg(name, ""))
+                    if tup is not None:
+                        assert_whole(tup, name)
+                    for listed in saver.list(cfg(name), limit=3):
+                        assert_whole(listed, name)
+        except BaseException as exc:
+            errors.append(exc)
+
+    writers = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(6)]
+    writers.append(threading.Thread(target=run_async_writer))
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for t in writers + readers:
+        t.start()
+    for t in writers:
+        t.join(120)
+    done.set()
+    for t in readers:
+        t.join(120)
+    assert errors == []
+    for name in [f"w{i}" for i in range(6)] + ["async"]:
+        history = list(saver.list(cfg(name)))
+        assert [assert_whole(t, name) for t in history] == list(range(steps))[::-1]
+        # each the child of the one before
+        for child, parent in itertools.pairwise(history):
+            assert child.parent_config == parent.config
+        if name != "async":
+            assert all(len(t.pending_writes or []) == 1 for t in history)
 
 
 def test_a_direct_call_waits_for_a_transaction_in_progress_on_the_worker(
@@ -335,36 +348,56 @@ def test_close_while_threads_are_calling(tmp_path: Path, how: str) -> None:
     or raises ConnectionClosedError (never a raw sqlite3 error, never a hang), and what
     completed is stored."""
     path = tmp_path / "x.db"
+    with open_saver(path, how) as saver:
+        stored = call_from_threads_until_closed(saver)
+    with open_saver(path, "conn") as reopened:
+        assert_stored(reopened, stored)
+
+
+@contextmanager
+def calling_from_threads(saver: Any) -> Iterator[dict[str, list[Any]]]:
+    """Four threads put and read on ``saver`` until a call raises ConnectionClosedError;
+    the block (entered once they made 20 puts) closes the saver. What each stored."""
     errors: list[BaseException] = []
     stored: dict[str, list[Any]] = {}
-    with open_saver(path, how) as saver:
-        started = threading.Barrier(5)
+    started = threading.Barrier(5)
 
-        def caller(name: str) -> None:
-            mine = stored.setdefault(name, [])
-            parent = None
-            try:
-                started.wait(30)
-                for step in range(10_000):
-                    parent = put_checkpoint(saver, name, step, parent)
-                    mine.append(parent)
-                    saver.get_tuple(parent)
-            except ConnectionClosedError:
-                return
-            except BaseException as exc:
-                errors.append(exc)
+    def caller(name: str) -> None:
+        mine = stored.setdefault(name, [])
+        parent = None
+        try:
+            started.wait(30)
+            for step in range(10_000):
+                parent = put_checkpoint(saver, name, step, parent)
+                mine.append(parent)
+                saver.get_tuple(parent)
+        except ConnectionClosedError:
+            return
+        except BaseException as exc:
+            errors.append(exc)
 
-        threads = [threading.Thread(target=caller, args=(f"c{i}",)) for i in range(4)]
-        for t in threads:
-            t.start()
-        started.wait(30)
-        while sum(len(v) for v in stored.values()) < 20 and not errors:
-            threading.Event().wait(0.01)
+    threads = [threading.Thread(target=caller, args=(f"c{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    started.wait(30)
+    while sum(len(v) for v in stored.values()) < 20 and not errors:
+        threading.Event().wait(0.01)
+    yield stored
     for t in threads:
         t.join(60)
     assert errors == [] and not any(t.is_alive() for t in threads)
-    with open_saver(path, "conn") as reopened:
-        for name, configs in stored.items():
-            for config in configs:
-                tup = reopened.get_tuple(config)
-                assert tup is not None and assert_whole(tup, name) >= 0
+
+
+def call_from_threads_until_closed(saver: Any) -> dict[str, list[Any]]:
+    """:func:`calling_from_threads`, closing ``saver`` meanwhile."""
+    with calling_from_threads(saver) as stored:
+        saver.close()
+    return stored
+
+
+def assert_stored(saver: Any, stored: dict[str, list[Any]]) -> None:
+    """Every checkpoint the threads stored reads back whole."""
+    for name, configs in stored.items():
+        for config in configs:
+            tup = saver.get_tuple(config)
+            assert tup is not None and assert_whole(tup, name) >= 0

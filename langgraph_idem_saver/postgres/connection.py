@@ -4,18 +4,27 @@ the migrations ``setup()`` applies (mixed into :class:`AsyncPostgresSaver`).
 
 Kept apart from the checkpoint methods so that every statement the saver runs goes
 through one place that turns psycopg's exceptions into the package's typed errors.
+
+The checkpoint calls ``PostgresSaver`` also runs on a *sync* connection (its direct path,
+:mod:`langgraph_idem_saver.postgres.direct`) are written once, as :data:`Steps`: a
+generator that yields each :class:`Statement` and is sent its rows. :func:`arun_steps`
+runs one on an async cursor and :func:`run_steps` on a sync one; nothing else differs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline
+from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline, BaseConnection
+from psycopg import sql as psql
+from psycopg.abc import Params
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
@@ -31,6 +40,78 @@ from langgraph_idem_saver.postgres import sql
 T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 Conn = AsyncConnection[Any] | AsyncConnectionPool[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One statement of a :data:`Steps` body, and which of its rows the body is sent back
+    (``"none"``: None, ``"one"``: ``fetchone()``, ``"all"``: ``fetchall()``)."""
+
+    query: str | bytes | psql.SQL | psql.Composed
+    params: Params | None = None
+    fetch: Literal["none", "one", "all"] = "none"
+
+
+# a body of statements shared by the async and the sync paths: yields each statement,
+# is sent its rows, returns the call's result (see the module docstring)
+Steps = Generator[Statement, Any, T]
+
+
+def single(statement: Statement) -> Steps[Any]:
+    """The body of one statement: its rows (as ``statement.fetch`` asks) are the result."""
+    return (yield statement)
+
+
+async def arun_steps(steps: Steps[T], cur: Cursor) -> T:
+    """Run ``steps`` on an async cursor (:func:`run_steps` is its sync twin)."""
+    statement, result = _advance(steps, None)
+    while statement is not None:
+        await cur.execute(statement.query, statement.params)
+        statement, result = _advance(steps, await _afetch(cur, statement.fetch))
+    return result
+
+
+def run_steps(steps: Steps[T], cur: psycopg.Cursor[TupleRow]) -> T:
+    """Run ``steps`` on a sync cursor (the direct path's :func:`arun_steps`)."""
+    statement, result = _advance(steps, None)
+    while statement is not None:
+        cur.execute(statement.query, statement.params)
+        statement, result = _advance(steps, _fetch(cur, statement.fetch))
+    return result
+
+
+def _advance(steps: Steps[T], rows: Any) -> tuple[Statement | None, T]:
+    """Send ``steps`` the rows of its last statement: its next statement, or (None, its
+    result) when it is done."""
+    try:
+        return steps.send(rows), None  # type: ignore[return-value]
+    except StopIteration as done:
+        return None, done.value
+
+
+async def _afetch(cur: Cursor, fetch: str) -> Any:
+    if fetch == "none":
+        return None
+    return await (cur.fetchone() if fetch == "one" else cur.fetchall())
+
+
+def _fetch(cur: psycopg.Cursor[TupleRow], fetch: str) -> Any:
+    if fetch == "none":
+        return None
+    return cur.fetchone() if fetch == "one" else cur.fetchall()
+
+
+def run_in_transaction(conn: psycopg.Connection[Any], steps: Steps[T], tx: bool = False) -> T:
+    """Run ``steps`` on a sync connection as ``_in_transaction`` runs a function on an
+    async one: in a transaction committed before returning when ``tx`` or not in
+    autocommit; on a ``tuple_row``, binary cursor whatever the connection's row factory."""
+    own_tx = tx or not conn.autocommit
+    with (
+        conn.transaction() if own_tx else contextlib.nullcontext(),
+        conn.cursor(row_factory=tuple_row, binary=True) as cur,
+    ):
+        return run_steps(steps, cur)
+
 
 # SQLSTATEs meaning the session is gone: connection exceptions (class 08) and the
 # server shutting the backend down (admin / crash / cannot connect now).
@@ -116,15 +197,21 @@ class PostgresConnection:
         await self.setup()
         return await self._execute(fn, tx=tx, pipeline=pipeline)
 
+    async def _run_steps(self, steps: Steps[T], *, tx: bool = False) -> T:
+        """``_run`` of a :data:`Steps` body (what the sync saver's loop path runs too)."""
+        return await self._run(functools.partial(arun_steps, steps), tx=tx)
+
     def _typed_error(
-        self, exc: BaseException, conn: AsyncConnection[Any] | None
+        self, exc: BaseException, conn: BaseConnection[Any] | None
     ) -> Exception | None:
-        """The package's exception for a psycopg/pool error, or None to re-raise it."""
+        """The package's exception for a psycopg/pool error, or None to re-raise it; the
+        same for the async connection (or pool) and for the sync one of the direct path
+        (``conn``: the connection the call used, if it got one)."""
         pooled = isinstance(self.conn, AsyncConnectionPool)
         if isinstance(exc, PoolClosed):
             return ConnectionClosedError(
-                f"the AsyncConnectionPool is closed ({exc}); open it (`await pool.open()` "
-                "or `async with pool:`) before using the saver"
+                f"the connection pool is closed ({exc}); open it (`pool.open()`, `await "
+                "pool.open()`, or `with pool:`) before using the saver"
             )
         sqlstate = getattr(exc, "sqlstate", None) or ""
         lost = (
@@ -204,6 +291,17 @@ async def migrate(cur: Cursor) -> None:
         for statement in sql.MIGRATIONS[version]:
             await cur.execute(statement, prepare=False)
         await cur.execute(sql.INSERT_MIGRATION, (version,), prepare=False)
+
+
+def connect_error(exc: psycopg.Error, conn_string: str) -> Exception:
+    """Why connecting to ``conn_string`` failed: :class:`ConnectionClosedError` when the
+    server cannot be reached, :class:`ConfigError` when the DSN itself is malformed
+    (``ProgrammingError``; then raise it ``from None``: libpq may quote the whole DSN
+    back, password included, and the message never repeats it)."""
+    if isinstance(exc, psycopg.ProgrammingError):
+        why = str(exc).replace(conn_string, "<the connection string>").strip()
+        return ConfigError(f"bad PostgreSQL connection string: {why}")
+    return ConnectionClosedError(f"cannot connect to PostgreSQL: {exc}")
 
 
 def _consume_outcome(task: asyncio.Future[Any]) -> None:

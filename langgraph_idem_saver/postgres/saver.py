@@ -52,7 +52,7 @@ checkpoint, task, channel) containing them are refused (:class:`ConfigError` /
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -67,13 +67,22 @@ from psycopg.rows import TupleRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
-from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
+from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
 from langgraph_idem_saver.postgres import ledger_sql, sql
 from langgraph_idem_saver.postgres.codec import COMPRESS_MIN_BYTES, ZLIB_PREFIX, PostgresCodec
-from langgraph_idem_saver.postgres.connection import Conn, Cursor, PostgresConnection, migrate
+from langgraph_idem_saver.postgres.connection import (
+    Conn,
+    Cursor,
+    PostgresConnection,
+    Statement,
+    Steps,
+    connect_error,
+    migrate,
+    single,
+)
 from langgraph_idem_saver.postgres.delta_history import PostgresDeltaHistory
 from langgraph_idem_saver.postgres.inspect import PostgresInspection
 from langgraph_idem_saver.postgres.jsonb import as_text, metadata_columns, metadata_filter
@@ -165,12 +174,9 @@ class AsyncPostgresSaver(
             conn = await AsyncConnection.connect(
                 conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
             )
-        except psycopg.OperationalError as exc:
-            raise ConnectionClosedError(f"cannot connect to PostgreSQL: {exc}") from exc
-        except psycopg.ProgrammingError as exc:  # the DSN itself is malformed
-            # libpq may quote the whole DSN back, password included: never repeat it
-            why = str(exc).replace(conn_string, "<the connection string>").strip()
-            raise ConfigError(f"bad PostgreSQL connection string: {why}") from None
+        except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+            error = connect_error(exc, conn_string)
+            raise error from (None if isinstance(error, ConfigError) else exc)
         async with conn:
             if pipeline:
                 async with conn.pipeline() as pipe:
@@ -196,25 +202,40 @@ class AsyncPostgresSaver(
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint (latest of the thread/namespace, or by id), one round trip."""
+        return self._tuple_of(await self._run_steps(single(self._tuple_statement(config))))
+
+    # Each checkpoint call is built here as a Statement (or Steps) and decoded here; only
+    # running it differs between this saver and PostgresSaver's direct path.
+
+    def _tuple_statement(self, config: RunnableConfig) -> Statement:
+        """``aget_tuple``'s statement (the config validated at once)."""
         thread_id = as_text(thread_id_of(config), "thread_id")
         ns = as_text(checkpoint_ns_of(config), "checkpoint_ns")
         checkpoint_id = checkpoint_id_of(config)
         params: dict[str, Any] = {"thread_id": thread_id, "ns": ns}
         if checkpoint_id:
             params["checkpoint_id"] = as_text(checkpoint_id, "checkpoint_id")
-            query = sql.SELECT_TUPLE_BY_ID
-        else:
-            query = sql.SELECT_LATEST_TUPLE
+            return Statement(sql.SELECT_TUPLE_BY_ID, params, "one")
+        return Statement(sql.SELECT_LATEST_TUPLE, params, "one")
 
-        async def read(cur: Cursor) -> TupleRow | None:
-            await cur.execute(query, params)
-            return await cur.fetchone()
-
-        row = await self._run(read)
+    def _tuple_of(self, row: TupleRow | None) -> CheckpointTuple | None:
+        """``aget_tuple``'s result from its statement's row."""
         return None if row is None else self._row_to_tuple(row, loading=True)
 
     def _list_pages(self, query: ListQuery) -> PageReader:
         """Pages newest first, a statement each (no connection held between)."""
+        page_steps = self._list_page_steps(query)
+
+        async def read_page(after: tuple[str, str, str] | None, size: int) -> ListPage:
+            return await self._run_steps(page_steps(after, size))
+
+        return read_page
+
+    def _list_page_steps(
+        self, query: ListQuery
+    ) -> Callable[[tuple[str, str, str] | None, int], Steps[ListPage]]:
+        """How to read each page of ``query`` (validated at once): its statement, after
+        the key of the previous page's last row, and its decoding."""
         clauses: list[str] = []
         params: dict[str, Any] = {}
         for column, name, value in (
@@ -238,7 +259,7 @@ class AsyncPostgresSaver(
         else:
             after_clause = sql.LIST_AFTER
 
-        async def read_page(after: tuple[str, str, str] | None, size: int) -> ListPage:
+        def page_steps(after: tuple[str, str, str] | None, size: int) -> Steps[ListPage]:
             where = list(clauses)
             args = {**params, "limit": size}
             if after is not None:
@@ -247,12 +268,7 @@ class AsyncPostgresSaver(
             q = sql.SELECT_TUPLES.format(
                 where=("WHERE " + " AND ".join(where)) if where else "", limit=sql.LIST_LIMIT
             )
-
-            async def read(cur: Cursor) -> list[TupleRow]:
-                await cur.execute(q, args)
-                return await cur.fetchall()
-
-            rows = await self._run(read)
+            rows: list[TupleRow] = yield Statement(q, args, "all")
             last = (rows[-1][2], rows[-1][0], rows[-1][1]) if rows else None
             # decoded as yielded; SQL only narrows, Python equality decides
             tuples = (
@@ -262,12 +278,16 @@ class AsyncPostgresSaver(
             )
             return ListPage(len(rows), last, tuples)
 
-        return read_page
+        return page_steps
 
     # --- writes --------------------------------------------------------------------
 
     async def _put_checkpoint(self, put: CheckpointPut) -> list[EncodedBlob]:
         """One statement, one round trip (a second when a delta's base is gone)."""
+        return await self._run_steps(self._put_steps(put))
+
+    def _put_steps(self, put: CheckpointPut) -> Steps[list[EncodedBlob]]:
+        """``_put_checkpoint``'s statements; validated and encoded at once."""
         thread_id, ns, checkpoint = put.thread_id, put.ns, put.checkpoint
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
@@ -290,45 +310,44 @@ class AsyncPostgresSaver(
             metadata_exact,
             encode_versions(checkpoint["channel_versions"]),
         )
+        return self._put_rounds(thread_id, ns, blobs, checkpoint_params)
 
-        async def write(cur: Cursor) -> list[EncodedBlob]:
-            rows = blobs
-            # at most twice: a second attempt stores the deltas whose base is gone whole
-            while True:
-                stored_rows = [b for b in rows if b.type != "empty"]
-                deltas = any(b.base_version is not None for b in stored_rows)
-                params: list[Any] = []
-                for b in stored_rows:
-                    assert b.data is not None
-                    params += (
-                        thread_id,
-                        ns,
-                        b.channel,
-                        b.version,
-                        *self._pack(b.type, b.data),
-                        b.base_version,
-                    )
-                params += checkpoint_params
-                await cur.execute(sql.put_checkpoint_sql(len(stored_rows), deltas), params)
-                if not deltas:
-                    return rows
-                missing = {r[0] for r in await cur.fetchall()}
-                if not missing:
-                    return rows
-                rows = [
-                    self._deltas.whole(self.serde, b) if b.channel in missing else b for b in rows
-                ]
-
-        return await self._run(write)
+    def _put_rounds(
+        self, thread_id: str, ns: str, blobs: list[EncodedBlob], checkpoint_params: tuple[Any, ...]
+    ) -> Steps[list[EncodedBlob]]:
+        """The put statement; at most twice: a second stores the deltas whose base is gone
+        whole. The blobs as stored."""
+        rows = blobs
+        while True:
+            stored_rows = [b for b in rows if b.type != "empty"]
+            deltas = any(b.base_version is not None for b in stored_rows)
+            params: list[Any] = []
+            for b in stored_rows:
+                assert b.data is not None
+                params += (
+                    thread_id,
+                    ns,
+                    b.channel,
+                    b.version,
+                    *self._pack(b.type, b.data),
+                    b.base_version,
+                )
+            params += checkpoint_params
+            query = sql.put_checkpoint_sql(len(stored_rows), deltas)
+            found = yield Statement(query, params, "all" if deltas else "none")
+            missing = {r[0] for r in found or ()}
+            if not missing:
+                return rows
+            rows = [self._deltas.whole(self.serde, b) if b.channel in missing else b for b in rows]
 
     async def _insert_writes(self, rows: list[tuple[Any, ...]]) -> None:
+        await self._run_steps(single(self._writes_statement(rows)))
+
+    @staticmethod
+    def _writes_statement(rows: list[tuple[Any, ...]]) -> Statement:
+        """``_insert_writes``'s statement."""
         params = [value for row in rows for value in row]
-        query = sql.put_writes_sql(len(rows))
-
-        async def write(cur: Cursor) -> None:
-            await cur.execute(query, params)
-
-        await self._run(write)
+        return Statement(sql.put_writes_sql(len(rows)), params)
 
     # --- thread maintenance ----------------------------------------------------------
 

@@ -7,72 +7,118 @@ constructor ``(conn, pipe=None, serde=None)`` over a psycopg 3 ``Connection`` or
 
 **Design: the async saver on a private loop, not a second implementation.** A
 ``PostgresSaver`` owns an event loop in a daemon thread and an
-:class:`AsyncPostgresSaver` on it (see :mod:`langgraph_idem_saver.sync_bridge` for why);
-every method hands its work to that saver. So the schema is the async saver's by
-construction: a database written by ``AsyncPostgresSaver`` is continued by
-``PostgresSaver`` and vice versa, ledger included, and every capability (one-statement
-reads, compression, list deltas, advisory-locked migrations, typed errors, ``prune``,
-``copy_thread``, the ledger) is the same code.
+:class:`AsyncPostgresSaver` on it (see :mod:`langgraph_idem_saver.sync_bridge` for why).
+So the schema is the async saver's by construction: a database written by
+``AsyncPostgresSaver`` is continued by ``PostgresSaver`` and vice versa, ledger included,
+and every capability (one-statement reads, compression, list deltas, advisory-locked
+migrations, typed errors, ``prune``, ``copy_thread``, the ledger) is the same code.
 
-The async saver needs psycopg's *async* connections, so what you pass in is used as a
-recipe, not as the transport:
+**The direct path.** What ``graph.invoke`` calls on every step - ``get_tuple``, ``put``,
+``put_writes`` and ``list`` - does not go through the loop: once the saver is set up,
+each runs on the caller's thread over *your* sync connection, as LangGraph's
+``PostgresSaver`` does: a ``Connection`` one call at a time under a ``threading.Lock``, a
+``ConnectionPool`` one pooled connection per call, concurrently. What runs is the async
+saver's own statements and decoding (a ``Steps`` body, ``postgres/connection.py``; only
+the execute differs), on a ``tuple_row`` binary cursor whatever your row factory
+(``dict_row`` as LangGraph asks, or any other), with the same typed errors (a closed or
+lost connection, or a closed pool: :class:`ConnectionClosedError`; a read-only session:
+:class:`ReadOnlyDatabaseError`; ...). On a non-autocommit connection each call runs in
+its own transaction, committed before it returns (don't leave a transaction of yours
+open on it: the saver's statements would join it, as LangGraph's do). The hop to the loop
+and back cost hundreds of microseconds per call, more than a read's SQL.
+
+The rest - the ledger (which the engine drives on the loop), ``setup()`` (the first call
+of a saver not set up yet takes the loop, setting up first), ``prune``, ``copy_thread``,
+``delete_thread``, ``sweep``, ``get_delta_channel_history``, the ``a``-methods - runs on
+the saver's own async connection or pool, opened from yours as a recipe:
 
 * ``PostgresSaver(conn)`` opens one ``AsyncConnection`` with ``conn``'s parameters
   (``conn.info.dsn`` and its password), ``autocommit`` and ``prepare_threshold`` (so
-  ``prepare_threshold=None`` for pgbouncer carries over). ``pipe`` given: that connection
-  runs in pipeline mode. Session state you set on ``conn`` afterwards (``SET
-  search_path``) does not carry over: put it in the DSN (``options=-c search_path=...``).
+  ``prepare_threshold=None`` for pgbouncer carries over), and ``conn``'s current
+  ``search_path``: what you ``SET search_path`` on ``conn`` *before* making the saver
+  applies to both, so the checkpoints (on ``conn``) and the ledger (on the async
+  connection) are one set of tables. Don't change it on ``conn`` afterwards.
 * ``PostgresSaver(pool)`` opens an ``AsyncConnectionPool`` with the pool's ``conninfo``,
-  ``kwargs``, sizes and timeouts; calls then run concurrently, one pooled connection
-  each. A ``configure`` callback (a function of sync connections) cannot run on async
-  ones: :class:`ConfigError` - put session settings in ``conninfo``/``kwargs`` instead.
-  ``reset`` is not needed (the saver leaves no session state) and ``check`` becomes
-  ``AsyncConnectionPool.check_connection``.
-* ``from_conn_string(dsn)`` opens the async connection directly, as
-  ``AsyncPostgresSaver.from_conn_string`` does; ``conn`` is then that ``AsyncConnection``.
+  ``kwargs`` (but a ``cursor_factory``, a sync class), sizes and timeouts, so both pools'
+  sessions are alike. A ``configure`` callback (a function of sync connections) cannot
+  run on async ones: :class:`ConfigError` - put session settings in
+  ``conninfo``/``kwargs`` instead. ``reset`` is not needed (the saver leaves no session
+  state) and ``check`` becomes ``AsyncConnectionPool.check_connection``.
+* ``from_conn_string(dsn)`` opens a sync ``Connection`` as LangGraph's does (autocommit,
+  ``prepare_threshold=0``, ``dict_row``), which is then ``conn``, and the saver over it as
+  above; both are closed at the end of the ``with`` block.
 
-Your connection or pool stays yours: ``close()`` (or the ``with`` block's end) closes what
-the saver opened and never yours.
+The direct path and the loop path use two different sessions, so their transactions
+never interleave on one connection; direct calls on your ``Connection`` take turns under
+its lock.
+
+**A pipeline keeps the loop path.** With ``pipe`` (``PostgresSaver(conn, pipe)``, or
+``from_conn_string(..., pipeline=True)``) every call goes through the saver's own async
+connection, in pipeline mode, as before. The direct path would share your pipeline: in
+pipeline mode an error is reported at the next sync point and aborts what else is queued
+until it, so a failing statement of ours would fail statements of yours queued in the
+same pipeline (and one of yours would fail our call), and each of our calls reads its
+rows at once anyway, forcing a sync - nothing for a pipeline to batch.
+
+Your connection or pool stays yours: ``close()`` (or the ``with`` block's end) waits for
+the direct calls in progress, closes what the saver opened and never yours; every call
+after it raises :class:`ConnectionClosedError`.
 
 Threads: one saver may be shared by any number of threads; with a single connection calls
-are serialized (one connection runs one transaction at a time), with a pool they run
+take turns (one connection runs one transaction at a time), with a pool they run
 concurrently.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
-from contextlib import AsyncExitStack, contextmanager
-from typing import Any, cast
+from contextlib import AsyncExitStack, contextmanager, nullcontext
+from typing import Any, TypeVar
 
 import psycopg
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    CheckpointTuple,
+)
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, Capabilities, Connection, Pipeline
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from langgraph_idem_saver.backend import CheckpointPut
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
+from langgraph_idem_saver.list_deltas import EncodedBlob
+from langgraph_idem_saver.postgres.connection import Steps, connect_error, single
+from langgraph_idem_saver.postgres.direct import DirectPath
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
+from langgraph_idem_saver.saver_checkpoints import ListQuery, SyncCheckpointCalls, SyncPageReader
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
 
 __all__ = ["PostgresSaver"]
 
+T = TypeVar("T")
 
-class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
+
+class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
     """Sync PostgreSQL checkpointer and tool-call ledger (see the module docstring).
 
     Args:
-        conn: a psycopg 3 ``Connection`` or ``ConnectionPool`` (its parameters are used to
-            open the saver's own async connection or pool).
+        conn: a psycopg 3 ``Connection`` or ``ConnectionPool``: the checkpoint calls run
+            on it (its parameters also open the saver's own async connection or pool).
         pipe: a ``Pipeline`` of ``conn`` (single connection only), as LangGraph's saver
-            accepts: the saver's connection then runs in pipeline mode.
+            accepts: the saver's async connection then runs in pipeline mode, and every
+            call goes through it (no direct path).
         serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default.
         ttl: retention, applied by ``sweep()`` (see ``TTLConfig``).
     """
 
-    conn: Connection[Any] | ConnectionPool[Any] | AsyncConnection[Any]
+    conn: Connection[Any] | ConnectionPool[Any]
+    saver: AsyncPostgresSaver
     pipe: Pipeline | None
     supports_pipeline: bool
+    _direct_path: DirectPath | None
 
     def __init__(
         self,
@@ -98,10 +144,11 @@ class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
 
         elif isinstance(conn, Connection):
             dsn, connect_args = _async_connection_args(conn)
+            search_path = _search_path(conn)
             pipeline = pipe is not None
 
             async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
-                aconn = await _connect(dsn, **connect_args)
+                aconn = await _connect(dsn, search_path, **connect_args)
                 stack.push_async_callback(aconn.close)
                 apipe = await stack.enter_async_context(aconn.pipeline()) if pipeline else None
                 return AsyncPostgresSaver(aconn, apipe, serde=serde, ttl=ttl)
@@ -114,7 +161,16 @@ class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
         self.conn = conn
         self.pipe = pipe
         self.supports_pipeline = Capabilities().has_pipeline()
-        self._start("PostgresSaver", open_saver)
+        # a pipelined connection takes the loop path (see the module docstring)
+        direct = self._direct_path = None if pipe is not None else DirectPath(conn)
+
+        async def open_with_direct_path(stack: AsyncExitStack) -> AsyncPostgresSaver:
+            saver = await open_saver(stack)
+            if direct is not None:  # registered last, so closing ends the direct path first
+                stack.callback(direct.close)
+            return saver
+
+        self._start("PostgresSaver", open_with_direct_path)
 
     @classmethod
     @contextmanager
@@ -126,30 +182,57 @@ class PostgresSaver(SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
         serde: SerializerProtocol | None = None,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
     ) -> Iterator[PostgresSaver]:
-        """Connect to ``conn_string`` for the block (autocommit, prepared statements), set
-        up; ``pipeline=True`` runs the connection in pipeline mode, as LangGraph's does."""
-
-        async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
-            return await stack.enter_async_context(
-                AsyncPostgresSaver.from_conn_string(
-                    conn_string, pipeline=pipeline, serde=serde, ttl=ttl
-                )
-            )
-
-        saver = cls.__new__(cls)
-        saver._start("PostgresSaver", open_saver)
-        try:
-            saver.conn = cast(AsyncConnection[Any], saver.saver.conn)  # what it opened
-            saver.pipe = None
-            saver.supports_pipeline = saver.saver.supports_pipeline
-            yield saver
-        finally:
-            saver.close()
+        """Connect to ``conn_string`` for the block (autocommit, prepared statements, as
+        LangGraph's does), set up; ``pipeline=True`` runs the connection in pipeline mode.
+        ``conn`` is that sync connection, closed with the block."""
+        ttl = TTLConfig.of(ttl)  # refused before connecting
+        with _connect_sync(conn_string) as conn:
+            pipe_cm = conn.pipeline() if pipeline else nullcontext()
+            with pipe_cm as pipe, cls(conn, pipe, serde=serde, ttl=ttl) as saver:
+                saver.setup()
+                yield saver
 
     def setup(self) -> None:
         """Create or migrate the tables (idempotent; also runs on first use), in one
         transaction under an advisory lock, as ``AsyncPostgresSaver.setup`` does."""
         self._call(self.saver.setup())
+
+    # --- the direct path (see the module docstring) ------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        saver = self.saver
+        return saver._tuple_of(self._run_steps(single(saver._tuple_statement(config))))
+
+    # put, put_writes and list: SyncCheckpointCalls, over these
+
+    def _direct_put(self, put: CheckpointPut) -> list[EncodedBlob]:
+        return self._run_steps(self.saver._put_steps(put))
+
+    def _direct_writes(self, rows: list[tuple[Any, ...]]) -> None:
+        self._run_steps(single(self.saver._writes_statement(rows)))
+
+    def _direct_pages(self, query: ListQuery) -> SyncPageReader:
+        page_steps = self.saver._list_page_steps(query)
+        return lambda after, size: self._run_steps(page_steps(after, size))
+
+    def _run_steps(self, steps: Steps[T]) -> T:
+        """Run a checkpoint call's statements here, on the user's connection, or on the
+        loop (which sets up first) when they cannot run here: not set up yet, a pipeline,
+        closed, or called on the loop's own thread (refused there)."""
+        direct, runtime = self._direct_path, self._runtime
+        if (
+            direct is not None
+            and self.saver.is_setup
+            and not runtime.closed
+            and threading.get_ident() != runtime.thread.ident
+        ):
+            return direct.run(self.saver, steps)
+        return self._call(self.saver._run_steps(steps))
+
+
+# get_tuple says what aget_tuple says (it runs the same statement; put, put_writes and
+# list: SyncCheckpointCalls')
+PostgresSaver.get_tuple.__doc__ = AsyncPostgresSaver.aget_tuple.__doc__
 
 
 def _async_connection_args(conn: Connection[Any]) -> tuple[str, dict[str, Any]]:
@@ -168,11 +251,49 @@ def _async_connection_args(conn: Connection[Any]) -> tuple[str, dict[str, Any]]:
     return conn.info.dsn, args
 
 
-async def _connect(dsn: str, **args: Any) -> AsyncConnection[Any]:
+def _search_path(conn: Connection[Any]) -> str:
+    """The ``search_path`` of the user's connection, which the saver's async connection
+    (the ledger, maintenance) then uses too: one set of tables for both."""
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute("SELECT current_setting('search_path')")
+        row = cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def _connect(dsn: str, search_path: str, **args: Any) -> AsyncConnection[Any]:
+    """The saver's async connection, on the tables the user's connection sees."""
     try:
-        return await AsyncConnection.connect(dsn, **args)
+        aconn = await AsyncConnection.connect(dsn, **args)
     except psycopg.OperationalError as exc:
         raise ConnectionClosedError(f"cannot connect to PostgreSQL: {exc}") from exc
+    try:
+        async with aconn.transaction():
+            await aconn.execute("SELECT set_config('search_path', %s, false)", (search_path,))
+    except BaseException:
+        await aconn.close()
+        raise
+    return aconn
+
+
+def _connect_sync(conn_string: str) -> Connection[Any]:
+    """``from_conn_string``'s connection, opened as LangGraph's ``PostgresSaver`` opens
+    it, with the errors ``AsyncPostgresSaver.from_conn_string`` raises."""
+    try:
+        return Connection.connect(
+            conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+        error = connect_error(exc, conn_string)
+        raise error from (None if isinstance(error, ConfigError) else exc)
+
+
+def _without_cursor_factory(kwargs: Any) -> Any:
+    """A pool's connection kwargs for the async pool: a ``cursor_factory`` (a sync class)
+    left out; a callable or None as it is."""
+    if isinstance(kwargs, dict) and "cursor_factory" in kwargs:
+        return {k: v for k, v in kwargs.items() if k != "cursor_factory"}
+    return kwargs
 
 
 def _async_pool_args(pool: ConnectionPool[Any]) -> dict[str, Any]:
@@ -190,7 +311,7 @@ def _async_pool_args(pool: ConnectionPool[Any]) -> dict[str, Any]:
     check = getattr(pool, "_check", None)
     return {
         "conninfo": pool.conninfo,
-        "kwargs": pool.kwargs,
+        "kwargs": _without_cursor_factory(pool.kwargs),
         "min_size": pool.min_size,
         "max_size": pool.max_size,
         "timeout": pool.timeout,

@@ -60,17 +60,16 @@ from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
     CheckpointTuple,
     DeltaChannelHistory,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from langgraph_idem_saver.backend import CheckpointPut
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
+from langgraph_idem_saver.list_deltas import EncodedBlob
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
-from langgraph_idem_saver.saver_checkpoints import ListQuery, Paging
+from langgraph_idem_saver.saver_checkpoints import ListQuery, SyncCheckpointCalls, SyncPageReader
 from langgraph_idem_saver.sqlite.runner import BorrowedConnection, raw_connection
 from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver, Synchronous
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
@@ -80,7 +79,7 @@ __all__ = ["SqliteSaver"]
 T = TypeVar("T")
 
 
-class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
+class SqliteSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
     """Sync SQLite checkpointer and tool-call ledger (see the module docstring).
 
     Args:
@@ -181,43 +180,15 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return self._read(self.saver._get_tuple_body(config))
 
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        saver = self.saver
-        paging = Paging(limit, saver._list_page_size)
-        if paging.done:
-            return
-        page_body = saver._list_page_bodies(ListQuery.of(config, filter, before))
-        while (request := paging.next_page()) is not None:
-            yield from paging.take(self._read(page_body(*request)))
+    def _direct_put(self, put: CheckpointPut) -> list[EncodedBlob]:
+        return self._store(self.saver._put_body(put))
 
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        saver = self.saver
-        put = saver._checkpoint_put(config, checkpoint, metadata, new_versions)
-        return saver._stored(put, self._store(saver._put_body(put)))
+    def _direct_writes(self, rows: list[tuple[Any, ...]]) -> None:
+        self._store(self.saver._writes_body(rows))
 
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        rows = self.saver._writes_rows(config, writes, task_id, task_path)
-        if rows:
-            self._store(self.saver._writes_body(rows))
+    def _direct_pages(self, query: ListQuery) -> SyncPageReader:
+        page_body = self.saver._list_page_bodies(query)
+        return lambda after, size: self._read(page_body(after, size))
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
@@ -250,7 +221,7 @@ class SqliteSaver(SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
 
 
 # the direct methods say what their async twins say (they run the same bodies)
-for _name in ("get_tuple", "list", "put", "put_writes", "get_delta_channel_history"):
+for _name in ("get_tuple", "get_delta_channel_history"):  # put, list...: SyncCheckpointCalls
     getattr(SqliteSaver, _name).__doc__ = getattr(AsyncSqliteSaver, f"a{_name}").__doc__
 
 

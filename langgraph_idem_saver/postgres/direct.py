@@ -1,0 +1,111 @@
+"""``PostgresSaver``'s direct path: the checkpoint calls ``graph.invoke`` makes on every
+step, run on the caller's thread over the user's own sync connection or pool (see
+:mod:`langgraph_idem_saver.postgres.sync_saver`).
+
+What runs here is the async saver's own statements and decoding (a :data:`Steps` body
+built by :class:`AsyncPostgresSaver`); only the connection, the transaction and the
+cursor are sync, and psycopg's errors become the same typed errors through the async
+saver's ``_typed_error``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from psycopg import Connection
+from psycopg_pool import ConnectionPool, PoolClosed
+
+from langgraph_idem_saver.errors import ConnectionClosedError
+from langgraph_idem_saver.postgres.connection import Steps, run_in_transaction
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
+
+T = TypeVar("T")
+
+
+class DirectPath:
+    """The user's ``Connection`` (one call at a time, under ``lock``, as LangGraph's
+    ``PostgresSaver`` holds it) or ``ConnectionPool`` (one pooled connection per call,
+    concurrently), and the calls in progress on it, which :meth:`close` waits for.
+
+    Shared by a saver and its ``with_allowlist`` copies.
+    """
+
+    def __init__(self, conn: Connection[Any] | ConnectionPool[Any]) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self._calls = threading.Condition()
+        self._running = 0
+        self.closed = False
+
+    def close(self) -> None:
+        """Wait for the direct calls in progress, then refuse every later one."""
+        with self._calls:
+            self.closed = True
+            self._calls.wait_for(lambda: self._running == 0)
+
+    def run(self, saver: AsyncPostgresSaver, steps: Steps[T], *, tx: bool = False) -> T:
+        """Run ``steps`` on a connection of ours, as ``saver._execute_now`` does on its
+        async one: in its own transaction unless autocommit, with the same typed errors."""
+        with self._running_call():
+            used: Connection[Any] | None = None
+            try:
+                with self._connection() as conn:
+                    used = conn
+                    return run_in_transaction(conn, steps, tx)
+            except (psycopg.Error, PoolClosed) as exc:
+                error = saver._typed_error(exc, used)
+                if error is None:
+                    raise
+                if isinstance(error, ConnectionClosedError):
+                    self._discard_dead_connections()
+                raise error from exc
+
+    @contextmanager
+    def _running_call(self) -> Iterator[None]:
+        """Count a call in progress (for :meth:`close`); refused once closed."""
+        with self._calls:
+            if self.closed:
+                raise ConnectionClosedError(
+                    "the saver is closed (close() was called or its `with` block ended); "
+                    "open a new one"
+                )
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._running -= 1
+                if not self._running:
+                    self._calls.notify_all()
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection[Any]]:
+        """A connection for one call: the pool's next one, or the user's under the lock."""
+        conn = self.conn
+        if isinstance(conn, ConnectionPool):
+            with conn.connection() as pooled:
+                yield pooled
+            return
+        with self.lock:
+            if conn.closed:
+                raise ConnectionClosedError(
+                    "the psycopg connection given to PostgresSaver is closed; open a new "
+                    "connection and create a new saver (e.g. `with PostgresSaver."
+                    "from_conn_string(dsn)`), or pass a ConnectionPool, which replaces "
+                    "lost connections"
+                )
+            yield conn
+
+    def _discard_dead_connections(self) -> None:
+        """After a lost connection, make the pool drop its other dead idle ones (as the
+        async saver does with its pool), so the next call gets a live one."""
+        if isinstance(self.conn, ConnectionPool):
+            with contextlib.suppress(Exception):
+                self.conn.check()
