@@ -223,8 +223,7 @@ async def claim_and_finish_plan(conn: psycopg.AsyncConnection[Any], n: int) -> d
     await conn.execute(ledger_sql.CLAIM_STEP, params)
     # a ToolMessage of a few words serializes to about this size
     outcomes = [
-        ("completed", "msgpack", b"r" * 200, None, 3.0, "t", f"fresh-{i}", "me")
-        for i in range(n)
+        ("completed", "msgpack", b"r" * 200, None, 3.0, "t", f"fresh-{i}", "me") for i in range(n)
     ]
     await conn.execute("BEGIN")
     cur = await conn.execute(
