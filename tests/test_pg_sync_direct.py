@@ -34,6 +34,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from pg_server import fresh_dsn
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
+from test_postgres_specific import kill_backends
 from test_sync_direct import (
     Trace,
     assert_all_closed,
@@ -216,6 +217,25 @@ def test_a_closed_pool_raises_connection_closed(pg_dsn: str) -> None:
             saver.get_tuple(stored)
         with pytest.raises(ConnectionClosedError, match="pool is closed"):
             put_checkpoint(saver, "t", 1, stored)
+
+
+def test_a_read_on_a_dead_pooled_connection_is_retried_once_a_write_is_not(
+    pg_dsn: str,
+) -> None:
+    """As the async saver: a direct read meeting a dead idle pooled connection runs
+    again on a fresh one; a direct write raises."""
+    kwargs = {**KWARGS, "application_name": "idem-sync-read-retry"}
+    pool: ConnectionPool[Any] = ConnectionPool(pg_dsn, kwargs=kwargs, min_size=2, max_size=2)
+    with pool, PostgresSaver(pool) as saver:
+        stored = put_checkpoint(saver, "t", 0)
+        asyncio.run(kill_backends(pg_dsn, "idem-sync-read-retry"))
+        assert saver.get_tuple(stored) is not None
+        asyncio.run(kill_backends(pg_dsn, "idem-sync-read-retry"))
+        assert len(list(saver.list(cfg("t")))) == 1
+        asyncio.run(kill_backends(pg_dsn, "idem-sync-read-retry"))
+        with pytest.raises(ConnectionClosedError, match="retry"):
+            put_checkpoint(saver, "t2", 0)
+        assert saver.get_tuple(cfg("t2")) is None
 
 
 def test_a_read_only_session_raises_the_same_error_on_both_paths(pg_dsn: str) -> None:

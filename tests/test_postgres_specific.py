@@ -202,6 +202,18 @@ async def test_backend_killed_mid_transaction_single_connection(
             assert await cur.fetchone() == (0,)
 
 
+async def wait_until_gone(conn: psycopg.AsyncConnection[Any], pids: list[int]) -> None:
+    for _ in range(500):
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s::int[])", [pids]
+        )
+        row = await cur.fetchone()
+        if row == (0,):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"backends {pids} survived pg_terminate_backend")
+
+
 async def test_backends_killed_with_a_pool_next_call_works(pg_dsn: str) -> None:
     async with AsyncConnectionPool(
         pg_dsn,
@@ -219,10 +231,16 @@ async def test_backends_killed_with_a_pool_next_call_works(pg_dsn: str) -> None:
             task = asyncio.create_task(saver.aput(config("busy"), cp, {}, {}))
             await wait_until_blocked(pg_dsn)
             async with await admin(pg_dsn) as conn:  # every pool connection, idle ones too
-                await conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE application_name = 'idem-pool-test'"
+                cur = await conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'idem-pool-test'"
                 )
+                pids = [row[0] for row in await cur.fetchall()]
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", [pids]
+                )
+                # termination is a signal: wait until the backends are gone, or the pool's
+                # health check may still find an idle one alive (the CI flake of stop 22)
+                await wait_until_gone(conn, pids)
             with pytest.raises(ConnectionClosedError, match="retry"):
                 await asyncio.wait_for(task, 10)
         finally:
@@ -232,6 +250,41 @@ async def test_backends_killed_with_a_pool_next_call_works(pg_dsn: str) -> None:
         assert tup is not None
         await put(saver, "after")
         assert await saver.aget_tuple(config("after")) is not None
+
+
+async def kill_backends(dsn: str, application_name: str) -> None:
+    """``pg_terminate_backend`` every backend of ``application_name``, and wait until
+    they are gone; the pool is not told (its idle connections now look alive)."""
+    async with await admin(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [application_name]
+        )
+        pids = [row[0] for row in await cur.fetchall()]
+        assert pids
+        await conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", [pids])
+        await wait_until_gone(conn, pids)
+
+
+async def test_a_read_on_a_dead_pooled_connection_is_retried_once_a_write_is_not(
+    pg_dsn: str,
+) -> None:
+    """A read that meets a dead idle pooled connection runs again on a fresh one (it
+    changes nothing); a write raises, since its outcome is unknown to us."""
+    kwargs = {"autocommit": True, "application_name": "idem-read-retry"}
+    async with AsyncConnectionPool(
+        pg_dsn, min_size=2, max_size=2, kwargs=kwargs, open=False
+    ) as pool:
+        await pool.wait()
+        saver = AsyncPostgresSaver(pool)
+        await put(saver, "t")
+        await kill_backends(pg_dsn, "idem-read-retry")
+        assert await asyncio.wait_for(saver.aget_tuple(config("t")), 10) is not None
+        await kill_backends(pg_dsn, "idem-read-retry")
+        assert len([c async for c in saver.alist(config("t"))]) == 1
+        await kill_backends(pg_dsn, "idem-read-retry")
+        with pytest.raises(ConnectionClosedError, match="retry"):
+            await put(saver, "t2")
+        assert await saver.aget_tuple(config("t2")) is None
 
 
 async def test_closed_connection_and_closed_pool(pg_dsn: str) -> None:

@@ -201,6 +201,21 @@ class PostgresConnection:
         """``_run`` of a :data:`Steps` body (what the sync saver's loop path runs too)."""
         return await self._run(functools.partial(arun_steps, steps), tx=tx)
 
+    async def _read_steps(self, make_steps: Callable[[], Steps[T]]) -> T:
+        """``_run_steps`` for a read, retried once on a fresh pooled connection.
+
+        A server restart or ``pg_terminate_backend`` kills every pooled connection, but
+        the pool's health check can still find an idle one alive if its backend has not
+        exited yet. A read changes nothing, so running it again is always safe; a write is
+        never retried here (its outcome is unknown: the error says so).
+        """
+        try:
+            return await self._run_steps(make_steps())
+        except ConnectionClosedError:
+            if not isinstance(self.conn, AsyncConnectionPool):
+                raise
+            return await self._run_steps(make_steps())
+
     def _typed_error(
         self, exc: BaseException, conn: BaseConnection[Any] | None
     ) -> Exception | None:

@@ -202,7 +202,8 @@ class AsyncPostgresSaver(
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint (latest of the thread/namespace, or by id), one round trip."""
-        return self._tuple_of(await self._run_steps(single(self._tuple_statement(config))))
+        statement = self._tuple_statement(config)
+        return self._tuple_of(await self._read_steps(lambda: single(statement)))
 
     # Each checkpoint call is built here as a Statement (or Steps) and decoded here; only
     # running it differs between this saver and PostgresSaver's direct path.
@@ -227,7 +228,7 @@ class AsyncPostgresSaver(
         page_steps = self._list_page_steps(query)
 
         async def read_page(after: tuple[str, str, str] | None, size: int) -> ListPage:
-            return await self._run_steps(page_steps(after, size))
+            return await self._read_steps(lambda: page_steps(after, size))
 
         return read_page
 

@@ -72,7 +72,7 @@ concurrently.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AsyncExitStack, contextmanager, nullcontext
 from typing import Any, TypeVar
 
@@ -201,7 +201,8 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         saver = self.saver
-        return saver._tuple_of(self._run_steps(single(saver._tuple_statement(config))))
+        statement = saver._tuple_statement(config)
+        return saver._tuple_of(self._read_steps(lambda: single(statement)))
 
     # put, put_writes and list: SyncCheckpointCalls, over these
 
@@ -213,7 +214,17 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
 
     def _direct_pages(self, query: ListQuery) -> SyncPageReader:
         page_steps = self.saver._list_page_steps(query)
-        return lambda after, size: self._run_steps(page_steps(after, size))
+        return lambda after, size: self._read_steps(lambda: page_steps(after, size))
+
+    def _read_steps(self, make_steps: Callable[[], Steps[T]]) -> T:
+        """``_run_steps`` for a read, retried once on a fresh pooled connection (see
+        ``AsyncPostgresSaver._read_steps``: a read is always safe to run again)."""
+        try:
+            return self._run_steps(make_steps())
+        except ConnectionClosedError:
+            if not isinstance(self.conn, ConnectionPool):
+                raise
+            return self._run_steps(make_steps())
 
     def _run_steps(self, steps: Steps[T]) -> T:
         """Run a checkpoint call's statements here, on the user's connection, or on the
