@@ -263,28 +263,64 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
         result: bytes | None,
         error: str | None = None,
     ) -> LedgerEntry:
+        params = self._outcome(scope, key, owner, status, result_type, result, error)
+        done, entry = await self._finish_entry(params, read_back=True)
+        if done and entry is not None:
+            return entry
+        raise await self._not_finished(scope, key, owner)
+
+    async def arecord_outcome(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> None:
+        params = self._outcome(scope, key, owner, status, result_type, result, error)
+        done, _ = await self._finish_entry(params, read_back=False)
+        if not done:
+            raise await self._not_finished(scope, key, owner)
+
+    def _outcome(
+        self,
+        scope: str,
+        key: str,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None,
+    ) -> tuple[Any, ...]:
+        """An outcome's parameters, as ``_finish_entry`` takes them."""
         if status is CallStatus.ISSUED:
             raise ValueError("afinish records an outcome: status must be completed or failed")
-        params = (
+        return (
             status.value, result_type, result, self.ledger_error(error), time.time(), scope,
             key, owner,
         )  # fmt: skip
-        entry = await self._finish_entry(params)
-        if entry is not None:
-            return entry
+
+    async def _not_finished(self, scope: str, key: str, owner: str) -> LedgerStateError:
+        """Why an outcome was refused: the entry as it is now."""
         found = await self.aget_entry(scope, key)
         state = "missing" if found is None else f"{found.status.value} (owner {found.owner!r})"
-        raise LedgerStateError(
+        return LedgerStateError(
             f"cannot record the outcome of tool call {key!r} in scope {scope!r}: "
             f"entry is {state}, not issued to {owner!r}"
         )
 
     @abstractmethod
-    async def _finish_entry(self, outcome: tuple[Any, ...]) -> LedgerEntry | None:
+    async def _finish_entry(
+        self, outcome: tuple[Any, ...], *, read_back: bool
+    ) -> tuple[bool, LedgerEntry | None]:
         """Record one outcome, committed: ``outcome`` is (status, result_type, result,
         error, finished_at, scope, key, owner), applied only while the entry is ``issued``
-        to ``owner``; the entry after it, or None when that guard did not match. Backends
-        batch the outcomes of calls that finish together (one commit for all)."""
+        to ``owner``. Returns whether that guard matched, and (``read_back`` only) the
+        entry after it. Backends batch the outcomes of calls that finish together (one
+        commit for all), and read back only the entries asked for."""
 
     async def areclaim(
         self,

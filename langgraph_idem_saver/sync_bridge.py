@@ -354,6 +354,7 @@ class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
     aclaim = hopping(IdemSaverBase.aclaim)
     aclaim_step = hopping(IdemSaverBase.aclaim_step)
     afinish = hopping(IdemSaverBase.afinish)
+    arecord_outcome = hopping(IdemSaverBase.arecord_outcome)
     areclaim = hopping(IdemSaverBase.areclaim)
     arelease = hopping(IdemSaverBase.arelease)
     aabandon = hopping(IdemSaverBase.aabandon)

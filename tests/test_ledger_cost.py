@@ -175,3 +175,56 @@ async def test_a_claim_and_outcomes_of_450_calls_read_back_every_entry(saver: An
     )
     assert [(e.key, e.result) for e in finished] == [(f"k{i}", str(i).encode()) for i in range(450)]
     assert all(e.status is CallStatus.COMPLETED for e in finished)
+
+
+async def test_outcomes_recorded_without_read_back_share_a_batch_with_afinish(
+    saver: Any,
+) -> None:
+    """``arecord_outcome`` (what the engine calls) and ``afinish`` finishing together: one
+    batch; ``afinish`` gets its entry back, ``arecord_outcome`` nothing, and an outcome
+    that is not ours to record is refused by either with the entry's state."""
+    intents = [planted(i, tool="send", digest=f"d{i}", at="p") for i in range(6)]
+    await saver.aclaim(intents, owner="me", lease_seconds=60)
+
+    def outcome(i: int, owner: str = "me") -> dict[str, Any]:
+        return {
+            "owner": owner,
+            "status": CallStatus.COMPLETED,
+            "result_type": "bytes",
+            "result": str(i).encode(),
+        }
+
+    recorded, finished, *refused = await asyncio.gather(
+        saver.arecord_outcome("t", "k0", **outcome(0)),
+        saver.afinish("t", "k1", **outcome(1)),
+        saver.arecord_outcome("t", "k2", **outcome(2, owner="thief")),
+        saver.afinish("t", "k3", **outcome(3, owner="thief")),
+        saver.arecord_outcome("t", "k9", **outcome(9)),
+        return_exceptions=True,
+    )
+    assert recorded is None
+    assert (finished.key, finished.status, finished.result) == ("k1", CallStatus.COMPLETED, b"1")
+    assert [type(e).__name__ for e in refused] == ["LedgerStateError"] * 3
+    assert "issued (owner 'me')" in str(refused[0]) and "missing" in str(refused[2])
+    entries = {e.key: e for e in await saver.alist_entries("t")}
+    assert entries["k0"].status is CallStatus.COMPLETED and entries["k0"].result == b"0"
+    assert entries["k2"].status is CallStatus.ISSUED and entries["k2"].result is None
+
+
+async def test_the_engine_records_outcomes_without_reading_the_rows_back(
+    saver_factory: Any, backend: str
+) -> None:
+    """A 50-call step asks the backend for no entry back (the engine has no use for it)."""
+    async with saver_factory() as saver:
+        graph = tool_graph(IdempotentToolNode([send]), saver)
+        asked: list[bool] = []
+        original = saver._finish_entry
+
+        async def spied(outcome: tuple[Any, ...], *, read_back: bool) -> Any:
+            asked.append(read_back)
+            return await original(outcome, read_back=read_back)
+
+        saver._finish_entry = spied
+        await step_trips(graph, saver, backend, "t", 50, "a")
+        assert asked == [False] * 50
+        assert all(e.status is CallStatus.COMPLETED for e in await saver.alist_entries("t"))

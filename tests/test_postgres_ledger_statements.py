@@ -11,6 +11,7 @@ entry (a HOT update, migration 6).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -294,3 +295,46 @@ async def test_migration_6_applies_to_an_existing_ledger(pg_dsn: str) -> None:
             "FROM pg_class WHERE oid = 'idem_tool_calls'::regclass"
         )
         assert await cur.fetchone() == (True, ["fillfactor=25"])
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["stale-stats", "analyzed"])
+async def test_the_adoption_read_probes_indexes_whatever_the_threads_history(
+    pg_dsn: str, analyzed: bool
+) -> None:
+    """The read a step's claim starts with (every call signature and fork-slot position
+    of the step) reads the rows it finds and no others: on a ledger of 20,000 rows of
+    other threads plus a thread with 20,000 rows of its own, fresh statistics or not.
+    Written as joins, the planner hashed the whole thread (or scanned the table): 8-20
+    ms a step; SQLite's form scanned too (tests/test_sqlite_specific.py)."""
+    import json
+
+    from langgraph_idem_saver.postgres import ledger_sql
+
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await saver.setup()
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute("ANALYZE idem_tool_calls")  # statistics of the empty table
+        await conn.execute(LEDGER_FILL)
+        await conn.execute(LEDGER_FILL.replace("'other-' || (g / 50), 'key-'", "'big', 'bkey-'"))
+        if analyzed:
+            await conn.execute("ANALYZE idem_tool_calls")
+        # scope "big" holds 20,000 rows; signatures of three, position p5 holds 50
+        hashes = [hashlib.md5(str(g).encode()).hexdigest() for g in (250, 251, 252)]
+        signatures = json.dumps([["send", h] for h in hashes])
+        for scope, spots, expected in (
+            ("fresh", json.dumps([["p5", "send"]]), 0),
+            ("big", json.dumps([["nowhere", "send"]]), 3),
+            ("big", json.dumps([["p5", "send"]]), 50),
+        ):
+            params = (scope, "tools", signatures, scope, spots)
+            cur = await conn.execute(
+                "EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + ledger_sql.SELECT_STEP_CANDIDATES,
+                params,
+            )
+            [(doc,)] = await cur.fetchall()
+            scans = ledger_scans(doc[0]["Plan"])
+            assert all(kind == "Index Scan" for kind, _ in scans), scans
+            # each row found is read twice: by its index, then by its key
+            assert sum(rows for _, rows in scans) <= 2 * (expected + 3), (scope, scans)
+            cur = await conn.execute(ledger_sql.SELECT_STEP_CANDIDATES, params)
+            assert len(await cur.fetchall()) == expected

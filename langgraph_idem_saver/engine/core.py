@@ -452,7 +452,7 @@ class LedgerEngine:
         result_type, data = self.dumps(batch, result)
         await self.lg(
             batch,
-            ledger.afinish(
+            ledger.arecord_outcome(
                 batch.scope,
                 cast(str, plan.ledger_key),
                 owner=self.owner,

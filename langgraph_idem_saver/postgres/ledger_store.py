@@ -30,7 +30,7 @@ class PostgresLedgerStore:
     """Ledger rows on PostgreSQL: claims, outcomes, guarded updates, reads."""
 
     if TYPE_CHECKING:
-        _finishes: GroupCommit[tuple[Any, ...], tuple[bool, TupleRow | None]]
+        _finishes: GroupCommit[tuple[tuple[Any, ...], bool], tuple[bool, TupleRow | None]]
 
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
 
@@ -109,28 +109,30 @@ class PostgresLedgerStore:
             "deleted concurrently"
         )
 
-    async def _finish_entry(self, outcome: tuple[Any, ...]) -> LedgerEntry | None:
+    async def _finish_entry(
+        self, outcome: tuple[Any, ...], *, read_back: bool
+    ) -> tuple[bool, LedgerEntry | None]:
         """Outcomes of calls that finish together share one statement (_finish_all)."""
-        done, row = await self._finishes.submit(outcome)
-        return self.entry_of(row) if done and row is not None else None
+        done, row = await self._finishes.submit((outcome, read_back))
+        return done, (self.entry_of(row) if read_back and row is not None else None)
 
-    async def _finish_all(self, batch: list[tuple[Any, ...]]) -> list[tuple[bool, TupleRow | None]]:
+    async def _finish_all(
+        self, batch: list[tuple[tuple[Any, ...], bool]]
+    ) -> list[tuple[bool, TupleRow | None]]:
         """Record the outcomes of calls that finished together: ONE statement (one round
-        trip, one commit) for all; per outcome, its row, or (not ours to finish) the row
-        as it is."""
+        trip, one commit) for all; per outcome, whether it was ours to record, and its
+        row. The rows come back whole only when one is asked for (``read_back``); the
+        engine asks for none, and then only keys travel back."""
+        query = sql.FINISH_STEP if any(back for _, back in batch) else sql.FINISH_STEP_KEYS
 
         async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
-            await cur.execute(sql.FINISH_STEP, (finish_rows(batch),))
+            await cur.execute(query, (finish_rows([p for p, _ in batch]),))
             finished = {(r[0], r[1]): r for r in await cur.fetchall()}  # scope, key
-            done: list[tuple[bool, TupleRow | None]] = []
-            for params in batch:
+            out: list[tuple[bool, TupleRow | None]] = []
+            for params, _ in batch:
                 row = finished.pop((params[5], params[6]), None)
-                if row is None:  # not ours to finish: the row as it is
-                    await cur.execute(sql.SELECT_ENTRY, params[5:7])
-                    done.append((False, await cur.fetchone()))
-                else:
-                    done.append((True, row))
-            return done
+                out.append((row is not None, row))
+            return out
 
         return await self._run(finish)
 

@@ -23,7 +23,7 @@ class SqliteLedgerStore:
     """Ledger rows on SQLite: claims, guarded updates, writes, reads."""
 
     if TYPE_CHECKING:
-        _finishes: GroupCommit[tuple[Any, ...], LedgerEntry | None]
+        _finishes: GroupCommit[tuple[tuple[Any, ...], bool], tuple[bool, LedgerEntry | None]]
 
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
 
@@ -84,20 +84,24 @@ class SqliteLedgerStore:
 
         return await self._write(claim, before_tool_runs=True)
 
-    async def _finish_entry(self, outcome: tuple[Any, ...]) -> LedgerEntry | None:
+    async def _finish_entry(
+        self, outcome: tuple[Any, ...], *, read_back: bool
+    ) -> tuple[bool, LedgerEntry | None]:
         """Outcomes of calls that finish together share one write body (_finish_all)."""
-        return await self._finishes.submit(outcome)
+        return await self._finishes.submit((outcome, read_back))
 
-    async def _finish_all(self, batch: list[tuple[Any, ...]]) -> list[LedgerEntry | None]:
+    async def _finish_all(
+        self, batch: list[tuple[tuple[Any, ...], bool]]
+    ) -> list[tuple[bool, LedgerEntry | None]]:
         """Record the outcomes of calls that finished together in one body of the group
         commit: an UPDATE each (one statement: atomic alone, no savepoint needed), then
-        one read of the rows finished; None for an outcome that was not ours to record."""
+        one read of the finished rows asked for (``read_back``)."""
 
-        def finish(conn: sqlite3.Connection) -> list[LedgerEntry | None]:
-            done = [conn.execute(sql.FINISH_ENTRY, p).rowcount == 1 for p in batch]
-            keys = [p[5:7] for p, ok in zip(batch, done, strict=True) if ok]  # scope, key
+        def finish(conn: sqlite3.Connection) -> list[tuple[bool, LedgerEntry | None]]:
+            done = [conn.execute(sql.FINISH_ENTRY, p).rowcount == 1 for p, _ in batch]
+            keys = [p[5:7] for (p, back), ok in zip(batch, done, strict=True) if ok and back]
             entries = self._entries_by_keys(conn, keys) if keys else {}
-            return [entries.get(p[5:7]) if ok else None for p, ok in zip(batch, done, strict=True)]
+            return [(ok, entries.get(p[5:7])) for (p, _), ok in zip(batch, done, strict=True)]
 
         return await self._write(finish)
 
