@@ -167,11 +167,11 @@ class _Crashing:
             die()
         return await super().aclaim_step(intents, lookup, **kwargs)  # type: ignore[misc]
 
-    async def afinish(self, *args: Any, **kwargs: Any) -> Any:
-        entry = await super().afinish(*args, **kwargs)  # type: ignore[misc]
+    async def arecord_outcome(self, *args: Any, **kwargs: Any) -> None:
+        """The engine's outcome (committed when it returns): die right after it."""
+        await super().arecord_outcome(*args, **kwargs)  # type: ignore[misc]
         if self.crash_at == "after_completed":
             die()
-        return entry
 
 
 class CrashingSqliteSaver(_Crashing, AsyncSqliteSaver):

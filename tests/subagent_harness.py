@@ -539,11 +539,10 @@ def crashing(cls: type) -> type:
             self.before_claim(intents)
             return await super().aclaim_step(intents, lookup, **kwargs)
 
-        async def afinish(self, scope: str, key: str, **kwargs: Any) -> Any:
-            entry = await super().afinish(scope, key, **kwargs)
+        async def arecord_outcome(self, scope: str, key: str, **kwargs: Any) -> None:
+            await super().arecord_outcome(scope, key, **kwargs)
             if self.faults is not None:
                 self.faults.die("after_completed", self.items.get(key, ""))
-            return entry
 
     return CrashingSaver
 
