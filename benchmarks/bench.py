@@ -506,14 +506,16 @@ async def bench_config(
             GAPS.update(await pool_gap(savers["ours"], where["ours"], prof))
         if "ledger" in only:
             for calls in (1, prof.calls):
-                # a lone call is short and noisy: more invocations per round
+                # short and noisy (a few fsyncs each): twice the rounds of the graph rows,
+                # more invocations per round (the 50-call step moved 0.67-0.80x between
+                # runs with 12 samples per stack; 48 now)
                 graph_prof = Profile(
                     "graph",
                     0,
                     0,
                     warmup=2,
-                    rounds=prof.graph_rounds,
-                    per_round=2 if calls > 1 else 10,
+                    rounds=2 * prof.graph_rounds,
+                    per_round=4 if calls > 1 else 10,
                     budget_s=prof.budget_s,
                 )
                 title = "a lone tool call" if calls == 1 else f"one step, {calls} tool calls"
