@@ -338,3 +338,41 @@ async def test_the_adoption_read_probes_indexes_whatever_the_threads_history(
             assert sum(rows for _, rows in scans) <= 2 * (expected + 3), (scope, scans)
             cur = await conn.execute(ledger_sql.SELECT_STEP_CANDIDATES, params)
             assert len(await cur.fetchall()) == expected
+
+
+async def test_the_outcomes_statement_is_never_prepared(pg_dsn: str) -> None:
+    """On a connection that prepares every statement (``prepare_threshold=0``, as
+    LangGraph's savers open theirs), PostgreSQL switches a prepared statement to a cached
+    generic plan after five executions; the outcomes' plan cached while the ledger was
+    small hashed a seq scan of the whole ledger into every later step (a 50-call step
+    grew from 21.0 to 23.7 ms over 10k calls). It is sent unprepared, planned each time
+    for the ledger as it is, and reads its rows by key."""
+    async with (
+        await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True, prepare_threshold=0) as conn,
+    ):
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        for step in range(8):
+            keys = [f"s{step}-{i}" for i in range(5)]
+            await saver.aclaim(
+                [intent(step * 10 + i, key=k) for i, k in enumerate(keys)],
+                owner="me",
+                lease_seconds=60,
+            )
+            for key in keys:
+                await saver.arecord_outcome(
+                    "t",
+                    key,
+                    owner="me",
+                    status=CallStatus.COMPLETED,
+                    result_type="bytes",
+                    result=b"r",
+                )
+        cur = await conn.execute(
+            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%UPDATE idem_tool_calls AS t%SET status%"],
+            prepare=False,
+        )
+        assert await cur.fetchall() == []
+        entries = await saver.alist_entries("t")
+        assert len(entries) == 40 and {e.status for e in entries} == {CallStatus.COMPLETED}

@@ -126,7 +126,11 @@ class PostgresLedgerStore:
         query = sql.FINISH_STEP if any(back for _, back in batch) else sql.FINISH_STEP_KEYS
 
         async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
-            await cur.execute(query, (finish_rows([p for p, _ in batch]),))
+            # never prepared: a cached generic plan, built while the ledger was small,
+            # hashed a seq scan of the whole ledger into every later step (step times
+            # grew 13% over 10k calls); planned each time (~0.1 ms) it probes the key
+            rows = finish_rows([p for p, _ in batch])
+            await cur.execute(query, (rows,), prepare=False)
             finished = {(r[0], r[1]): r for r in await cur.fetchall()}  # scope, key
             out: list[tuple[bool, TupleRow | None]] = []
             for params, _ in batch:
