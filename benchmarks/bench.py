@@ -319,6 +319,7 @@ def fill_postgres(dsn: str, thread: str, copies: int) -> None:
         conn.execute("VACUUM (ANALYZE)")
         with contextlib.suppress(psycopg.errors.InsufficientPrivilege):  # a --dsn user
             conn.execute("CHECKPOINT")
+    os.sync()  # and the kernel's dirty pages: their write-back slowed every fsync after
 
 
 def reader(savers: dict[str, Any], thread: str, limit: int | None) -> Prepare:

@@ -11,6 +11,7 @@ entry (a HOT update, migration 6).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ import psycopg
 import pytest
 
 from langgraph_idem_saver.errors import SerializationError
-from langgraph_idem_saver.ledger import CallIntent, CallStatus
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, StepLookup
 from langgraph_idem_saver.postgres import AsyncPostgresSaver
 
 EVERY_BYTE = bytes(range(256))
@@ -297,15 +298,48 @@ async def test_migration_6_applies_to_an_existing_ledger(pg_dsn: str) -> None:
         assert await cur.fetchone() == (True, ["fillfactor=25"])
 
 
+async def ledger_reads(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
+    """(sequential scans, rows fetched by index) of the ledger table in the transaction
+    open on ``conn`` so far: what a statement read, whatever its plan and wherever it
+    runs (inside a function too)."""
+    cur = await conn.execute(
+        "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables "
+        "WHERE relname = 'idem_tool_calls'",
+        prepare=False,
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1] or 0)
+
+
+STEP_CASES = (  # scope, spots, entries found
+    ("fresh", [["p5", "send"]], 0),
+    ("big", [["nowhere", "send"]], 3),  # three signatures of the thread's 20,000 rows
+    ("big", [["p5", "send"]], 50),  # and every call made at position p5 (50, those included)
+)
+HASHES = [hashlib.md5(str(g).encode()).hexdigest() for g in (250, 251, 252)]
+
+
+async def fill_ledger(dsn: str, analyzed: bool) -> None:
+    """20,000 rows of 400 threads, and one thread ("big") with 20,000 of its own."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(LEDGER_FILL)
+        await conn.execute(LEDGER_FILL.replace("'other-' || (g / 50), 'key-'", "'big', 'bkey-'"))
+        if analyzed:
+            await conn.execute("ANALYZE idem_tool_calls")
+
+
+@pytest.mark.parametrize("plans", ["force_generic_plan", "force_custom_plan"])
 @pytest.mark.parametrize("analyzed", [False, True], ids=["stale-stats", "analyzed"])
-async def test_the_adoption_read_probes_indexes_whatever_the_threads_history(
-    pg_dsn: str, analyzed: bool
+async def test_the_adoption_read_reads_only_the_rows_it_finds(
+    pg_dsn: str, analyzed: bool, plans: str
 ) -> None:
     """The read a step's claim starts with (every call signature and fork-slot position
-    of the step) reads the rows it finds and no others: on a ledger of 20,000 rows of
-    other threads plus a thread with 20,000 rows of its own, fresh statistics or not.
-    Written as joins, the planner hashed the whole thread (or scanned the table): 8-20
-    ms a step; SQLite's form scanned too (tests/test_sqlite_specific.py)."""
+    of the step) probes indexes: no sequential scan, and rows fetched in proportion to
+    the entries found, on a ledger of 20,000 rows of other threads plus a thread with
+    20,000 of its own; fresh statistics or not, generic plan or custom. Written as joins,
+    the planner hashed the whole thread or scanned the table (8-20 ms a step); SQLite's
+    form scanned too (tests/test_sqlite_specific.py)."""
     import json
 
     from langgraph_idem_saver.postgres import ledger_sql
@@ -314,30 +348,90 @@ async def test_the_adoption_read_probes_indexes_whatever_the_threads_history(
         await saver.setup()
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await conn.execute("ANALYZE idem_tool_calls")  # statistics of the empty table
-        await conn.execute(LEDGER_FILL)
-        await conn.execute(LEDGER_FILL.replace("'other-' || (g / 50), 'key-'", "'big', 'bkey-'"))
-        if analyzed:
-            await conn.execute("ANALYZE idem_tool_calls")
-        # scope "big" holds 20,000 rows; signatures of three, position p5 holds 50
-        hashes = [hashlib.md5(str(g).encode()).hexdigest() for g in (250, 251, 252)]
-        signatures = json.dumps([["send", h] for h in hashes])
-        for scope, spots, expected in (
-            ("fresh", json.dumps([["p5", "send"]]), 0),
-            ("big", json.dumps([["nowhere", "send"]]), 3),
-            ("big", json.dumps([["p5", "send"]]), 50),
-        ):
-            params = (scope, "tools", signatures, scope, spots)
-            cur = await conn.execute(
-                "EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + ledger_sql.SELECT_STEP_CANDIDATES,
-                params,
-            )
-            [(doc,)] = await cur.fetchall()
-            scans = ledger_scans(doc[0]["Plan"])
-            assert all(kind == "Index Scan" for kind, _ in scans), scans
-            # each row found is read twice: by its index, then by its key
-            assert sum(rows for _, rows in scans) <= 2 * (expected + 3), (scope, scans)
+    await fill_ledger(pg_dsn, analyzed)
+    async with await psycopg.AsyncConnection.connect(
+        pg_dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        signatures = json.dumps([["send", h] for h in HASHES])
+        for scope, spots, expected in STEP_CASES:
+            params = (scope, "tools", signatures, scope, json.dumps(spots))
+            await conn.execute("BEGIN")
+            await conn.execute(f"SET LOCAL plan_cache_mode = {plans}")
             cur = await conn.execute(ledger_sql.SELECT_STEP_CANDIDATES, params)
             assert len(await cur.fetchall()) == expected
+            seq_scans, fetched = await ledger_reads(conn)
+            await conn.execute("ROLLBACK")
+            assert seq_scans == 0, (scope, plans)
+            # each row found is read twice: by its index, then by its key
+            assert fetched <= 2 * (expected + 3), (scope, fetched)
+
+
+async def test_a_claim_planned_while_the_ledger_was_small_never_scans_it(pg_dsn: str) -> None:
+    """On a connection that prepares every statement (``prepare_threshold=0``, as
+    LangGraph's savers open theirs) PostgreSQL caches a generic plan of the claim after
+    five executions. Cached while the ledger held a few rows, it scanned the whole ledger
+    once per signature from then on (a 50-call claim: 8 ms after a few thousand calls,
+    instead of 1.2); with sequential scans off it probed the primary key by thread alone
+    (1,020,000 rows fetched for one claim here). The adoption read is a function that
+    plans it on each call (migration 7): after the ledger grew to 40,000 rows, a step's
+    claim on the thread with 20,000 still reads only what it finds."""
+    async with await psycopg.AsyncConnection.connect(
+        pg_dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        await conn.execute("VACUUM ANALYZE idem_tool_calls")  # the statistics of 0 rows
+        # what PostgreSQL does by itself after five executions whenever the generic plan
+        # looks no dearer than the custom ones; forced, so the test does not hang on
+        # that estimate: every statement's plan is now built once, on the small ledger
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+
+        def step(scope: str, n: int, first: int) -> tuple[list[CallIntent], StepLookup]:
+            intents = [
+                CallIntent(
+                    scope=scope,
+                    key=f"{scope}-{first + i}",
+                    thread_id=scope,
+                    agent_path="tools",
+                    tool_name="send",
+                    args_hash=f"fresh-{first + i}",
+                    args=b"{}",
+                    tool_call_id=f"c{first + i}",
+                    position=f"q{first}",
+                    branch="b",
+                    occurrence=i,
+                )
+                for i in range(n)
+            ]
+            lookup = StepLookup(
+                scope=scope,
+                agent_path="tools",
+                signatures=[("send", i.args_hash) for i in intents],
+                spots=[(f"q{first}", "send")],
+            )
+            return intents, lookup
+
+        for k in range(8):  # the plans are cached now, the ledger holding a few rows
+            intents, lookup = step(f"small-{k}", 3, 0)
+            claim = await saver.aclaim_step(intents, lookup, owner="me", lease_seconds=60)
+            assert claim.claimed is not None and all(c.claimed for c in claim.claimed)
+        await fill_ledger(pg_dsn, analyzed=False)
+        intents, lookup = step("big", 50, 100_000)
+        await conn.execute("BEGIN")
+        claim = await saver.aclaim_step(intents, lookup, owner="me", lease_seconds=60)
+        seq_scans, fetched = await ledger_reads(conn)
+        await conn.execute("ROLLBACK")
+        assert claim.claimed is not None and all(c.claimed for c in claim.claimed)
+        assert (seq_scans, fetched) == (0, 0)
+        # a step asking again for three calls the thread made: found, by their signatures
+        _, lookup = step("big", 3, 0)
+        lookup = dataclasses.replace(lookup, signatures=[("send", h) for h in HASHES])
+        await conn.execute("BEGIN")
+        claim = await saver.aclaim_step(intents[:3], lookup, owner="me", lease_seconds=60)
+        seq_scans, fetched = await ledger_reads(conn)
+        await conn.execute("ROLLBACK")
+        assert claim.claimed is None and len(claim.candidates.by_signature) == 3
+        assert seq_scans == 0 and fetched <= 2 * 3, fetched
 
 
 async def test_the_outcomes_statement_is_never_prepared(pg_dsn: str) -> None:

@@ -24,44 +24,62 @@ jsonb_to_recordset(%(rows)s::jsonb) AS u(
 """
 
 
-def _step_found(scope: str, agent_path: str, signatures: str, spots: str, columns: str) -> str:
-    """What orphan adoption looks at for a step: the entries of each call signature (the
-    signature index) and those each tool made at each position (the fork-slot index);
-    signatures and spots are JSON arrays of pairs. Each pair is one index probe, and so
-    is the read of each row found: LATERAL subqueries fenced with ``OFFSET 0``. Written
-    as joins or ``IN``, the planner hashed every row of the scope, or scanned the table:
-    10-20 ms a step for a thread with 20k ledger rows. The parameters come first, in a
-    one-row subquery, to keep ``step_params``' order. Written once for its two uses:
-    with positional parameters (``SELECT_STEP_CANDIDATES``) and named, in the claim."""
-    return f"""
-SELECT {columns} FROM (
-    SELECT t.scope AS found_scope, t.key AS found_key
-    FROM (SELECT {scope} AS scope, {agent_path} AS agent_path) AS p
-    CROSS JOIN json_array_elements({signatures}::json) AS s
+# What orphan adoption looks at for a step: the entries of each call signature (the
+# signature index) and those each tool made at each position (the fork-slot index);
+# signatures and spots are JSON arrays of pairs. Each pair is one index probe, and so is
+# the read of each row found (LATERAL subqueries fenced with OFFSET 0: written as joins
+# or IN, the planner hashed every row of the thread, or scanned the table: 8-20 ms a
+# step for a thread with 20k ledger rows).
+#
+# In a function that plans this read on every call (EXECUTE), for the ledger as it is.
+# Inside the claim statement it was planned once per connection: a connection that
+# prepares statements (prepare_threshold=0, as LangGraph's savers open theirs) caches a
+# generic plan after five executions, and one built while the ledger held a few rows
+# scanned it once per signature from then on (a 50-call claim took 8 ms after a few
+# thousand calls, instead of 1.2) or, with sequential scans off, probed the primary key
+# by thread alone (every row of the thread, per signature). Planning it costs ~0.3 ms a
+# step. ``search_path FROM CURRENT``: the function reads the tables of the schema it
+# was created in (migration 7), whoever calls it.
+STEP_FOUND_FUNCTION = """
+CREATE OR REPLACE FUNCTION idem_step_found(
+    p_scope text, p_agent_path text, p_signatures json, p_spots json)
+RETURNS SETOF idem_tool_calls
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET search_path FROM CURRENT
+AS $fn$
+BEGIN
+    RETURN QUERY EXECUTE $q$
+    SELECT e.* FROM (
+        SELECT t.scope AS found_scope, t.key AS found_key
+        FROM json_array_elements($3) AS s
+        CROSS JOIN LATERAL (
+            SELECT c.scope, c.key FROM idem_tool_calls AS c
+            WHERE c.scope = $1 AND c.agent_path = $2
+                AND c.tool_name = s ->> 0 AND c.args_hash = s ->> 1
+            OFFSET 0) AS t
+        UNION
+        SELECT t.scope, t.key
+        FROM json_array_elements($4) AS s
+        CROSS JOIN LATERAL (
+            SELECT c.scope, c.key FROM idem_tool_calls AS c
+            WHERE c.scope = $1 AND c.position IS NOT NULL
+                AND c.position = s ->> 0 AND c.tool_name = s ->> 1
+            OFFSET 0) AS t
+    ) AS f
     CROSS JOIN LATERAL (
-        SELECT scope, key FROM idem_tool_calls
-        WHERE scope = p.scope AND agent_path = p.agent_path
-            AND tool_name = s ->> 0 AND args_hash = s ->> 1
-        OFFSET 0) AS t
-    UNION
-    SELECT t.scope, t.key
-    FROM (SELECT {scope} AS scope) AS p CROSS JOIN json_array_elements({spots}::json) AS s
-    CROSS JOIN LATERAL (
-        SELECT scope, key FROM idem_tool_calls
-        WHERE scope = p.scope AND position IS NOT NULL
-            AND position = s ->> 0 AND tool_name = s ->> 1
-        OFFSET 0) AS t
-) AS f
-CROSS JOIN LATERAL (
-    SELECT * FROM idem_tool_calls WHERE scope = f.found_scope AND key = f.found_key OFFSET 0
-) AS e
+        SELECT x.* FROM idem_tool_calls AS x
+        WHERE x.scope = f.found_scope AND x.key = f.found_key OFFSET 0) AS e
+    $q$ USING p_scope, p_agent_path, p_signatures, p_spots;
+END
+$fn$
 """
 
-
 # the adoption read inside the claim: named parameters, ``seq`` first (oldest first)
-_STEP_FOUND = _step_found(
-    "%(scope)s", "%(agent_path)s", "%(signatures)s", "%(spots)s", f"seq, {LEDGER_COLUMNS}"
-)
+_STEP_FOUND = f"""
+SELECT seq, {LEDGER_COLUMNS} FROM idem_step_found(
+    %(scope)s, %(agent_path)s, %(signatures)s::json, %(spots)s::json)
+"""
 
 
 def _claim_statement(unless_found: bool) -> str:
@@ -163,4 +181,10 @@ RETURNING = f"RETURNING {LEDGER_COLUMNS}"
 
 # orphan adoption's two look-ups for every call of a step in ONE read (engine/adoption.py);
 # parameters: scope, agent_path, signatures, scope, spots (backend.step_params)
-SELECT_STEP_CANDIDATES = _step_found("%s", "%s", "%s", "%s", LEDGER_COLUMNS) + "ORDER BY seq\n"
+SELECT_STEP_CANDIDATES = f"""
+SELECT {LEDGER_COLUMNS} FROM (
+    SELECT %s::text AS a_scope, %s::text AS a_agent_path, %s::json AS a_signatures,
+        %s::text AS a_same_scope, %s::json AS a_spots) AS a
+CROSS JOIN LATERAL idem_step_found(a.a_scope, a.a_agent_path, a.a_signatures, a.a_spots)
+ORDER BY seq
+"""

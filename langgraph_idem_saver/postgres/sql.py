@@ -23,6 +23,7 @@ prepared statements) or as arrays they ``unnest``, so every call is a single sta
 from __future__ import annotations
 
 from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
+from langgraph_idem_saver.postgres.ledger_sql import STEP_FOUND_FUNCTION
 
 # The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
 # fixed forever: every release must take the same lock).
@@ -202,6 +203,10 @@ MIGRATIONS: list[list[str]] = [
         END $$
         """,
     ],
+    # 7: the adoption read of a step (ledger_sql.STEP_FOUND_FUNCTION): a function that
+    # plans it on every call, so that no plan cached while the ledger was small (a
+    # prepared statement's generic plan) reads it as it grows
+    [STEP_FOUND_FUNCTION],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
