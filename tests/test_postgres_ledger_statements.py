@@ -11,6 +11,7 @@ entry (a HOT update, migration 6).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 from collections.abc import AsyncIterator, Iterator
@@ -130,20 +131,28 @@ async def test_a_claim_that_races_a_concurrent_claimer_takes_its_row(
     assert [e.owner for e in await saver.alist_entries("t") if e.key == "k0"] == ["rival"]
 
 
+@pytest.mark.parametrize("together", [1, 2], ids=["alone-FINISH_ONE", "with-another-JSON"])
 async def test_an_outcome_with_a_nul_is_typed_and_leaves_the_call_issued(
-    saver: AsyncPostgresSaver,
+    saver: AsyncPostgresSaver, together: int
 ) -> None:
     """A failed call's error text with a NUL (PostgreSQL text cannot hold one): a
     SerializationError, and the entry stays ``issued`` (an unknown outcome, surfaced),
-    never silently changed."""
-    await saver.aclaim([intent(0)], owner="me", lease_seconds=60)
-    with pytest.raises(SerializationError, match="NUL"):
-        await saver.afinish(
-            "t", "k0", owner="me", status=CallStatus.FAILED, result_type="bytes",
-            result=b"x", error="bad\x00news",
+    never silently changed - recorded alone (a text parameter) or with another outcome
+    (the JSON form, where the other outcome of that transaction is not recorded either)."""
+    await saver.aclaim([intent(i) for i in range(together)], owner="me", lease_seconds=60)
+
+    async def fail(i: int, error: str) -> Any:
+        return await saver.afinish(
+            "t", f"k{i}", owner="me", status=CallStatus.FAILED, result_type="bytes",
+            result=b"x", error=error,
         )  # fmt: skip
-    [entry] = await saver.alist_entries("t")
-    assert entry.status is CallStatus.ISSUED and entry.error is None
+
+    outcomes = [fail(0, "bad\x00news"), *(fail(i, "fine") for i in range(1, together))]
+    results = await asyncio.gather(*outcomes, return_exceptions=True)
+    assert all(isinstance(r, SerializationError) and "NUL" in str(r) for r in results)
+    entries = await saver.alist_entries("t")
+    assert len(entries) == together
+    assert all(e.status is CallStatus.ISSUED and e.error is None for e in entries)
 
 
 LEDGER_FILL = """
@@ -298,18 +307,19 @@ async def test_migration_6_applies_to_an_existing_ledger(pg_dsn: str) -> None:
         assert await cur.fetchone() == (True, ["fillfactor=25"])
 
 
-async def ledger_reads(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
-    """(sequential scans, rows fetched by index) of the ledger table in the transaction
-    open on ``conn`` so far: what a statement read, whatever its plan and wherever it
-    runs (inside a function too)."""
-    cur = await conn.execute(
-        "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables "
-        "WHERE relname = 'idem_tool_calls'",
-        prepare=False,
-    )
-    row = await cur.fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1] or 0)
+@contextlib.asynccontextmanager
+async def ledger_reads(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[list[int]]:
+    """Yields a list that holds, after the block, [sequential scans, rows they read,
+    index scans, rows fetched by index] of the ledger table during the block: what the
+    statements sent on ``conn`` read, whatever their plans and wherever they run (inside
+    a function too). Statistics are flushed around it; the block must not leave a
+    transaction open (PostgreSQL reports a backend's counts when it is idle, and since
+    version 15 ``pg_stat_xact_*`` may include an earlier transaction's)."""
+    counts: list[int] = []
+    before = await flushed_reads(conn)
+    yield counts
+    after = await flushed_reads(conn)
+    counts.extend(a - b for a, b in zip(after, before, strict=True))
 
 
 STEP_CASES = (  # scope, spots, entries found
@@ -353,14 +363,13 @@ async def test_the_adoption_read_reads_only_the_rows_it_finds(
         pg_dsn, autocommit=True, prepare_threshold=0
     ) as conn:
         signatures = json.dumps([["send", h] for h in HASHES])
+        await conn.execute(f"SET plan_cache_mode = {plans}")
         for scope, spots, expected in STEP_CASES:
             params = (scope, "tools", signatures, scope, json.dumps(spots))
-            await conn.execute("BEGIN")
-            await conn.execute(f"SET LOCAL plan_cache_mode = {plans}")
-            cur = await conn.execute(ledger_sql.SELECT_STEP_CANDIDATES, params)
-            assert len(await cur.fetchall()) == expected
-            seq_scans, fetched = await ledger_reads(conn)
-            await conn.execute("ROLLBACK")
+            async with ledger_reads(conn) as reads:
+                cur = await conn.execute(ledger_sql.SELECT_STEP_CANDIDATES, params)
+                assert len(await cur.fetchall()) == expected
+            seq_scans, _, _, fetched = reads
             assert seq_scans == 0, (scope, plans)
             # each row found is read twice: by its index, then by its key
             assert fetched <= 2 * (expected + 3), (scope, fetched)
@@ -417,21 +426,20 @@ async def test_a_claim_planned_while_the_ledger_was_small_never_scans_it(pg_dsn:
             assert claim.claimed is not None and all(c.claimed for c in claim.claimed)
         await fill_ledger(pg_dsn, analyzed=False)
         intents, lookup = step("big", 50, 100_000)
-        await conn.execute("BEGIN")
-        claim = await saver.aclaim_step(intents, lookup, owner="me", lease_seconds=60)
-        seq_scans, fetched = await ledger_reads(conn)
-        await conn.execute("ROLLBACK")
+        async with ledger_reads(conn) as reads:
+            claim = await saver.aclaim_step(intents, lookup, owner="me", lease_seconds=60)
         assert claim.claimed is not None and all(c.claimed for c in claim.claimed)
-        assert (seq_scans, fetched) == (0, 0)
+        seq_scans, _, _, fetched = reads
+        assert (seq_scans, fetched) == (0, 0), reads
         # a step asking again for three calls the thread made: found, by their signatures
         _, lookup = step("big", 3, 0)
         lookup = dataclasses.replace(lookup, signatures=[("send", h) for h in HASHES])
-        await conn.execute("BEGIN")
-        claim = await saver.aclaim_step(intents[:3], lookup, owner="me", lease_seconds=60)
-        seq_scans, fetched = await ledger_reads(conn)
-        await conn.execute("ROLLBACK")
+        fresh = [dataclasses.replace(i, key=f"again-{n}") for n, i in enumerate(intents[:3])]
+        async with ledger_reads(conn) as reads:
+            claim = await saver.aclaim_step(fresh, lookup, owner="me", lease_seconds=60)
         assert claim.claimed is None and len(claim.candidates.by_signature) == 3
-        assert seq_scans == 0 and fetched <= 2 * 3, fetched
+        seq_scans, _, _, fetched = reads
+        assert seq_scans == 0 and fetched <= 2 * 3, reads
 
 
 async def test_the_outcomes_statement_is_never_prepared(pg_dsn: str) -> None:
@@ -439,8 +447,9 @@ async def test_the_outcomes_statement_is_never_prepared(pg_dsn: str) -> None:
     LangGraph's savers open theirs), PostgreSQL switches a prepared statement to a cached
     generic plan after five executions; the outcomes' plan cached while the ledger was
     small hashed a seq scan of the whole ledger into every later step (a 50-call step
-    grew from 21.0 to 23.7 ms over 10k calls). It is sent unprepared, planned each time
-    for the ledger as it is, and reads its rows by key."""
+    grew from 21.0 to 23.7 ms over 10k calls). The outcomes of calls that finish
+    together are sent unprepared, planned each time for the ledger as it is, and read
+    their rows by key."""
     async with (
         await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True, prepare_threshold=0) as conn,
     ):
@@ -453,15 +462,9 @@ async def test_the_outcomes_statement_is_never_prepared(pg_dsn: str) -> None:
                 owner="me",
                 lease_seconds=60,
             )
-            for key in keys:
-                await saver.arecord_outcome(
-                    "t",
-                    key,
-                    owner="me",
-                    status=CallStatus.COMPLETED,
-                    result_type="bytes",
-                    result=b"r",
-                )
+            with count_statements_on(conn) as seen:
+                await asyncio.gather(*(record(saver, "t", key) for key in keys))
+            assert seen == ["UPDATE idem_tool_calls AS t"], seen  # one JSON statement
         cur = await conn.execute(
             "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
             ["%UPDATE idem_tool_calls AS t%SET status%"],
@@ -470,3 +473,121 @@ async def test_the_outcomes_statement_is_never_prepared(pg_dsn: str) -> None:
         assert await cur.fetchall() == []
         entries = await saver.alist_entries("t")
         assert len(entries) == 40 and {e.status for e in entries} == {CallStatus.COMPLETED}
+
+
+def count_statements_on(conn: psycopg.AsyncConnection[Any]) -> Any:
+    """The first words of every statement sent through ``conn`` inside the block."""
+    seen: list[str] = []
+    original = psycopg.AsyncCursor.execute
+
+    async def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.connection is conn:
+            seen.append(" ".join(str(query).split()[:4]))
+        return await original(self, query, *args, **kwargs)
+
+    @contextmanager
+    def block() -> Iterator[list[str]]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(psycopg.AsyncCursor, "execute", execute)
+            yield seen
+
+    return block()
+
+
+async def record(saver: AsyncPostgresSaver, scope: str, key: str) -> None:
+    await saver.arecord_outcome(
+        scope, key, owner="me", status=CallStatus.COMPLETED, result_type="bytes", result=b"r"
+    )
+
+
+async def test_one_outcome_is_a_prepared_probe_of_the_primary_key(pg_dsn: str) -> None:
+    """An outcome recorded alone (a lone call; a call finishing by itself) is one call of
+    ``idem_finish_one``, prepared like any statement (planning the JSON form for one row
+    cost ~0.15 ms of a ~0.4 ms outcome). Its plan cannot go stale: cached while the
+    ledger was empty and VACUUMed (a plain UPDATE's plan was then a sequential scan,
+    kept as the ledger grew), it still reads one row once the ledger holds 40,000."""
+    async with await psycopg.AsyncConnection.connect(
+        pg_dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        await conn.execute("VACUUM ANALYZE idem_tool_calls")  # the statistics of 0 rows
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        for i in range(8):  # the plan is built and cached now, on the empty ledger
+            await saver.aclaim([intent(i, key=f"small-{i}")], owner="me", lease_seconds=60)
+            with count_statements_on(conn) as seen:
+                await record(saver, "t", f"small-{i}")
+            assert seen == ["SELECT scope, key FROM"], seen
+        await fill_ledger(pg_dsn, analyzed=False)
+        await saver.aclaim([intent(99, key="late")], owner="me", lease_seconds=60)
+        async with ledger_reads(conn) as reads:
+            await record(saver, "t", "late")
+    assert reads[:3] == [0, 0, 1], reads  # one index scan, no sequential scan
+    [late] = [e for e in await alist(pg_dsn, "t") if e.key == "late"]
+    assert late.status is CallStatus.COMPLETED and late.result == b"r"
+
+
+async def flushed_reads(conn: psycopg.AsyncConnection[Any]) -> tuple[int, ...]:
+    """(sequential scans, rows they read, index scans, rows fetched by index) of the
+    ledger table, counted by
+    PostgreSQL up to the last statement on ``conn``: its pending statistics flushed
+    first (since PostgreSQL 15 a backend reports them at most once a second)."""
+    await conn.execute("SELECT pg_stat_force_next_flush()", prepare=False)
+    await conn.execute("SET stats_fetch_consistency = none", prepare=False)
+    cur = await conn.execute(
+        "SELECT seq_scan, seq_tup_read, idx_scan, idx_tup_fetch FROM pg_stat_user_tables "
+        "WHERE relid = 'idem_tool_calls'::regclass",  # this schema's (search_path)
+        prepare=False,
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return tuple(int(v or 0) for v in row)
+
+
+async def alist(dsn: str, scope: str) -> list[Any]:
+    async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+        return list(await saver.alist_entries(scope))
+
+
+ONE_CALL_CASES = (  # scope, signature's hash, spot, entries found
+    ("fresh", "nothing", ["p5", "send"], 0),
+    ("big", HASHES[0], ["nowhere", "send"], 1),  # the call of that signature
+    ("big", "nothing", ["p5", "send"], 50),  # every call made at position p5
+    ("big", HASHES[0], ["p5", "send"], 50),  # both: the call of p5 of that signature once
+)
+
+
+@pytest.mark.parametrize("plans", ["force_generic_plan", "force_custom_plan"])
+async def test_a_one_call_steps_adoption_read_is_static_and_reads_what_it_finds(
+    pg_dsn: str, plans: str
+) -> None:
+    """A step of one call (one signature, one spot) is read by the function's static
+    query (migration 8; no planning per call), whose plan is cached: cached while the
+    ledger was empty, it still probes the signature and fork-slot indexes (two index
+    scans, no sequential one) once the ledger holds a thread of 20,000 rows among 20,000
+    of others; a row found by both comes back once."""
+    import json
+
+    from langgraph_idem_saver.postgres import ledger_sql
+
+    async with await psycopg.AsyncConnection.connect(
+        pg_dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        await AsyncPostgresSaver(conn).setup()
+        await conn.execute("VACUUM ANALYZE idem_tool_calls")  # the statistics of 0 rows
+        await conn.execute(f"SET plan_cache_mode = {plans}")
+        for i in range(8):  # the function's plans are cached now, on the empty ledger
+            params = ("fresh", "tools", json.dumps([["send", f"h{i}"]]), "fresh", "[]")
+            cur = await conn.execute(ledger_sql.SELECT_STEP_CANDIDATES, params)
+            assert await cur.fetchall() == []
+        await fill_ledger(pg_dsn, analyzed=False)
+        for scope, digest, spot, expected in ONE_CALL_CASES:
+            params = (scope, "tools", json.dumps([["send", digest]]), scope, json.dumps([spot]))
+            async with ledger_reads(conn) as reads:
+                cur = await conn.execute(ledger_sql.SELECT_STEP_CANDIDATES, params)
+                found = await cur.fetchall()
+            seq_scans, seq_rows, index_scans, fetched = reads
+            assert len(found) == expected == len({(r[0], r[1]) for r in found}), scope
+            assert (seq_scans, seq_rows, index_scans) == (0, 0, 2), (scope, spot)
+            # each branch reads the rows it finds (+1 when both find the same row)
+            assert fetched <= expected + 1, (scope, spot, fetched)

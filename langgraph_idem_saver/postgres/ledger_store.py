@@ -120,10 +120,21 @@ class PostgresLedgerStore:
         self, batch: list[tuple[tuple[Any, ...], bool]]
     ) -> list[tuple[bool, TupleRow | None]]:
         """Record the outcomes of calls that finished together: ONE statement (one round
-        trip, one commit) for all; per outcome, whether it was ours to record, and its
-        row. The rows come back whole only when one is asked for (``read_back``); the
-        engine asks for none, and then only keys travel back."""
-        query = sql.FINISH_STEP if any(back for _, back in batch) else sql.FINISH_STEP_KEYS
+        trip, one commit) for all: the JSON form for several, ``FINISH_ONE`` for one.
+        Per outcome, whether it was ours to record, and its row. The rows come back
+        whole only when one is asked for (``read_back``); the engine asks for none, and
+        then only keys travel back."""
+        back = any(back for _, back in batch)
+        if len(batch) == 1:  # one outcome: the plain statement, prepared (FINISH_ONE)
+            ((params, _),) = batch
+
+            async def finish_one(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
+                await cur.execute(sql.FINISH_ONE if back else sql.FINISH_ONE_KEY, params)
+                row = await cur.fetchone()
+                return [(row is not None, row)]
+
+            return await self._run(finish_one)
+        query = sql.FINISH_STEP if back else sql.FINISH_STEP_KEYS
 
         async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
             # never prepared: a cached generic plan, built while the ledger was small,

@@ -23,7 +23,7 @@ prepared statements) or as arrays they ``unnest``, so every call is a single sta
 from __future__ import annotations
 
 from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
-from langgraph_idem_saver.postgres.ledger_sql import STEP_FOUND_FUNCTION
+from langgraph_idem_saver.postgres.ledger_sql import FINISH_ONE_FUNCTION, STEP_FOUND_FUNCTION
 
 # The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
 # fixed forever: every release must take the same lock).
@@ -207,6 +207,11 @@ MIGRATIONS: list[list[str]] = [
     # plans it on every call, so that no plan cached while the ledger was small (a
     # prepared statement's generic plan) reads it as it grows
     [STEP_FOUND_FUNCTION],
+    # 8: the same function reads a one-call step with a static query (no planning per
+    # call), and one outcome alone is a function too (ledger_sql.FINISH_ONE_FUNCTION).
+    # 7 and 8 both run the current definition (CREATE OR REPLACE): a database at any
+    # version ends with it.
+    [STEP_FOUND_FUNCTION, FINISH_ONE_FUNCTION],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
