@@ -117,20 +117,30 @@ _BATCH: contextvars.ContextVar[tuple[IdempotentToolNode, Batch] | None] = contex
 )
 
 
-@contextlib.contextmanager
-def settling(plan: Plan) -> Iterator[Callable[[Any], Any]]:
+class Settling:
     """Publish what the block returns through ``settle(result)``, or the exception it
-    raises, to the calls of the step that follow this one (same key)."""
+    raises, to the calls of the step that follow this one (same key).
 
-    def settle(result: Any) -> Any:
-        settle_future(plan, result=result)
+    A class, not a ``contextmanager``: entered once per tool call and alive while the
+    tool runs, a generator-based one is four objects a call for the garbage collector."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+    def __enter__(self) -> Callable[[Any], Any]:
+        return self.settle
+
+    def settle(self, result: Any) -> Any:
+        settle_future(self.plan, result=result)
         return result
 
-    try:
-        yield settle
-    except BaseException as exc:
-        settle_future(plan, exc=exc)
-        raise
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if exc is not None:
+            settle_future(self.plan, exc=exc)  # and it propagates
 
 
 class IdempotentToolNode(ToolNode):
@@ -228,7 +238,7 @@ class IdempotentToolNode(ToolNode):
         if taken is None:
             return await ToolNode._arun_one(self, call, input_type, runtime)
         batch, engine, current = taken
-        with settling(current) as settle:
+        with Settling(current) as settle:
             if current.kind is Kind.RUN:
                 async with engine.running(batch, current):
                     result = await ToolNode._arun_one(self, call, input_type, runtime)
@@ -242,7 +252,7 @@ class IdempotentToolNode(ToolNode):
         if taken is None:
             return ToolNode._run_one(self, call, input_type, runtime)
         batch, engine, current = taken
-        with settling(current) as settle:
+        with Settling(current) as settle:
             if current.kind is Kind.RUN:
                 # The tool runs in this thread, outside any event loop, exactly as under
                 # ToolNode (a sync tool may itself call asyncio.run()).

@@ -28,7 +28,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar, cast
 
 from langchain_core.callbacks.manager import adispatch_custom_event
@@ -115,6 +115,30 @@ def settle_future(plan: Plan, *, result: Any = None, exc: BaseException | None =
         plan.outcome.set_exception(exc)
     else:
         plan.outcome.set_result(result)
+
+
+class Running:
+    """``LedgerEngine.running``'s context manager: a class, not an
+    ``asynccontextmanager``, because it is entered once per tool call and stays alive
+    while the tool runs - a generator-based one is four more objects a call (the async
+    generator, its manager, the event loop's weak reference to it...) for the garbage
+    collector to walk and promote, in steps of 50 parallel calls."""
+
+    __slots__ = ("batch", "engine", "plan")
+
+    def __init__(self, engine: LedgerEngine, batch: Batch, plan: Plan) -> None:
+        self.engine, self.batch, self.plan = engine, batch, plan
+
+    async def __aenter__(self) -> None:
+        self.plan.started = True
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:  # the exception, if any, propagates
+        if isinstance(exc, Exception):
+            await self.engine.araised(self.batch, self.plan, exc)
+        elif isinstance(exc, asyncio.CancelledError):
+            await self.engine.acancelled(self.batch, self.plan)
 
 
 class LedgerEngine:
@@ -466,21 +490,12 @@ class LedgerEngine:
         self.counters.bump("executed")
         return result
 
-    @contextlib.asynccontextmanager
-    async def running(self, batch: Batch, plan: Plan) -> AsyncIterator[None]:
+    def running(self, batch: Batch, plan: Plan) -> Running:
         """Around a front door's run of a ``Kind.RUN`` call's tool: marks it started, and
         an exception (:meth:`araised`) or a cancellation (:meth:`acancelled`) that ends
         the run settles its claim before propagating. Async front doors only: a sync tool
         runs in its thread, where nothing cancels it."""
-        plan.started = True
-        try:
-            yield
-        except Exception as exc:
-            await self.araised(batch, plan, exc)
-            raise
-        except asyncio.CancelledError:
-            await self.acancelled(batch, plan)
-            raise
+        return Running(self, batch, plan)
 
     async def araised(self, batch: Batch, plan: Plan, exc: BaseException) -> None:
         """A started call raised instead of returning (``handle_tool_errors`` let it out).
