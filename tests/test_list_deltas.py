@@ -300,3 +300,64 @@ async def test_migration_adds_base_version_to_an_existing_database(pg_dsn: str) 
         assert v == sql.SCHEMA_VERSION >= 3
         values = (await chat_graph(saver).aget_state(cfg("t"))).values
     assert len(values["messages"]) == 6
+
+
+BLOBS_FILL = """
+INSERT INTO idem_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+SELECT 'other-' || (g / 20), '', 'messages', g::text, 'msgpack', '\\x90'
+FROM generate_series(1, 20000) AS g
+"""
+
+
+async def test_a_delta_put_planned_while_the_table_was_small_never_scans_it(
+    pg_dsn: str,
+) -> None:
+    """On a connection that prepares every statement (``prepare_threshold=0``, as
+    LangGraph's savers open theirs) PostgreSQL caches a generic plan of the put. The
+    check of a delta's base, a join inside the put, was cached on a fresh database as a
+    sequential scan of every blob, kept as the table grew (each put of a growing chat
+    0.2 ms slower after a thousand). The check is a function (migration 9): with the
+    plans cached while the table was empty, a delta put on a table of 20,000 blobs reads
+    its base through the primary key."""
+    from pg_reads import table_reads
+
+    async with await psycopg.AsyncConnection.connect(
+        pg_dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        await conn.execute("VACUUM ANALYZE idem_blobs")  # the statistics of 0 rows
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        messages: list[Any] = []
+        version = None
+
+        async def put_one_more(parent: Any) -> Any:
+            nonlocal version
+            messages.append(HumanMessage(f"m{len(messages)}", id=f"m{len(messages)}"))
+            version = saver.get_next_version(version, None)
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"messages": list(messages)}
+            checkpoint["channel_versions"] = {"messages": version}
+            return await saver.aput(parent, checkpoint, {}, {"messages": version})
+
+        parent = config
+        for _ in range(8):  # the plans are cached now, on a table of a few blobs
+            parent = await put_one_more(parent)
+        await conn.execute(BLOBS_FILL)
+        async with table_reads(conn, "idem_blobs") as reads:
+            parent = await put_one_more(parent)
+        [(base,)] = await (
+            await conn.execute(
+                "SELECT base_version FROM idem_blobs WHERE thread_id = 't' AND version = %s",
+                (str(version),),
+            )
+        ).fetchall()
+        tup = await saver.aget_tuple(config)
+    assert base is not None  # it was a delta, so its base was checked
+    seq_scans, seq_rows, _, _ = reads
+    assert (seq_scans, seq_rows) == (0, 0), reads
+    assert tup is not None
+    assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == [
+        f"m{i}" for i in range(9)
+    ]

@@ -11,7 +11,6 @@ entry (a HOT update, migration 6).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from pg_reads import table_reads
 
 from langgraph_idem_saver.errors import SerializationError
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, StepLookup
@@ -307,19 +307,9 @@ async def test_migration_6_applies_to_an_existing_ledger(pg_dsn: str) -> None:
         assert await cur.fetchone() == (True, ["fillfactor=25"])
 
 
-@contextlib.asynccontextmanager
-async def ledger_reads(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[list[int]]:
-    """Yields a list that holds, after the block, [sequential scans, rows they read,
-    index scans, rows fetched by index] of the ledger table during the block: what the
-    statements sent on ``conn`` read, whatever their plans and wherever they run (inside
-    a function too). Statistics are flushed around it; the block must not leave a
-    transaction open (PostgreSQL reports a backend's counts when it is idle, and since
-    version 15 ``pg_stat_xact_*`` may include an earlier transaction's)."""
-    counts: list[int] = []
-    before = await flushed_reads(conn)
-    yield counts
-    after = await flushed_reads(conn)
-    counts.extend(a - b for a, b in zip(after, before, strict=True))
+def ledger_reads(conn: psycopg.AsyncConnection[Any]) -> Any:
+    """What the block read of the ledger table (``pg_reads.table_reads``)."""
+    return table_reads(conn, "idem_tool_calls")
 
 
 STEP_CASES = (  # scope, spots, entries found
@@ -525,23 +515,6 @@ async def test_one_outcome_is_a_prepared_probe_of_the_primary_key(pg_dsn: str) -
     assert reads[:3] == [0, 0, 1], reads  # one index scan, no sequential scan
     [late] = [e for e in await alist(pg_dsn, "t") if e.key == "late"]
     assert late.status is CallStatus.COMPLETED and late.result == b"r"
-
-
-async def flushed_reads(conn: psycopg.AsyncConnection[Any]) -> tuple[int, ...]:
-    """(sequential scans, rows they read, index scans, rows fetched by index) of the
-    ledger table, counted by
-    PostgreSQL up to the last statement on ``conn``: its pending statistics flushed
-    first (since PostgreSQL 15 a backend reports them at most once a second)."""
-    await conn.execute("SELECT pg_stat_force_next_flush()", prepare=False)
-    await conn.execute("SET stats_fetch_consistency = none", prepare=False)
-    cur = await conn.execute(
-        "SELECT seq_scan, seq_tup_read, idx_scan, idx_tup_fetch FROM pg_stat_user_tables "
-        "WHERE relid = 'idem_tool_calls'::regclass",  # this schema's (search_path)
-        prepare=False,
-    )
-    row = await cur.fetchone()
-    assert row is not None
-    return tuple(int(v or 0) for v in row)
 
 
 async def alist(dsn: str, scope: str) -> list[Any]:
