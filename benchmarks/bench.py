@@ -405,13 +405,13 @@ async def pool_gap(pool_saver: Any, dsn: str, prof: Profile) -> dict[str, float]
     hand through each, which is what the pool itself costs (check-out, return, and the
     next call landing on another of its server processes). Medians in µs."""
     cfg = {"configurable": {"thread_id": "long", "checkpoint_ns": ""}}
-    params = {"thread_id": "long", "ns": ""}
+    params = {"thread_id": "long", "ns": "", "checkpoint_id": None}  # ours sends this
     pool = pool_saver.conn
     async with OursPostgres.from_conn_string(dsn) as single:
 
         async def by_hand(conn: Any) -> None:
             async with conn.cursor(binary=True) as cur:
-                await cur.execute(pg_sql.SELECT_LATEST_TUPLE, params)
+                await cur.execute(pg_sql.SELECT_TUPLE_CALL, params)
                 await cur.fetchone()
 
         async def by_hand_pooled() -> None:

@@ -1014,3 +1014,57 @@ async def test_outcomes_of_calls_finishing_together_share_one_transaction(pg_dsn
             assert await cur.fetchone() == (1, 20)
         theirs = await saver.aget_entry("t", "theirs")
         assert theirs is not None and theirs.status is CallStatus.ISSUED
+
+
+FILL_OTHER_THREADS = [
+    "INSERT INTO idem_checkpoints (thread_id, checkpoint_ns, checkpoint_id, type, checkpoint,"
+    " metadata, channel_versions) SELECT 'other-' || (g / 20), '', lpad(g::text, 12, '0'),"
+    " 'msgpack', '\\x80', '{}'::jsonb, '{}'::jsonb FROM generate_series(1, 20000) AS g",
+    "INSERT INTO idem_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,"
+    " idx, channel, type, value) SELECT 'other-' || (g / 20), '', lpad(g::text, 12, '0'),"
+    " 't', '', 0, 'c', 'msgpack', '\\x80' FROM generate_series(1, 20000) AS g",
+    "INSERT INTO idem_blobs (thread_id, checkpoint_ns, channel, version, type, blob)"
+    " SELECT 'other-' || (g / 20), '', 'c', g::text, 'msgpack', '\\x80'"
+    " FROM generate_series(1, 20000) AS g",
+]
+
+
+@pytest.mark.parametrize("by_id", [False, True], ids=["latest", "by-id"])
+async def test_aget_tuple_planned_while_the_tables_were_small_never_scans_them(
+    pg_dsn: str, by_id: bool
+) -> None:
+    """On a connection that prepares every statement (``prepare_threshold=0``, as
+    LangGraph's savers open theirs) PostgreSQL caches a generic plan of aget_tuple's read
+    after five executions. Sent as it is, that plan, built on a fresh database, scanned
+    the checkpoints, the writes and the blobs (once per channel) and kept doing so as
+    they grew. Through its function (migration 10) the read, cached while the tables
+    were empty, still probes indexes once they hold 20,000 rows of other threads each."""
+    from pg_reads import table_reads
+
+    async with await psycopg.AsyncConnection.connect(
+        pg_dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        await conn.execute("VACUUM ANALYZE")  # the statistics of empty tables
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"a": [1, 2], "b": "x"}
+        checkpoint["channel_versions"] = {"a": "1", "b": "1"}
+        stored = await saver.aput(config, checkpoint, {}, {"a": "1", "b": "1"})
+        await saver.aput_writes(stored, [("a", 3)], "task-1")
+        read_config = stored if by_id else config
+        for _ in range(8):  # the plans are cached now, on tables of one checkpoint
+            assert await saver.aget_tuple(read_config) is not None
+        for fill in FILL_OTHER_THREADS:
+            await conn.execute(fill)
+        reads = {}
+        for table in ("idem_checkpoints", "idem_blobs", "idem_writes"):
+            async with table_reads(conn, table) as counted:
+                tup = await saver.aget_tuple(read_config)
+            reads[table] = counted[:2]  # sequential scans, rows they read
+    assert reads == {t: [0, 0] for t in reads}, reads
+    assert tup is not None
+    assert tup.checkpoint["channel_values"] == {"a": [1, 2], "b": "x"}
+    assert tup.pending_writes == [("task-1", "a", 3)]

@@ -213,11 +213,10 @@ class AsyncPostgresSaver(
         thread_id = as_text(thread_id_of(config), "thread_id")
         ns = as_text(checkpoint_ns_of(config), "checkpoint_ns")
         checkpoint_id = checkpoint_id_of(config)
-        params: dict[str, Any] = {"thread_id": thread_id, "ns": ns}
+        params: dict[str, Any] = {"thread_id": thread_id, "ns": ns, "checkpoint_id": None}
         if checkpoint_id:
             params["checkpoint_id"] = as_text(checkpoint_id, "checkpoint_id")
-            return Statement(sql.SELECT_TUPLE_BY_ID, params, "one")
-        return Statement(sql.SELECT_LATEST_TUPLE, params, "one")
+        return Statement(sql.SELECT_TUPLE_CALL, params, "one")
 
     def _tuple_of(self, row: TupleRow | None) -> CheckpointTuple | None:
         """``aget_tuple``'s result from its statement's row."""
