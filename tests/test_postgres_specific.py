@@ -1068,3 +1068,80 @@ async def test_aget_tuple_planned_while_the_tables_were_small_never_scans_them(
     assert tup is not None
     assert tup.checkpoint["channel_values"] == {"a": [1, 2], "b": "x"}
     assert tup.pending_writes == [("task-1", "a", 3)]
+
+
+LEDGER_FILL_OTHER_THREADS = (
+    "INSERT INTO idem_tool_calls (scope, key, thread_id, agent_path, tool_name, args_hash,"
+    " args, tool_call_id, status, owner, issued_at, lease_expires_at, position, branch,"
+    " occurrence) SELECT 'other-' || (g / 50), 'key-' || g, 'other-' || (g / 50), 'tools',"
+    " 'send', md5(g::text), '\\x00', 'c' || g, 'completed', 'me', 0, 0, 'p' || (g / 50),"
+    " 'b', g % 50 FROM generate_series(1, 20000) AS g"
+)
+TABLES = ("idem_checkpoints", "idem_blobs", "idem_writes", "idem_tool_calls")
+
+
+async def test_no_call_scans_a_table_with_a_plan_cached_while_it_was_small(
+    pg_dsn: str,
+) -> None:
+    """What a deployment does from an empty database, on a connection that prepares
+    every statement (``prepare_threshold=0``, as LangGraph's savers open theirs):
+    PostgreSQL caches the generic plans built while the tables hold a few rows and keeps
+    them until a table is next analyzed. After the tables have grown to 20,000 rows of
+    other threads each, a chat turn (aget_tuple, delta puts, writes), a history read, a
+    tool step of the ledger, a thread copy, a prune and a delete read their rows through
+    indexes: no sequential scan of any table. (Before session 7, aget_tuple's read, the
+    delta put's check of its base and the maintenance statements scanned whole tables
+    here.)"""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import START, MessagesState, StateGraph
+    from pg_reads import flushed_reads
+
+    from langgraph_idem_saver import IdempotentToolNode
+
+    @tool
+    def send(to: str) -> str:
+        """Send a note (a side effect, as far as the ledger knows)."""
+        return f"sent to {to}"
+
+    def reply(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(f"echo {state['messages'][-1].content}")]}
+
+    async with await psycopg.AsyncConnection.connect(
+        pg_dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        await conn.execute("VACUUM ANALYZE")  # the statistics of empty tables
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        chat = StateGraph(MessagesState)
+        chat.add_node("reply", reply)
+        chat.add_edge(START, "reply")
+        chat_graph = chat.compile(checkpointer=saver)
+        tools = StateGraph(MessagesState)
+        tools.add_node("tools", IdempotentToolNode([send]))
+        tools.add_edge(START, "tools")
+        tools_graph = tools.compile(checkpointer=saver)
+
+        async def workload(tag: str) -> None:
+            config = {"configurable": {"thread_id": f"{tag}-chat"}}
+            for turn in range(3):
+                await chat_graph.ainvoke({"messages": [HumanMessage(f"turn {turn}")]}, config)
+            assert len([s async for s in chat_graph.aget_state_history(config)]) == 9
+            call = {"name": "send", "args": {"to": tag}, "id": f"c-{tag}", "type": "tool_call"}
+            step = {"messages": [AIMessage("", id=f"ai-{tag}", tool_calls=[call])]}
+            out = await tools_graph.ainvoke(step, {"configurable": {"thread_id": f"{tag}-t"}})
+            assert out["messages"][-1].content == f"sent to {tag}"
+            await saver.acopy_thread(f"{tag}-chat", f"{tag}-copy")
+            await saver.aprune([f"{tag}-copy"], strategy="keep_latest")
+            await saver.adelete_thread(f"{tag}-copy")
+
+        for k in range(3):  # every plan is cached now, on tables of a few rows
+            await workload(f"small-{k}")
+        for fill in (*FILL_OTHER_THREADS, LEDGER_FILL_OTHER_THREADS):
+            await conn.execute(fill)
+        before = {t: await flushed_reads(conn, t) for t in TABLES}
+        await workload("big")
+        after = {t: await flushed_reads(conn, t) for t in TABLES}
+    scans = {t: (after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in TABLES}
+    assert scans == {t: (0, 0) for t in TABLES}, scans  # (sequential scans, rows read)

@@ -226,12 +226,12 @@ class PostgresInspection:
         }
 
         async def delete(cur: Cursor) -> inspect_types.DeletedCounts:
-            await cur.execute(sql.LOCK_THREADS, params)
+            await cur.execute(sql.LOCK_THREADS, params, prepare=False)
             await cur.execute(DELETE_WRITES_OF, params)
             writes = cur.rowcount
             await cur.execute(DELETE_CHECKPOINTS, params)
             checkpoints = cur.rowcount
-            await cur.execute(sql.COLLECT_BLOBS, params)
+            await cur.execute(sql.COLLECT_BLOBS, params, prepare=False)
             return inspect_types.DeletedCounts(checkpoints, writes, cur.rowcount)
 
         deleted = await self._run(delete, tx=True)

@@ -9,6 +9,9 @@ the threads it found idle and ``delete`` removes them in one statement whose gua
 the same snapshot as its deletes: a checkpoint or claim committed before that snapshot
 spares the thread, one committed after it is not among the rows deleted. The policy is
 in :mod:`langgraph_idem_saver.retention`.
+
+Statements are sent unprepared, planned for the tables as they are (see the thread
+maintenance section of ``saver.py``).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ COUNT_ISSUED_BEFORE = (
 
 
 async def _counts(cur: Cursor, threads: Sequence[str]) -> dict[str, RowCounts]:
-    await cur.execute(COUNT_ROWS, {"threads": list(threads)})
+    await cur.execute(COUNT_ROWS, {"threads": list(threads)}, prepare=False)
     return RowCounts.by_thread(await cur.fetchall(), threads)
 
 
@@ -115,7 +118,7 @@ class PostgresRetention(RetentionBase):
 
     async def _fetch(self, query: str, params: dict[str, Any]) -> list[TupleRow]:
         async def read(cur: Cursor) -> list[TupleRow]:
-            await cur.execute(query, params)
+            await cur.execute(query, params, prepare=False)
             return await cur.fetchall()
 
         return await self._run(read)
@@ -130,15 +133,15 @@ class PostgresRetention(RetentionBase):
         self, cut: Cutoffs, threads: list[str]
     ) -> list[tuple[RowCounts, RowCounts]]:
         async def sweep(cur: Cursor) -> list[tuple[RowCounts, RowCounts]]:
-            await cur.execute(sql.LOCK_THREADS, {"threads": threads})
-            await cur.execute(SELECT_ACTIVITY, {"threads": threads})
+            await cur.execute(sql.LOCK_THREADS, {"threads": threads}, prepare=False)
+            await cur.execute(SELECT_ACTIVITY, {"threads": threads}, prepare=False)
             idle = [t for t, head, last in await cur.fetchall() if cut.idle(head, last)]
             if not idle:
                 return []
             before = await _counts(cur, idle)
             if cut.strategy == "delete":
                 params = {"threads": idle, "bound": cut.bound_id, "since": cut.since}
-                await cur.execute(DELETE_IDLE_THREADS, params)
+                await cur.execute(DELETE_IDLE_THREADS, params, prepare=False)
             else:
                 await self._keep_latest_rows(cur, idle)
             after = await _counts(cur, idle)
@@ -164,7 +167,7 @@ class PostgresRetention(RetentionBase):
         }
 
         async def remove(cur: Cursor) -> int:
-            await cur.execute(query, params)
+            await cur.execute(query, params, prepare=False)
             return cur.rowcount
 
         return await self._run(remove)

@@ -259,15 +259,31 @@ class AsyncPostgresSaver(
         else:
             after_clause = sql.LIST_AFTER
 
+        # get_state_history's shape (one namespace of a thread, no filter) goes through
+        # idem_list_in_ns, whose cached plans cannot scan (sql.LIST_IN_NS_FUNCTION)
+        in_ns = (
+            query.thread_id is not None
+            and query.ns is not None
+            and query.checkpoint_id is None
+            and not filter
+        )
+
         def page_steps(after: tuple[str, str, str] | None, size: int) -> Steps[ListPage]:
-            where = list(clauses)
-            args = {**params, "limit": size}
-            if after is not None:
-                where.append(after_clause)
-                args.update(c_id=after[0], c_thread=after[1], c_ns=after[2])
-            q = sql.SELECT_TUPLES.format(
-                where=("WHERE " + " AND ".join(where)) if where else "", limit=sql.LIST_LIMIT
-            )
+            if in_ns:
+                bounds = [b for b in (query.before_id, after and after[0]) if b is not None]
+                q = sql.SELECT_LIST_IN_NS_CALL
+                args: dict[str, Any] = {**params, "limit": size}
+                args["upper"] = min(bounds) if bounds else None
+            else:
+                where = list(clauses)
+                args = {**params, "limit": size}
+                if after is not None:
+                    where.append(after_clause)
+                    args.update(c_id=after[0], c_thread=after[1], c_ns=after[2])
+                q = sql.SELECT_TUPLES.format(
+                    where=("WHERE " + " AND ".join(where)) if where else "",
+                    limit=sql.LIST_LIMIT,
+                )
             rows: list[TupleRow] = yield Statement(q, args, "all")
             last = (rows[-1][2], rows[-1][0], rows[-1][1]) if rows else None
             # decoded as yielded; SQL only narrows, Python equality decides
@@ -350,6 +366,12 @@ class AsyncPostgresSaver(
         return Statement(sql.put_writes_sql(len(rows)), params)
 
     # --- thread maintenance ----------------------------------------------------------
+    #
+    # Sent unprepared (prepare=False): planned on each call for the tables as they are.
+    # Prepared, PostgreSQL caches a generic plan after five executions, and one built
+    # while the tables were small scans them whole once they have grown (until their
+    # next ANALYZE). These calls are rare, so planning them (well under 1 ms) is cheap;
+    # the per-step calls get the same safety from functions (sql.py, migrations 7-10).
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints, writes, blobs and ledger entries: one statement,
@@ -358,8 +380,8 @@ class AsyncPostgresSaver(
         tid = str(thread_id)
 
         async def delete(cur: Cursor) -> None:
-            await cur.execute(sql.LOCK_THREADS, {"threads": [tid]})
-            await cur.execute(sql.DELETE_THREAD, {"t": tid})
+            await cur.execute(sql.LOCK_THREADS, {"threads": [tid]}, prepare=False)
+            await cur.execute(sql.DELETE_THREAD, {"t": tid}, prepare=False)
 
         await self._run(delete, tx=True, pipeline=True)
         self._deltas.forget([tid])
@@ -371,16 +393,16 @@ class AsyncPostgresSaver(
             return
 
         async def delete(cur: Cursor) -> None:
-            await cur.execute(sql.SELECT_THREADS_OF_RUNS, {"runs": ids})
+            await cur.execute(sql.SELECT_THREADS_OF_RUNS, {"runs": ids}, prepare=False)
             locked = [r[0] for r in await cur.fetchall()]
             if not locked:
                 return
             # the threads' locks before anything is deleted: see sql.THREAD_LOCK_SPACE
-            await cur.execute(sql.LOCK_THREADS, {"threads": locked})
-            await cur.execute(sql.DELETE_RUNS, {"runs": ids, "threads": locked})
+            await cur.execute(sql.LOCK_THREADS, {"threads": locked}, prepare=False)
+            await cur.execute(sql.DELETE_RUNS, {"runs": ids, "threads": locked}, prepare=False)
             threads = [r[0] for r in await cur.fetchall()]
             if threads:
-                await cur.execute(sql.COLLECT_BLOBS, {"threads": threads})
+                await cur.execute(sql.COLLECT_BLOBS, {"threads": threads}, prepare=False)
 
         await self._run(delete, tx=True)
         self._deltas.forget()
@@ -390,7 +412,7 @@ class AsyncPostgresSaver(
         params = {"src": str(source_thread_id), "dst": str(target_thread_id)}
 
         async def copy(cur: Cursor) -> None:
-            await cur.execute(sql.COPY_THREAD, params)
+            await cur.execute(sql.COPY_THREAD, params, prepare=False)
 
         await self._run(copy)
         self._deltas.forget([params["dst"]])
@@ -410,11 +432,11 @@ class AsyncPostgresSaver(
         # Both run under the threads' locks (sql.THREAD_LOCK_SPACE), taken first: no aput
         # writing a delta is then half-way between checking its base and committing.
         async def delete(cur: Cursor) -> None:
-            await cur.execute(sql.LOCK_THREADS, {"threads": threads})
-            await cur.execute(sql.PRUNE_DELETE, {"threads": threads})
+            await cur.execute(sql.LOCK_THREADS, {"threads": threads}, prepare=False)
+            await cur.execute(sql.PRUNE_DELETE, {"threads": threads}, prepare=False)
 
         async def keep_latest(cur: Cursor) -> None:
-            await cur.execute(sql.LOCK_THREADS, {"threads": threads})
+            await cur.execute(sql.LOCK_THREADS, {"threads": threads}, prepare=False)
             await self._keep_latest_rows(cur, threads)
 
         if strategy == "delete":
@@ -428,14 +450,14 @@ class AsyncPostgresSaver(
         """``aprune``'s ``keep_latest``, under the threads' locks the caller holds
         (retention's ``keep_latest`` reuses it)."""
         for thread_id in threads:
-            await cur.execute(sql.SELECT_HEADS, (thread_id,))
+            await cur.execute(sql.SELECT_HEADS, (thread_id,), prepare=False)
             keep_ns: list[str] = []
             keep_ids: list[str] = []
             heads = await cur.fetchall()
             for ns, head_id, parent_id, counters in heads:
                 keep = [head_id]
                 if counters:  # a DeltaChannel: keep the ancestors it replays from
-                    await cur.execute(sql.SELECT_LINEAGE, (thread_id, ns))
+                    await cur.execute(sql.SELECT_LINEAGE, (thread_id, ns), prepare=False)
                     lineage = {
                         cid: (parent, {"counters_since_delta_snapshot": ctrs})
                         for cid, parent, ctrs in await cur.fetchall()
@@ -453,5 +475,6 @@ class AsyncPostgresSaver(
                     "keep_ns": keep_ns,
                     "keep_ids": keep_ids,
                 },
+                prepare=False,
             )
-        await cur.execute(sql.COLLECT_BLOBS, {"threads": list(threads)})
+        await cur.execute(sql.COLLECT_BLOBS, {"threads": list(threads)}, prepare=False)

@@ -306,6 +306,49 @@ BEGIN
 END
 $fn$
 """
+# alist's pages in one namespace of a thread (what ``get_state_history`` reads), with no
+# metadata filter, through a function for the same reason (migration 11); ``p_upper``:
+# only checkpoints older than it (``before``, and the last row of the previous page).
+# The caller orders by ordinality: the result's columns lack the tables' "C" collation.
+LIST_IN_NS_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION idem_list_in_ns(
+    p_thread_id text, p_ns text, p_upper text, p_limit integer)
+RETURNS TABLE (
+    thread_id text, checkpoint_ns text, checkpoint_id text, parent_checkpoint_id text,
+    type text, checkpoint bytea, metadata jsonb, metadata_exact text,
+    channel_values bytea[], pending_writes bytea[])
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET search_path FROM CURRENT
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    IF p_upper IS NULL THEN
+        RETURN QUERY {
+    SELECT_TUPLES.format(
+        where="WHERE thread_id = p_thread_id AND checkpoint_ns = p_ns", limit="p_limit"
+    )
+};
+    ELSE
+        RETURN QUERY {
+    SELECT_TUPLES.format(
+        where="WHERE thread_id = p_thread_id AND checkpoint_ns = p_ns AND checkpoint_id < p_upper",
+        limit="p_limit",
+    )
+};
+    END IF;
+END
+$fn$
+"""
+_TUPLE_COLUMNS = (
+    "thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, "
+    "metadata, metadata_exact, channel_values, pending_writes"
+)
+SELECT_LIST_IN_NS_CALL = (
+    f"SELECT {_TUPLE_COLUMNS} FROM idem_list_in_ns("
+    "%(thread_id)s, %(ns)s, %(upper)s, %(limit)s) WITH ORDINALITY AS f ORDER BY f.ordinality"
+)
+
 # the tuple of a checkpoint (``checkpoint_id`` given) or the latest (``checkpoint_id`` None)
 SELECT_TUPLE_CALL = "SELECT * FROM idem_checkpoint_tuple(%(thread_id)s, %(ns)s, %(checkpoint_id)s)"
 LIST_LIMIT = "%(limit)s"  # alist's outer LIMIT: the page size, bound per call
@@ -367,7 +410,10 @@ SELECT DISTINCT thread_id FROM gone
 
 # Delete the blobs of these threads that no remaining checkpoint references, directly
 # or as the base (recursively) of a referenced delta. The live set is computed once (a
-# hashed subplan), not per blob; UNION ends the recursion even on a corrupt cycle.
+# hashed subplan), not per blob; UNION ends the recursion even on a corrupt cycle. Each
+# step of the recursion is one primary-key probe per live version (LATERAL ... LIMIT 1):
+# written as a join, it was planned as a hash join over a sequential scan of every blob
+# in the database, on every prune of a thread holding deltas, analyzed tables or not.
 COLLECT_BLOBS = """
 WITH RECURSIVE live (thread_id, checkpoint_ns, channel, version) AS (
     SELECT c.thread_id, c.checkpoint_ns, v.key COLLATE "C", v.value COLLATE "C"
@@ -375,9 +421,12 @@ WITH RECURSIVE live (thread_id, checkpoint_ns, channel, version) AS (
     WHERE c.thread_id = ANY(%(threads)s)
   UNION
     SELECT b.thread_id, b.checkpoint_ns, b.channel, b.base_version
-    FROM live AS l JOIN idem_blobs AS b
-      ON b.thread_id = l.thread_id AND b.checkpoint_ns = l.checkpoint_ns
-     AND b.channel = l.channel AND b.version = l.version
+    FROM live AS l CROSS JOIN LATERAL (
+        SELECT x.thread_id, x.checkpoint_ns, x.channel, x.base_version
+        FROM idem_blobs AS x
+        WHERE x.thread_id = l.thread_id AND x.checkpoint_ns = l.checkpoint_ns
+          AND x.channel = l.channel AND x.version = l.version
+        LIMIT 1) AS b
     WHERE b.base_version IS NOT NULL
 )
 DELETE FROM idem_blobs AS b
@@ -659,6 +708,8 @@ MIGRATIONS: list[list[str]] = [
     # 10: aget_tuple's read is a function (CHECKPOINT_TUPLE_FUNCTION): no plan cached
     # while the tables were small scans them later
     [CHECKPOINT_TUPLE_FUNCTION],
+    # 11: alist's pages in one namespace are a function too (LIST_IN_NS_FUNCTION)
+    [LIST_IN_NS_FUNCTION],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
