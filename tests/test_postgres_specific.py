@@ -15,15 +15,18 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import psycopg
 import pytest
+from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+from typing_extensions import TypedDict
 
 from langgraph_idem_saver import AsyncSqliteSaver
 from langgraph_idem_saver.errors import (
@@ -1145,3 +1148,54 @@ async def test_no_call_scans_a_table_with_a_plan_cached_while_it_was_small(
         after = {t: await flushed_reads(conn, t) for t in TABLES}
     scans = {t: (after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in TABLES}
     assert scans == {t: (0, 0) for t in TABLES}, scans  # (sequential scans, rows read)
+
+
+def _extend(state: list[Any], writes: Any) -> list[Any]:
+    return [*state, *(item for w in writes for item in w)]
+
+
+class DeltaLog(TypedDict):
+    log: Annotated[list[Any], DeltaChannel(_extend, snapshot_frequency=10**9)]
+    count: int
+
+
+async def test_a_delta_channel_load_planned_while_the_tables_were_small_never_scans_them(
+    pg_dsn: str,
+) -> None:
+    """The DeltaChannel history read (one recursive statement) had the same weakness as
+    aget_tuple's: its generic plan, cached while the tables held a few rows, scanned
+    them once per ancestor after they grew (600,000 rows to load a 30-step thread). For
+    one channel it is a function now (migration 12): no sequential scan, and the same
+    state."""
+    from pg_reads import flushed_reads
+
+    def step(state: DeltaLog) -> dict[str, Any]:
+        count = state.get("count", 0) + 1
+        return {"count": count, "log": [f"step {count}"]}
+
+    builder = StateGraph(DeltaLog)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_conditional_edges("step", lambda s: "step" if s["count"] < 30 else END)
+    async with await psycopg.AsyncConnection.connect(
+        pg_dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        await conn.execute("VACUUM ANALYZE")  # the statistics of empty tables
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        graph = builder.compile(checkpointer=saver)
+        for k in range(3):  # the plans are cached now, on small tables
+            config = {"configurable": {"thread_id": f"d{k}"}, "recursion_limit": 50}
+            await graph.ainvoke({"log": [], "count": 0}, config)
+            for _ in range(3):
+                await graph.aget_state(config)
+        for fill in FILL_OTHER_THREADS:
+            await conn.execute(fill)
+        config = {"configurable": {"thread_id": "d0"}}
+        before = {t: await flushed_reads(conn, t) for t in TABLES[:3]}
+        state = await graph.aget_state(config)
+        after = {t: await flushed_reads(conn, t) for t in TABLES[:3]}
+    scans = {t: (after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in before}
+    assert scans == {t: (0, 0) for t in scans}, scans  # (sequential scans, rows read)
+    assert state.values["log"] == [f"step {i}" for i in range(1, 31)]

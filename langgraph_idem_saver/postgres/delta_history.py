@@ -141,6 +141,50 @@ def delta_history_sql(n_channels: int, by_id: bool) -> str:
     return query
 
 
+def _in_function(query: str) -> str:
+    """A one-channel history statement with its parameters as the function's arguments."""
+    for param, arg in (
+        ("%(thread_id)s", "p_thread_id"),
+        ("%(ns)s", "p_ns"),
+        ("%(checkpoint_id)s", "p_checkpoint_id"),
+        ("%(c0)s", "p_c0"),
+    ):
+        query = query.replace(param, arg)
+    return query
+
+
+# The one-channel statement (a DeltaChannel state has one such channel, most often) as a
+# function, with sequential scans off (migration 12): prepared as it is, the generic plan
+# PostgreSQL caches after five executions, built while the tables were small, scanned
+# them once per ancestor after they grew (600,000 rows for a 30-step thread in
+# tests/test_postgres_specific.py). Several channels still send the statement itself
+# (its shape depends on their number). ``#variable_conflict use_column``: the result's
+# column names are also OUT parameters; in the query they mean the columns.
+DELTA_HISTORY_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION idem_delta_history(
+    p_thread_id text, p_ns text, p_checkpoint_id text, p_c0 text)
+RETURNS TABLE (
+    kind integer, checkpoint_id text, parent_checkpoint_id text, is_target boolean,
+    walking text, seeded text, task_path text, task_id text, idx integer, channel text,
+    type text, data bytea, base text)
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET search_path FROM CURRENT
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    IF p_checkpoint_id IS NULL THEN
+        RETURN QUERY {_in_function(delta_history_sql(1, by_id=False))};
+    ELSE
+        RETURN QUERY {_in_function(delta_history_sql(1, by_id=True))};
+    END IF;
+END
+$fn$
+"""
+DELTA_HISTORY_CALL = (
+    "SELECT * FROM idem_delta_history(%(thread_id)s, %(ns)s, %(checkpoint_id)s, %(c0)s)"
+)
+
 T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 
@@ -193,6 +237,9 @@ class PostgresDeltaHistory:
         if checkpoint_id:
             params["checkpoint_id"] = as_text(checkpoint_id, "checkpoint_id")
         query = delta_history_sql(len(walking), bool(checkpoint_id))
+        if len(walking) == 1:  # the function (DELTA_HISTORY_FUNCTION)
+            query = DELTA_HISTORY_CALL
+            params.setdefault("checkpoint_id", None)
 
         async def read(cur: Cursor) -> list[TupleRow]:
             await cur.execute(query, params)

@@ -23,6 +23,7 @@ prepared statements) or as arrays they ``unnest``, so every call is a single sta
 from __future__ import annotations
 
 from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
+from langgraph_idem_saver.postgres.delta_history import DELTA_HISTORY_FUNCTION
 from langgraph_idem_saver.postgres.ledger_sql import FINISH_ONE_FUNCTION, STEP_FOUND_FUNCTION
 
 # The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
@@ -710,6 +711,8 @@ MIGRATIONS: list[list[str]] = [
     [CHECKPOINT_TUPLE_FUNCTION],
     # 11: alist's pages in one namespace are a function too (LIST_IN_NS_FUNCTION)
     [LIST_IN_NS_FUNCTION],
+    # 12: and the DeltaChannel history of one channel (delta_history.py)
+    [DELTA_HISTORY_FUNCTION],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
