@@ -43,3 +43,38 @@ async def table_reads(conn: psycopg.AsyncConnection[Any], table: str) -> AsyncIt
     yield counts
     after = await flushed_reads(conn, table)
     counts.extend(a - b for a, b in zip(after, before, strict=True))
+
+
+TABLES = ("idem_checkpoints", "idem_blobs", "idem_writes", "idem_tool_calls")
+
+
+@contextlib.asynccontextmanager
+async def plans_cached_on_empty_tables(
+    dsn: str, plans: str = "force_generic_plan"
+) -> AsyncIterator[tuple[psycopg.AsyncConnection[Any], Any]]:
+    """A saver on a connection that prepares every statement (``prepare_threshold=0``,
+    as LangGraph's savers open theirs), set up, its tables empty and analyzed as such,
+    and ``plan_cache_mode`` set to ``plans``. ``force_generic_plan`` is what PostgreSQL
+    does by itself after five executions whenever the generic plan looks no dearer than
+    the custom ones: forced, so a test does not depend on that estimate, and every plan
+    is built once, on the small tables."""
+    from langgraph_idem_saver.postgres import AsyncPostgresSaver
+
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        await conn.execute(f"VACUUM ANALYZE {', '.join(TABLES)}")
+        await conn.execute(f"SET plan_cache_mode = {plans}")
+        yield conn, saver
+
+
+async def scans_during(
+    conn: psycopg.AsyncConnection[Any], action: Any, tables: tuple[str, ...] = TABLES
+) -> dict[str, tuple[int, int]]:
+    """Awaits ``action()``; per table, (sequential scans, rows they read) meanwhile."""
+    before = {t: await flushed_reads(conn, t) for t in tables}
+    await action()
+    after = {t: await flushed_reads(conn, t) for t in tables}
+    return {t: (after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in tables}

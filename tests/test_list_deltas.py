@@ -14,6 +14,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
+from pg_reads import plans_cached_on_empty_tables, table_reads
 from tool_node_helpers import cfg
 from typing_extensions import TypedDict
 
@@ -319,15 +320,7 @@ async def test_a_delta_put_planned_while_the_table_was_small_never_scans_it(
     0.2 ms slower after a thousand). The check is a function (migration 9): with the
     plans cached while the table was empty, a delta put on a table of 20,000 blobs reads
     its base through the primary key."""
-    from pg_reads import table_reads
-
-    async with await psycopg.AsyncConnection.connect(
-        pg_dsn, autocommit=True, prepare_threshold=0
-    ) as conn:
-        saver = AsyncPostgresSaver(conn)
-        await saver.setup()
-        await conn.execute("VACUUM ANALYZE idem_blobs")  # the statistics of 0 rows
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
+    async with plans_cached_on_empty_tables(pg_dsn) as (conn, saver):
         config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
         messages: list[Any] = []
         version = None

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_reads import table_reads
+from pg_reads import plans_cached_on_empty_tables, table_reads
 
 from langgraph_idem_saver.errors import SerializationError
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, StepLookup
@@ -374,16 +374,7 @@ async def test_a_claim_planned_while_the_ledger_was_small_never_scans_it(pg_dsn:
     (1,020,000 rows fetched for one claim here). The adoption read is a function that
     plans it on each call (migration 7): after the ledger grew to 40,000 rows, a step's
     claim on the thread with 20,000 still reads only what it finds."""
-    async with await psycopg.AsyncConnection.connect(
-        pg_dsn, autocommit=True, prepare_threshold=0
-    ) as conn:
-        saver = AsyncPostgresSaver(conn)
-        await saver.setup()
-        await conn.execute("VACUUM ANALYZE idem_tool_calls")  # the statistics of 0 rows
-        # what PostgreSQL does by itself after five executions whenever the generic plan
-        # looks no dearer than the custom ones; forced, so the test does not hang on
-        # that estimate: every statement's plan is now built once, on the small ledger
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
+    async with plans_cached_on_empty_tables(pg_dsn) as (conn, saver):
 
         def step(scope: str, n: int, first: int) -> tuple[list[CallIntent], StepLookup]:
             intents = [
@@ -496,13 +487,7 @@ async def test_one_outcome_is_a_prepared_probe_of_the_primary_key(pg_dsn: str) -
     cost ~0.15 ms of a ~0.4 ms outcome). Its plan cannot go stale: cached while the
     ledger was empty and VACUUMed (a plain UPDATE's plan was then a sequential scan,
     kept as the ledger grew), it still reads one row once the ledger holds 40,000."""
-    async with await psycopg.AsyncConnection.connect(
-        pg_dsn, autocommit=True, prepare_threshold=0
-    ) as conn:
-        saver = AsyncPostgresSaver(conn)
-        await saver.setup()
-        await conn.execute("VACUUM ANALYZE idem_tool_calls")  # the statistics of 0 rows
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
+    async with plans_cached_on_empty_tables(pg_dsn) as (conn, saver):
         for i in range(8):  # the plan is built and cached now, on the empty ledger
             await saver.aclaim([intent(i, key=f"small-{i}")], owner="me", lease_seconds=60)
             with count_statements_on(conn) as seen:
@@ -543,12 +528,7 @@ async def test_a_one_call_steps_adoption_read_is_static_and_reads_what_it_finds(
 
     from langgraph_idem_saver.postgres import ledger_sql
 
-    async with await psycopg.AsyncConnection.connect(
-        pg_dsn, autocommit=True, prepare_threshold=0
-    ) as conn:
-        await AsyncPostgresSaver(conn).setup()
-        await conn.execute("VACUUM ANALYZE idem_tool_calls")  # the statistics of 0 rows
-        await conn.execute(f"SET plan_cache_mode = {plans}")
+    async with plans_cached_on_empty_tables(pg_dsn, plans) as (conn, _saver):
         for i in range(8):  # the function's plans are cached now, on the empty ledger
             params = ("fresh", "tools", json.dumps([["send", f"h{i}"]]), "fresh", "[]")
             cur = await conn.execute(ledger_sql.SELECT_STEP_CANDIDATES, params)

@@ -24,6 +24,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
+from pg_reads import plans_cached_on_empty_tables, scans_during, table_reads
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from typing_extensions import TypedDict
@@ -1042,15 +1043,7 @@ async def test_aget_tuple_planned_while_the_tables_were_small_never_scans_them(
     the checkpoints, the writes and the blobs (once per channel) and kept doing so as
     they grew. Through its function (migration 10) the read, cached while the tables
     were empty, still probes indexes once they hold 20,000 rows of other threads each."""
-    from pg_reads import table_reads
-
-    async with await psycopg.AsyncConnection.connect(
-        pg_dsn, autocommit=True, prepare_threshold=0
-    ) as conn:
-        saver = AsyncPostgresSaver(conn)
-        await saver.setup()
-        await conn.execute("VACUUM ANALYZE")  # the statistics of empty tables
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
+    async with plans_cached_on_empty_tables(pg_dsn) as (conn, saver):
         config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
         checkpoint = empty_checkpoint()
         checkpoint["channel_values"] = {"a": [1, 2], "b": "x"}
@@ -1080,7 +1073,6 @@ LEDGER_FILL_OTHER_THREADS = (
     " 'send', md5(g::text), '\\x00', 'c' || g, 'completed', 'me', 0, 0, 'p' || (g / 50),"
     " 'b', g % 50 FROM generate_series(1, 20000) AS g"
 )
-TABLES = ("idem_checkpoints", "idem_blobs", "idem_writes", "idem_tool_calls")
 
 
 async def test_no_call_scans_a_table_with_a_plan_cached_while_it_was_small(
@@ -1098,7 +1090,6 @@ async def test_no_call_scans_a_table_with_a_plan_cached_while_it_was_small(
     from langchain_core.messages import AIMessage, HumanMessage
     from langchain_core.tools import tool
     from langgraph.graph import START, MessagesState, StateGraph
-    from pg_reads import flushed_reads
 
     from langgraph_idem_saver import IdempotentToolNode
 
@@ -1110,13 +1101,7 @@ async def test_no_call_scans_a_table_with_a_plan_cached_while_it_was_small(
     def reply(state: MessagesState) -> dict[str, Any]:
         return {"messages": [AIMessage(f"echo {state['messages'][-1].content}")]}
 
-    async with await psycopg.AsyncConnection.connect(
-        pg_dsn, autocommit=True, prepare_threshold=0
-    ) as conn:
-        saver = AsyncPostgresSaver(conn)
-        await saver.setup()
-        await conn.execute("VACUUM ANALYZE")  # the statistics of empty tables
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
+    async with plans_cached_on_empty_tables(pg_dsn) as (conn, saver):
         chat = StateGraph(MessagesState)
         chat.add_node("reply", reply)
         chat.add_edge(START, "reply")
@@ -1143,11 +1128,8 @@ async def test_no_call_scans_a_table_with_a_plan_cached_while_it_was_small(
             await workload(f"small-{k}")
         for fill in (*FILL_OTHER_THREADS, LEDGER_FILL_OTHER_THREADS):
             await conn.execute(fill)
-        before = {t: await flushed_reads(conn, t) for t in TABLES}
-        await workload("big")
-        after = {t: await flushed_reads(conn, t) for t in TABLES}
-    scans = {t: (after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in TABLES}
-    assert scans == {t: (0, 0) for t in TABLES}, scans  # (sequential scans, rows read)
+        scans = await scans_during(conn, lambda: workload("big"))
+    assert scans == {t: (0, 0) for t in scans}, scans  # (sequential scans, rows read)
 
 
 def _extend(state: list[Any], writes: Any) -> list[Any]:
@@ -1167,7 +1149,6 @@ async def test_a_delta_channel_load_planned_while_the_tables_were_small_never_sc
     them once per ancestor after they grew (600,000 rows to load a 30-step thread). For
     one channel it is a function now (migration 12): no sequential scan, and the same
     state."""
-    from pg_reads import flushed_reads
 
     def step(state: DeltaLog) -> dict[str, Any]:
         count = state.get("count", 0) + 1
@@ -1177,13 +1158,7 @@ async def test_a_delta_channel_load_planned_while_the_tables_were_small_never_sc
     builder.add_node("step", step)
     builder.add_edge(START, "step")
     builder.add_conditional_edges("step", lambda s: "step" if s["count"] < 30 else END)
-    async with await psycopg.AsyncConnection.connect(
-        pg_dsn, autocommit=True, prepare_threshold=0
-    ) as conn:
-        saver = AsyncPostgresSaver(conn)
-        await saver.setup()
-        await conn.execute("VACUUM ANALYZE")  # the statistics of empty tables
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
+    async with plans_cached_on_empty_tables(pg_dsn) as (conn, saver):
         graph = builder.compile(checkpointer=saver)
         for k in range(3):  # the plans are cached now, on small tables
             config = {"configurable": {"thread_id": f"d{k}"}, "recursion_limit": 50}
@@ -1193,9 +1168,7 @@ async def test_a_delta_channel_load_planned_while_the_tables_were_small_never_sc
         for fill in FILL_OTHER_THREADS:
             await conn.execute(fill)
         config = {"configurable": {"thread_id": "d0"}}
-        before = {t: await flushed_reads(conn, t) for t in TABLES[:3]}
+        scans = await scans_during(conn, lambda: graph.aget_state(config))
         state = await graph.aget_state(config)
-        after = {t: await flushed_reads(conn, t) for t in TABLES[:3]}
-    scans = {t: (after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in before}
     assert scans == {t: (0, 0) for t in scans}, scans  # (sequential scans, rows read)
     assert state.values["log"] == [f"step {i}" for i in range(1, 31)]

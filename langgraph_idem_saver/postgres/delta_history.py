@@ -15,6 +15,7 @@ from psycopg.rows import TupleRow
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
+from langgraph_idem_saver.postgres.functions import plpgsql_function
 from langgraph_idem_saver.postgres.jsonb import as_text, clean_str
 from langgraph_idem_saver.saver_config import checkpoint_id_of, checkpoint_ns_of, thread_id_of
 
@@ -160,18 +161,14 @@ def _in_function(query: str) -> str:
 # tests/test_postgres_specific.py). Several channels still send the statement itself
 # (its shape depends on their number). ``#variable_conflict use_column``: the result's
 # column names are also OUT parameters; in the query they mean the columns.
-DELTA_HISTORY_FUNCTION = f"""
-CREATE OR REPLACE FUNCTION idem_delta_history(
-    p_thread_id text, p_ns text, p_checkpoint_id text, p_c0 text)
-RETURNS TABLE (
+DELTA_HISTORY_FUNCTION = plpgsql_function(
+    """idem_delta_history(
+    p_thread_id text, p_ns text, p_checkpoint_id text, p_c0 text)""",
+    """TABLE (
     kind integer, checkpoint_id text, parent_checkpoint_id text, is_target boolean,
     walking text, seeded text, task_path text, task_id text, idx integer, channel text,
-    type text, data bytea, base text)
-LANGUAGE plpgsql STABLE
-SET enable_seqscan = off
-SET search_path FROM CURRENT
-AS $fn$
-#variable_conflict use_column
+    type text, data bytea, base text)""",
+    f"""
 BEGIN
     IF p_checkpoint_id IS NULL THEN
         RETURN QUERY {_in_function(delta_history_sql(1, by_id=False))};
@@ -179,8 +176,9 @@ BEGIN
         RETURN QUERY {_in_function(delta_history_sql(1, by_id=True))};
     END IF;
 END
-$fn$
-"""
+""",
+    use_column=True,
+)
 DELTA_HISTORY_CALL = (
     "SELECT * FROM idem_delta_history(%(thread_id)s, %(ns)s, %(checkpoint_id)s, %(c0)s)"
 )

@@ -9,6 +9,7 @@ are created by ``sql.MIGRATIONS``.
 from __future__ import annotations
 
 from langgraph_idem_saver.backend import LEDGER_COLUMNS
+from langgraph_idem_saver.postgres.functions import plpgsql_function
 
 # LEDGER_COLUMNS (imported above): LedgerEntry's fields, in order
 _COLUMNS = LEDGER_COLUMNS.split(", ")
@@ -47,14 +48,11 @@ jsonb_to_recordset(%(rows)s::jsonb) AS u(
 # fork-slot index) and sequential scans are off, and it saves the planning (the lone
 # call's claim: ~0.5 ms -> ~0.3). A row found by both branches comes back once.
 # (Migration 8 also adds FINISH_ONE_FUNCTION, below.)
-STEP_FOUND_FUNCTION = """
-CREATE OR REPLACE FUNCTION idem_step_found(
-    p_scope text, p_agent_path text, p_signatures json, p_spots json)
-RETURNS SETOF idem_tool_calls
-LANGUAGE plpgsql STABLE
-SET enable_seqscan = off
-SET search_path FROM CURRENT
-AS $fn$
+STEP_FOUND_FUNCTION = plpgsql_function(
+    """idem_step_found(
+    p_scope text, p_agent_path text, p_signatures json, p_spots json)""",
+    "SETOF idem_tool_calls",
+    """
 DECLARE
     v_tool text := p_signatures -> 0 ->> 0;
     v_hash text := p_signatures -> 0 ->> 1;
@@ -96,8 +94,8 @@ BEGIN
         WHERE x.scope = f.found_scope AND x.key = f.found_key OFFSET 0) AS e
     $q$ USING p_scope, p_agent_path, p_signatures, p_spots;
 END
-$fn$
-"""
+""",
+)
 
 # the adoption read inside the claim: named parameters, ``seq`` first (oldest first)
 _STEP_FOUND = f"""
@@ -193,15 +191,12 @@ FINISH_STEP_KEYS = FINISH_STEP.split("RETURNING")[0] + "RETURNING t.scope, t.key
 # cached while the ledger was empty (VACUUMed: known to hold no row) is a sequential
 # scan even for equality on the whole primary key, and would stay one as the ledger
 # grows (tests/test_postgres_ledger_statements.py).
-FINISH_ONE_FUNCTION = """
-CREATE OR REPLACE FUNCTION idem_finish_one(
+FINISH_ONE_FUNCTION = plpgsql_function(
+    """idem_finish_one(
     p_status text, p_result_type text, p_result bytea, p_error text,
-    p_finished_at double precision, p_scope text, p_key text, p_owner text)
-RETURNS SETOF idem_tool_calls
-LANGUAGE plpgsql VOLATILE
-SET enable_seqscan = off
-SET search_path FROM CURRENT
-AS $fn$
+    p_finished_at double precision, p_scope text, p_key text, p_owner text)""",
+    "SETOF idem_tool_calls",
+    """
 BEGIN
     RETURN QUERY
     UPDATE idem_tool_calls AS t
@@ -210,8 +205,9 @@ BEGIN
     WHERE t.scope = p_scope AND t.key = p_key AND t.status = 'issued' AND t.owner = p_owner
     RETURNING t.*;
 END
-$fn$
-"""
+""",
+    volatile=True,
+)
 _FINISH_ONE_CALL = "FROM idem_finish_one(%s, %s, %s, %s, %s, %s, %s, %s)"
 FINISH_ONE = f"SELECT {LEDGER_COLUMNS} {_FINISH_ONE_CALL}"
 FINISH_ONE_KEY = f"SELECT scope, key {_FINISH_ONE_CALL}"

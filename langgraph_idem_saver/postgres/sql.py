@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
 from langgraph_idem_saver.postgres.delta_history import DELTA_HISTORY_FUNCTION
+from langgraph_idem_saver.postgres.functions import TUPLE_RESULT, plpgsql_function
 from langgraph_idem_saver.postgres.ledger_sql import FINISH_ONE_FUNCTION, STEP_FOUND_FUNCTION
 
 # The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
@@ -40,13 +41,10 @@ MIGRATION_LOCK_KEY = 0x1DE3_5A7E_0C1D_0001
 THREAD_LOCK_SPACE = 0x1DE3_5A7E
 
 # a delta put's check of its bases (see _PUT_WITH_DELTAS for why a function)
-MISSING_BASES_FUNCTION = f"""
-CREATE OR REPLACE FUNCTION idem_missing_bases(p_bases json)
-RETURNS SETOF text
-LANGUAGE plpgsql VOLATILE
-SET enable_seqscan = off
-SET search_path FROM CURRENT
-AS $fn$
+MISSING_BASES_FUNCTION = plpgsql_function(
+    "idem_missing_bases(p_bases json)",
+    "SETOF text",
+    f"""
 DECLARE
     r json;
 BEGIN
@@ -64,8 +62,9 @@ BEGIN
         END IF;
     END LOOP;
 END
-$fn$
-"""
+""",
+    volatile=True,
+)
 
 
 # MIGRATIONS (the schema, by version) is at the end of this module: its later entries
@@ -276,71 +275,43 @@ SELECT_LATEST_TUPLE = SELECT_TUPLES.format(where=WHERE_LATEST, limit=1)
 # the blobs (once per channel): kept as the tables grew, each aget_tuple then read every
 # row (40,000 blobs, 20,000 checkpoints and 20,000 writes in the test) until autovacuum
 # next analyzed them. In the function every plan PostgreSQL may cache probes indexes.
-# ``#variable_conflict use_column``: the result's column names are also the function's
-# OUT parameters; in the query they mean the tables' columns.
-CHECKPOINT_TUPLE_FUNCTION = f"""
-CREATE OR REPLACE FUNCTION idem_checkpoint_tuple(
-    p_thread_id text, p_ns text, p_checkpoint_id text)
-RETURNS TABLE (
-    thread_id text, checkpoint_ns text, checkpoint_id text, parent_checkpoint_id text,
-    type text, checkpoint bytea, metadata jsonb, metadata_exact text,
-    channel_values bytea[], pending_writes bytea[])
-LANGUAGE plpgsql STABLE
-SET enable_seqscan = off
-SET search_path FROM CURRENT
-AS $fn$
-#variable_conflict use_column
+_IN_NS = "WHERE thread_id = p_thread_id AND checkpoint_ns = p_ns"
+CHECKPOINT_TUPLE_FUNCTION = plpgsql_function(
+    "idem_checkpoint_tuple(p_thread_id text, p_ns text, p_checkpoint_id text)",
+    TUPLE_RESULT,
+    f"""
 BEGIN
     IF p_checkpoint_id IS NULL THEN
-        RETURN QUERY {
-    SELECT_TUPLES.format(where="WHERE thread_id = p_thread_id AND checkpoint_ns = p_ns", limit=1)
-};
+        RETURN QUERY {SELECT_TUPLES.format(where=_IN_NS, limit=1)};
     ELSE
         RETURN QUERY {
-    SELECT_TUPLES.format(
-        where="WHERE thread_id = p_thread_id AND checkpoint_ns = p_ns "
-        "AND checkpoint_id = p_checkpoint_id",
-        limit=1,
-    )
-};
+        SELECT_TUPLES.format(where=_IN_NS + " AND checkpoint_id = p_checkpoint_id", limit=1)
+    };
     END IF;
 END
-$fn$
-"""
+""",
+    use_column=True,
+)
 # alist's pages in one namespace of a thread (what ``get_state_history`` reads), with no
 # metadata filter, through a function for the same reason (migration 11); ``p_upper``:
 # only checkpoints older than it (``before``, and the last row of the previous page).
 # The caller orders by ordinality: the result's columns lack the tables' "C" collation.
-LIST_IN_NS_FUNCTION = f"""
-CREATE OR REPLACE FUNCTION idem_list_in_ns(
-    p_thread_id text, p_ns text, p_upper text, p_limit integer)
-RETURNS TABLE (
-    thread_id text, checkpoint_ns text, checkpoint_id text, parent_checkpoint_id text,
-    type text, checkpoint bytea, metadata jsonb, metadata_exact text,
-    channel_values bytea[], pending_writes bytea[])
-LANGUAGE plpgsql STABLE
-SET enable_seqscan = off
-SET search_path FROM CURRENT
-AS $fn$
-#variable_conflict use_column
+LIST_IN_NS_FUNCTION = plpgsql_function(
+    "idem_list_in_ns(p_thread_id text, p_ns text, p_upper text, p_limit integer)",
+    TUPLE_RESULT,
+    f"""
 BEGIN
     IF p_upper IS NULL THEN
-        RETURN QUERY {
-    SELECT_TUPLES.format(
-        where="WHERE thread_id = p_thread_id AND checkpoint_ns = p_ns", limit="p_limit"
-    )
-};
+        RETURN QUERY {SELECT_TUPLES.format(where=_IN_NS, limit="p_limit")};
     ELSE
         RETURN QUERY {
-    SELECT_TUPLES.format(
-        where="WHERE thread_id = p_thread_id AND checkpoint_ns = p_ns AND checkpoint_id < p_upper",
-        limit="p_limit",
-    )
-};
+        SELECT_TUPLES.format(where=_IN_NS + " AND checkpoint_id < p_upper", limit="p_limit")
+    };
     END IF;
 END
-$fn$
-"""
+""",
+    use_column=True,
+)
 _TUPLE_COLUMNS = (
     "thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, "
     "metadata, metadata_exact, channel_values, pending_writes"
