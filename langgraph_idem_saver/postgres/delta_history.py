@@ -234,10 +234,11 @@ class PostgresDeltaHistory:
         params.update((f"c{i}", ch) for i, ch in enumerate(walking))
         if checkpoint_id:
             params["checkpoint_id"] = as_text(checkpoint_id, "checkpoint_id")
-        query = delta_history_sql(len(walking), bool(checkpoint_id))
         if len(walking) == 1:  # the function (DELTA_HISTORY_FUNCTION)
             query = DELTA_HISTORY_CALL
             params.setdefault("checkpoint_id", None)
+        else:
+            query = delta_history_sql(len(walking), bool(checkpoint_id))
 
         async def read(cur: Cursor) -> list[TupleRow]:
             await cur.execute(query, params)

@@ -371,7 +371,7 @@ class AsyncPostgresSaver(
     # Prepared, PostgreSQL caches a generic plan after five executions, and one built
     # while the tables were small scans them whole once they have grown (until their
     # next ANALYZE). These calls are rare, so planning them (well under 1 ms) is cheap;
-    # the per-step calls get the same safety from functions (sql.py, migrations 7-10).
+    # the per-step calls get the same safety from functions (sql.py, migrations 7-12).
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints, writes, blobs and ledger entries: one statement,
