@@ -1172,3 +1172,90 @@ async def test_a_delta_channel_load_planned_while_the_tables_were_small_never_sc
         state = await graph.aget_state(config)
     assert scans == {t: (0, 0) for t in scans}, scans  # (sequential scans, rows read)
     assert state.values["log"] == [f"step {i}" for i in range(1, 31)]
+
+
+async def test_alist_of_every_shape_planned_while_the_tables_were_small_never_scans_them(
+    pg_dsn: str,
+) -> None:
+    """``alist`` outside one namespace - a whole thread, a metadata filter, pages after
+    ``before``, one checkpoint by id - builds its statement per call shape. Prepared
+    (``prepare_threshold=0``), each shape's generic plan was cached while the tables held
+    a few rows and scanned them after they grew; these shapes are sent unprepared now,
+    planned for the tables as they are. After the tables grow to 20,000 rows of other
+    threads, no shape scans any table, and each still returns what it did."""
+    async with plans_cached_on_empty_tables(pg_dsn) as (conn, saver):
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        for step in range(6):
+            checkpoint = empty_checkpoint()  # ids increase within a process
+            checkpoint["channel_values"] = {"a": [step]}
+            checkpoint["channel_versions"] = {"a": str(step + 1)}
+            meta = {"source": "loop", "step": step}
+            config = await saver.aput(config, checkpoint, meta, {"a": str(step + 1)})
+            await saver.aput_writes(config, [("a", step)], f"task-{step}")
+        thread = {"configurable": {"thread_id": "t"}}
+        ns = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+
+        async def every_shape() -> list[list[Any]]:
+            shapes = [
+                saver.alist(thread, limit=3),
+                saver.alist(ns, filter={"step": 2}),
+                saver.alist(thread, before=config, limit=2),
+                saver.alist(config),
+            ]
+            found = []
+            for shape in shapes:
+                found.append([(t.checkpoint["id"], t.metadata["step"]) async for t in shape])
+            return found
+
+        for _ in range(6):  # the plans would be cached now, on tables of a few rows
+            expected = await every_shape()
+        for fill in FILL_OTHER_THREADS:
+            await conn.execute(fill)
+        read: list[list[Any]] = []
+
+        async def read_all() -> None:
+            read.extend(await every_shape())
+
+        scans = await scans_during(conn, read_all)
+    assert scans == {t: (0, 0) for t in scans}, scans  # (sequential scans, rows read)
+    assert read == expected
+    assert [len(rows) for rows in read] == [3, 1, 2, 1]
+
+
+class TwoDeltaLogs(TypedDict):
+    log: Annotated[list[Any], DeltaChannel(_extend, snapshot_frequency=10**9)]
+    notes: Annotated[list[Any], DeltaChannel(_extend, snapshot_frequency=10**9)]
+    count: int
+
+
+async def test_a_delta_load_of_several_channels_planned_while_small_never_scans_them(
+    pg_dsn: str,
+) -> None:
+    """A state with two DeltaChannels loads both in one statement, whose text depends on
+    the number of channels (one channel is a function, migration 12). Prepared, its
+    generic plan cached on small tables scanned them once per ancestor after they grew;
+    it is sent unprepared now: no sequential scan, and the same state."""
+
+    def step(state: TwoDeltaLogs) -> dict[str, Any]:
+        count = state.get("count", 0) + 1
+        return {"count": count, "log": [f"step {count}"], "notes": [count]}
+
+    builder = StateGraph(TwoDeltaLogs)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_conditional_edges("step", lambda s: "step" if s["count"] < 20 else END)
+    async with plans_cached_on_empty_tables(pg_dsn) as (conn, saver):
+        graph = builder.compile(checkpointer=saver)
+        for k in range(3):  # the plans would be cached now, on small tables
+            config = {"configurable": {"thread_id": f"d{k}"}, "recursion_limit": 50}
+            await graph.ainvoke({"log": [], "notes": [], "count": 0}, config)
+            for _ in range(3):
+                await graph.aget_state(config)
+        for fill in FILL_OTHER_THREADS:
+            await conn.execute(fill)
+        config = {"configurable": {"thread_id": "d0"}}
+        scans = await scans_during(conn, lambda: graph.aget_state(config))
+        state = await graph.aget_state(config)
+    assert scans == {t: (0, 0) for t in scans}, scans  # (sequential scans, rows read)
+    assert state.values["log"] == [f"step {i}" for i in range(1, 21)]
+    assert state.values["notes"] == list(range(1, 21))

@@ -45,11 +45,15 @@ Conn = AsyncConnection[Any] | AsyncConnectionPool[Any]
 @dataclass(frozen=True, slots=True)
 class Statement:
     """One statement of a :data:`Steps` body, and which of its rows the body is sent back
-    (``"none"``: None, ``"one"``: ``fetchone()``, ``"all"``: ``fetchall()``)."""
+    (``"none"``: None, ``"one"``: ``fetchone()``, ``"all"``: ``fetchall()``).
+
+    ``prepare=False`` sends it unprepared: planned on each call for the tables as they
+    are, never from a plan cached while they were small (None: the connection decides)."""
 
     query: str | bytes | psql.SQL | psql.Composed
     params: Params | None = None
     fetch: Literal["none", "one", "all"] = "none"
+    prepare: bool | None = None
 
 
 # a body of statements shared by the async and the sync paths: yields each statement,
@@ -66,7 +70,7 @@ async def arun_steps(steps: Steps[T], cur: Cursor) -> T:
     """Run ``steps`` on an async cursor (:func:`run_steps` is its sync twin)."""
     statement, result = _advance(steps, None)
     while statement is not None:
-        await cur.execute(statement.query, statement.params)
+        await cur.execute(statement.query, statement.params, prepare=statement.prepare)
         statement, result = _advance(steps, await _afetch(cur, statement.fetch))
     return result
 
@@ -75,7 +79,7 @@ def run_steps(steps: Steps[T], cur: psycopg.Cursor[TupleRow]) -> T:
     """Run ``steps`` on a sync cursor (the direct path's :func:`arun_steps`)."""
     statement, result = _advance(steps, None)
     while statement is not None:
-        cur.execute(statement.query, statement.params)
+        cur.execute(statement.query, statement.params, prepare=statement.prepare)
         statement, result = _advance(steps, _fetch(cur, statement.fetch))
     return result
 

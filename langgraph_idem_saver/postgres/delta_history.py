@@ -158,9 +158,9 @@ def _in_function(query: str) -> str:
 # function, with sequential scans off (migration 12): prepared as it is, the generic plan
 # PostgreSQL caches after five executions, built while the tables were small, scanned
 # them once per ancestor after they grew (600,000 rows for a 30-step thread in
-# tests/test_postgres_specific.py). Several channels still send the statement itself
-# (its shape depends on their number). ``#variable_conflict use_column``: the result's
-# column names are also OUT parameters; in the query they mean the columns.
+# tests/test_postgres_specific.py). Several channels send the statement itself (its
+# shape depends on their number), unprepared. ``#variable_conflict use_column``: the
+# result's column names are also OUT parameters; in the query they mean the columns.
 DELTA_HISTORY_FUNCTION = plpgsql_function(
     """idem_delta_history(
     p_thread_id text, p_ns text, p_checkpoint_id text, p_c0 text)""",
@@ -234,14 +234,17 @@ class PostgresDeltaHistory:
         params.update((f"c{i}", ch) for i, ch in enumerate(walking))
         if checkpoint_id:
             params["checkpoint_id"] = as_text(checkpoint_id, "checkpoint_id")
-        if len(walking) == 1:  # the function (DELTA_HISTORY_FUNCTION)
+        # one channel: the function (DELTA_HISTORY_FUNCTION); several: the statement,
+        # unprepared (planned for the tables as they are, like the function's reads)
+        prepare: bool | None = None
+        if len(walking) == 1:
             query = DELTA_HISTORY_CALL
             params.setdefault("checkpoint_id", None)
         else:
-            query = delta_history_sql(len(walking), bool(checkpoint_id))
+            query, prepare = delta_history_sql(len(walking), bool(checkpoint_id)), False
 
         async def read(cur: Cursor) -> list[TupleRow]:
-            await cur.execute(query, params)
+            await cur.execute(query, params, prepare=prepare)
             return await cur.fetchall()
 
         target: TupleRow | None = None

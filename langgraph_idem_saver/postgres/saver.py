@@ -260,7 +260,10 @@ class AsyncPostgresSaver(
             after_clause = sql.LIST_AFTER
 
         # get_state_history's shape (one namespace of a thread, no filter) goes through
-        # idem_list_in_ns, whose cached plans cannot scan (sql.LIST_IN_NS_FUNCTION)
+        # idem_list_in_ns, whose cached plans cannot scan (sql.LIST_IN_NS_FUNCTION). The
+        # other shapes (a whole thread, a metadata filter, every thread, one checkpoint)
+        # are sent unprepared: their text varies with the filter, and a generic plan
+        # cached while the tables were small would scan them after they grew.
         in_ns = (
             query.thread_id is not None
             and query.ns is not None
@@ -284,7 +287,7 @@ class AsyncPostgresSaver(
                     where=("WHERE " + " AND ".join(where)) if where else "",
                     limit=sql.LIST_LIMIT,
                 )
-            rows: list[TupleRow] = yield Statement(q, args, "all")
+            rows: list[TupleRow] = yield Statement(q, args, "all", prepare=None if in_ns else False)
             last = (rows[-1][2], rows[-1][0], rows[-1][1]) if rows else None
             # decoded as yielded; SQL only narrows, Python equality decides
             tuples = (
