@@ -93,12 +93,19 @@ def test_checkpoint_calls_run_on_the_callers_thread(pg_dsn: str, how: str) -> No
     with open_saver(pg_dsn, how) as saver:
         here = {threading.get_ident()}
         stored = put_checkpoint(saver, "t", 0)
-        for call in per_step_calls(saver, stored):
+        history = lambda: saver.get_delta_channel_history(config=stored, channels=["log"])  # noqa: E731
+        for call in [*per_step_calls(saver, stored), history]:
             assert TRACE.threads_of(call) == here
         assert saver.get_tuple(stored).pending_writes == [  # type: ignore[union-attr]
             ("task-1", "step", 5),
             ("task-1", "log", ["w"]),
         ]
+        # the DeltaChannel read returns here what the async saver returns on its loop: from
+        # the latest checkpoint (the child put above), its parent's write
+        latest = {"config": cfg("t", ""), "channels": ["log"]}
+        on_loop = asyncio.run(saver.aget_delta_channel_history(**latest))  # type: ignore[arg-type]
+        assert saver.get_delta_channel_history(**latest) == on_loop  # type: ignore[arg-type]
+        assert on_loop["log"]["writes"] == [("task-1", "log", ["w"])]
         # the async methods, the ledger and maintenance: on the saver's own connection
         assert TRACE.threads_of(lambda: asyncio.run(saver.aget_tuple(stored))) == set()
         intent = intent_for("t", {"name": "charge", "args": {"n": 1}, "id": "c1"})

@@ -5,16 +5,16 @@ thread, without its one ``aget_tuple`` per ancestor.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory
-from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
+from langgraph_idem_saver.postgres.connection import Statement, Steps
 from langgraph_idem_saver.postgres.functions import plpgsql_function
 from langgraph_idem_saver.postgres.jsonb import as_text, clean_str
 from langgraph_idem_saver.saver_config import checkpoint_id_of, checkpoint_ns_of, thread_id_of
@@ -184,7 +184,6 @@ DELTA_HISTORY_CALL = (
 )
 
 T = TypeVar("T")
-Cursor = AsyncCursor[TupleRow]
 
 
 class PostgresDeltaHistory:
@@ -198,9 +197,7 @@ class PostgresDeltaHistory:
             self, chain: list[tuple[str, bytes | None, str | None, str | None]], **where: Any
         ) -> tuple[Any, int]: ...
 
-        async def _run(
-            self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
-        ) -> T: ...
+        async def _read_steps(self, make_steps: Callable[[], Steps[T]]) -> T: ...
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
@@ -219,9 +216,17 @@ class PostgresDeltaHistory:
         which misses a parent whose id sorts after its child's - ids are only ordered
         within one process.)
         """
-        wanted = list(dict.fromkeys(channels))
-        if not wanted:
+        if not channels:
             return {}
+        return await self._read_steps(lambda: self._delta_history_steps(config, channels))
+
+    def _delta_history_steps(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> Steps[dict[str, DeltaChannelHistory]]:
+        """The read as a :data:`Steps` body: its one statement, then the decoding. Shared
+        with ``PostgresSaver.get_delta_channel_history``, which runs it on the caller's
+        thread (the direct path)."""
+        wanted = list(dict.fromkeys(channels))
         thread_id = as_text(thread_id_of(config), "thread_id")
         ns = as_text(checkpoint_ns_of(config), "checkpoint_ns")
         checkpoint_id = checkpoint_id_of(config)
@@ -236,16 +241,13 @@ class PostgresDeltaHistory:
             params["checkpoint_id"] = as_text(checkpoint_id, "checkpoint_id")
         # one channel: the function (DELTA_HISTORY_FUNCTION); several: the statement,
         # unprepared (planned for the tables as they are, like the function's reads)
-        prepare: bool | None = None
         if len(walking) == 1:
-            query = DELTA_HISTORY_CALL
             params.setdefault("checkpoint_id", None)
+            statement = Statement(DELTA_HISTORY_CALL, params, "all")
         else:
-            query, prepare = delta_history_sql(len(walking), bool(checkpoint_id)), False
-
-        async def read(cur: Cursor) -> list[TupleRow]:
-            await cur.execute(query, params, prepare=prepare)
-            return await cur.fetchall()
+            query = delta_history_sql(len(walking), bool(checkpoint_id))
+            statement = Statement(query, params, "all", prepare=False)
+        rows: list[TupleRow] = yield statement
 
         target: TupleRow | None = None
         chain: dict[str, list[TupleRow]] = {}  # checkpoint id -> its chain rows
@@ -253,7 +255,7 @@ class PostgresDeltaHistory:
         # Keyed so that a chain that loops (its rows repeat) yields each row once.
         writes: dict[str, dict[tuple[str, int], TupleRow]] = {}
         blobs: dict[tuple[str, str], dict[int, TupleRow]] = {}
-        for row in await self._run(read):
+        for row in rows:
             kind, cid = row[0], row[1]
             if kind == 0 and row[3]:
                 target = row

@@ -27,9 +27,10 @@ its own transaction, committed before it returns (don't leave a transaction of y
 open on it: the saver's statements would join it, as LangGraph's do). The hop to the loop
 and back cost hundreds of microseconds per call, more than a read's SQL.
 
-The rest - the ledger (which the engine drives on the loop), ``setup()`` (the first call
-of a saver not set up yet takes the loop, setting up first), ``prune``, ``copy_thread``,
-``delete_thread``, ``sweep``, ``get_delta_channel_history``, the ``a``-methods - runs on
+``get_delta_channel_history`` (what loading a thread with a ``DeltaChannel`` reads) runs
+there too. The rest - the ledger (which the engine drives on the loop), ``setup()`` (the
+first call of a saver not set up yet takes the loop, setting up first), ``prune``,
+``copy_thread``, ``delete_thread``, ``sweep``, the ``a``-methods - runs on
 the saver's own async connection or pool, opened from yours as a recipe:
 
 * ``PostgresSaver(conn)`` opens one ``AsyncConnection`` with ``conn``'s parameters
@@ -72,15 +73,13 @@ concurrently.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    CheckpointTuple,
-)
+from langgraph.checkpoint.base import CheckpointTuple, DeltaChannelHistory
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, Capabilities, Connection, Pipeline
 from psycopg.rows import dict_row, tuple_row
@@ -216,6 +215,14 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
         page_steps = self.saver._list_page_steps(query)
         return lambda after, size: self._read_steps(lambda: page_steps(after, size))
 
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        if not channels:
+            return {}
+        saver = self.saver
+        return self._read_steps(lambda: saver._delta_history_steps(config, channels))
+
     def _read_steps(self, make_steps: Callable[[], Steps[T]]) -> T:
         """``_run_steps`` for a read, retried once on a fresh pooled connection (see
         ``AsyncPostgresSaver._read_steps``: a read is always safe to run again)."""
@@ -244,6 +251,9 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
 # get_tuple says what aget_tuple says (it runs the same statement; put, put_writes and
 # list: SyncCheckpointCalls')
 PostgresSaver.get_tuple.__doc__ = AsyncPostgresSaver.aget_tuple.__doc__
+PostgresSaver.get_delta_channel_history.__doc__ = (
+    AsyncPostgresSaver.aget_delta_channel_history.__doc__
+)
 
 
 def _async_connection_args(conn: Connection[Any]) -> tuple[str, dict[str, Any]]:
