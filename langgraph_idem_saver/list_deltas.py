@@ -18,11 +18,24 @@ Values are treated as immutable, as LangGraph requires of state: a message mutat
 place* after it was checkpointed would be missed by the identity check. (In-place
 mutation of graph state is already unsupported by LangGraph: it changes older
 checkpoints' values in memory too.)
+
+What is remembered keeps nothing alive. A list of objects that take weak references
+(messages do) is remembered as weak references to its items: while the run that holds
+the list goes on, its items live and the identity check works; once the run ends,
+LangGraph drops its state, the items are freed as they would be without this saver, and
+the entry, dead, is dropped. (Held strongly, up to ``CACHE_SIZE`` finished conversations
+stayed in memory for as long as the saver lived - 25,000 objects after 300 ten-turn chats
+- and every full garbage collection walked them.) A list of items that cannot be weakly
+referenced (strings, numbers: nothing the collector walks) is remembered as a copy. A new
+run needs nothing from a finished one: it resumes by reading its checkpoint, which
+remembers what it loaded (``loaded``).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,16 +61,51 @@ class EncodedBlob:
     type: str
     data: bytes | None
     base_version: str | None = None
-    # what to remember for the next delta once this row is committed
+    # what to remember for the next delta once this row is committed: the items, and
+    # how to hold them (``_held``) when known already
     items: list[Any] | None = None
     depth: int = 0
+    held: tuple[list[Any], bool] | None = None
 
 
 @dataclass(frozen=True)
 class _Written:
+    """A remembered list version: ``held`` is its items, or weak references to them
+    (``weak``)."""
+
     version: str
-    items: list[Any]
+    held: list[Any]
+    weak: bool
     depth: int
+
+    def starts(self, value: list[Any]) -> bool:
+        """Whether ``value`` is this version plus more items: the very same objects first."""
+        held = self.held
+        if len(value) <= len(held):
+            return False
+        if self.weak:
+            return all(ref() is item for ref, item in zip(held, value, strict=False))
+        return all(a is b for a, b in zip(held, value, strict=False))
+
+    def extended(self, value: list[Any]) -> tuple[list[Any], bool]:
+        """How to hold ``value``, which :meth:`starts` with this version: this version's
+        references, and new ones for the items appended."""
+        added = value[len(self.held) :]
+        if self.weak and all(type(item).__weakrefoffset__ for item in added):
+            return [*self.held, *(weakref.ref(item) for item in added)], True
+        return _held(value)
+
+    def dead(self) -> bool:
+        """Its items are gone (the run holding the list ended): no list can extend it."""
+        return self.weak and self.held[-1]() is None
+
+
+def _held(items: list[Any]) -> tuple[list[Any], bool]:
+    """Weak references to ``items`` when every one takes them (``weakref.ref`` of an
+    object that has one returns it: no new object), else a copy of the list."""
+    if all(type(item).__weakrefoffset__ for item in items):
+        return [weakref.ref(item) for item in items], True
+    return list(items), False
 
 
 class ListDeltaEncoder:
@@ -95,10 +143,9 @@ class ListDeltaEncoder:
                 prev is not None
                 and prev.version != str(version)
                 and prev.depth < MAX_CHAIN
-                and len(value) > len(prev.items)
-                and all(a is b for a, b in zip(prev.items, value, strict=False))
+                and prev.starts(value)
             ):
-                type_, data = serde.dumps_typed(value[len(prev.items) :])
+                type_, data = serde.dumps_typed(value[len(prev.held) :])
                 blobs.append(
                     EncodedBlob(
                         channel,
@@ -108,6 +155,7 @@ class ListDeltaEncoder:
                         prev.version,
                         list(value),
                         prev.depth + 1,
+                        prev.extended(value),
                     )
                 )
             else:
@@ -122,7 +170,13 @@ class ListDeltaEncoder:
         """The same row stored whole (its delta's base turned out to be gone)."""
         assert blob.items is not None
         return EncodedBlob(
-            blob.channel, blob.version, *serde.dumps_typed(blob.items), None, blob.items, 0
+            blob.channel,
+            blob.version,
+            *serde.dumps_typed(blob.items),
+            None,
+            blob.items,
+            0,
+            blob.held,
         )
 
     def remember(self, thread_id: str, ns: str, blobs: list[EncodedBlob]) -> None:
@@ -135,10 +189,16 @@ class ListDeltaEncoder:
                     # cost every read of the next version a probe for its base
                     self._recent.pop(key, None)
                     continue
-                self._recent[key] = _Written(blob.version, blob.items, blob.depth)
+                held = blob.held or _held(blob.items)
+                self._recent[key] = _Written(blob.version, *held, blob.depth)
                 self._recent.move_to_end(key)
             while len(self._recent) > self._max:
                 self._recent.popitem(last=False)
+            # the least recently written entries first: drop the dead ones (a few at a
+            # time, so a put never walks the whole cache)
+            for key in list(itertools.islice(self._recent, 4)):
+                if self._recent[key].dead():
+                    del self._recent[key]
 
     def loaded(
         self, thread_id: str, ns: str, channel: str, version: str, value: Any, depth: int

@@ -4,6 +4,8 @@ only PostgreSQL does (client-side compression, the one-statement fallback, migra
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Annotated, Any
 
 import psycopg
@@ -12,6 +14,7 @@ from fault_child import Db
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 from pg_reads import plans_cached_on_empty_tables, table_reads
@@ -19,7 +22,7 @@ from tool_node_helpers import cfg
 from typing_extensions import TypedDict
 
 from langgraph_idem_saver import CorruptRecordError
-from langgraph_idem_saver.list_deltas import MAX_CHAIN
+from langgraph_idem_saver.list_deltas import MAX_CHAIN, ListDeltaEncoder
 from langgraph_idem_saver.postgres import AsyncPostgresSaver
 from langgraph_idem_saver.postgres.saver import ZLIB_PREFIX
 
@@ -105,6 +108,48 @@ async def test_reopened_saver_starts_a_fresh_chain_and_reads_stay_equal(db: Db) 
         """
     )
     assert depths[0][0] <= MAX_CHAIN
+
+
+async def test_the_messages_of_finished_runs_are_not_kept_alive(db: Db) -> None:
+    """The saver remembers the last list it wrote per channel (the base of the next
+    delta) through weak references: when a run ends and LangGraph drops its state, the
+    messages are freed as without this saver. (Held strongly, the last 512 conversations
+    stayed in memory for the saver's lifetime, and every full collection walked them.)
+    Chains keep growing as deltas across runs: each run remembers what it loaded."""
+    async with db.open() as saver:
+        graph = chat_graph(saver)
+        alive: list[weakref.ref[Any]] = []
+        for thread in ("a", "b", "c"):
+            for i in range(4):
+                out = await graph.ainvoke({"messages": [HumanMessage(f"turn {i}")]}, cfg(thread))
+                alive += [weakref.ref(m) for m in out["messages"]]
+            del out
+        # aiosqlite's worker thread holds its last job (the last put) until the next one
+        await saver.aget_tuple(cfg("another thread"))
+        gc.collect()
+        assert [r for r in alive if r() is not None] == []
+        await chat(graph, "a", 3, start=4)  # resumes from what it reads: deltas again
+    rows, deltas, _ = await blob_stats(db)
+    assert rows == 3 * 4 * 2 + 3 * 2 and deltas >= rows - 3 - 1  # one whole row a thread
+
+
+def test_the_delta_cache_drops_an_entry_whose_items_are_gone() -> None:
+    """An entry whose list was freed is dropped on a later write, and one of items that
+    take no weak references (strings) is held as a copy, as before."""
+    encoder = ListDeltaEncoder()
+    serde = JsonPlusSerializer()
+    gone = [HumanMessage("a"), HumanMessage("b")]
+    kept = ["x", "y"]
+    for thread, value in (("gone", gone), ("kept", kept)):
+        encoder.remember(thread, "", encoder.encode(serde, thread, "", {"m": value}, {"m": "1"}))
+    grown = [*kept, "z"]
+    [delta] = encoder.encode(serde, "kept", "", {"m": grown}, {"m": "2"})
+    assert delta.base_version == "1"  # strings: compared through the copy
+    del gone
+    gc.collect()
+    encoder.remember("other", "", encoder.encode(serde, "other", "", {"m": [1]}, {"m": "1"}))
+    assert ("gone", "", "m") not in encoder._recent
+    assert ("kept", "", "m") in encoder._recent
 
 
 async def test_a_replaced_or_removed_message_is_stored_whole(db: Db) -> None:
