@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import operator
 import os
 import random
@@ -62,10 +63,12 @@ from _harness import (
     tools_graph,
     write_json,
 )
+from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as OfficialPostgres
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver as OfficialSqlite
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -433,6 +436,48 @@ async def pool_gap(pool_saver: Any, dsn: str, prof: Profile) -> dict[str, float]
 STORAGE_TURNS = 200  # checkpoints of the storage probe's chat
 
 
+RETAIN_THREADS, RETAIN_TURNS = 100, 10  # chats of the memory probe
+
+
+class ChatState(TypedDict):
+    messages: Annotated[list[Any], add_messages]
+
+
+async def retained_objects(config: str, where: dict[str, str]) -> dict[str, int]:
+    """Objects still alive once ``RETAIN_THREADS`` chats of ``RETAIN_TURNS`` turns (a
+    graph with ``add_messages``) have ended, the saver still open: what the saver keeps
+    in memory after its runs (counted by the garbage collector, which walks them all on
+    every full collection)."""
+
+    def reply(state: ChatState) -> dict[str, Any]:
+        return {"messages": [AIMessage(f"echo {state['messages'][-1].content} " * 8)]}
+
+    counts: dict[str, int] = {}
+    for label in LABELS:
+        async with AsyncExitStack() as stack:
+            saver = (await open_savers(stack, config, where))[label]
+            builder = StateGraph(ChatState)
+            builder.add_node("reply", reply)
+            builder.add_edge(START, "reply")
+            graph = builder.compile(checkpointer=saver)
+            await graph.ainvoke({"messages": [HumanMessage("warm up")]}, chat_config("warm"))
+            gc.collect()
+            before = len(gc.get_objects())
+            for thread in range(RETAIN_THREADS):
+                for turn in range(RETAIN_TURNS):
+                    text = f"turn {turn} " * 8
+                    await graph.ainvoke({"messages": [HumanMessage(text)]}, chat_config(thread))
+            # aiosqlite's worker thread holds its last job until the next one
+            await saver.aget_tuple(chat_config("warm"))
+            gc.collect()
+            counts[label] = len(gc.get_objects()) - before
+    return counts
+
+
+def chat_config(thread: object) -> Any:
+    return {"configurable": {"thread_id": f"retain-{thread}"}}
+
+
 async def storage_bytes(config: str, where: dict[str, str]) -> dict[str, int]:
     """What a chat of ``STORAGE_TURNS`` turns, one message appended per turn (GrowingSim,
     starting from one message), leaves on disk with each saver: the SQLite file after a
@@ -734,11 +779,11 @@ def print_rows(rows: list[Row], floors: dict[str, float]) -> None:
         )
     for config, us in floors.items():
         print(f"floor ({config}): INSERT + commit of a 5 KB row {us:,.0f} µs")
-    for r in rows:  # a lone call's ledger needs two synced commits: claim, then outcome
+    for r in rows:  # a lone call's ledger needs one synced commit: the claim
         if r.key == "tool_step_1" and r.ledger_us is not None and r.config in floors:
-            beyond = r.ledger_us - 2 * floors[r.config]
+            beyond = r.ledger_us - floors[r.config]
             print(
-                f"ledger of a lone call ({r.config}) beyond its two synced commits: "
+                f"ledger of a lone call ({r.config}) beyond its synced commit (the claim): "
                 f"{beyond:+,.0f} µs"
             )
     if GAPS:
@@ -759,6 +804,7 @@ async def main_async(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     floors: dict[str, float] = {}
     storage: dict[str, dict[str, int]] = {}
+    retained: dict[str, dict[str, int]] = {}
     plans = ""
     t0 = time.perf_counter()
     async with AsyncExitStack() as outer:
@@ -801,6 +847,7 @@ async def main_async(args: argparse.Namespace) -> int:
                     else {lab: new_schema(cast(str, pg_base), f"storage_{lab}") for lab in LABELS}
                 )
                 storage[config] = await storage_bytes(config, fresh)
+                retained[config] = await retained_objects(config, fresh)
             floor_at = (
                 os.path.join(tmp, "floor.db") if config == "sqlite" else where[config]["ours"]
             )
@@ -815,6 +862,11 @@ async def main_async(args: argparse.Namespace) -> int:
             f"official {sizes['official'] / 1e6:,.2f} MB, ours {sizes['ours'] / 1e6:,.2f} MB "
             f"({sizes['official'] / sizes['ours']:.1f}x smaller)"
         )
+    for config, kept in retained.items():
+        print(
+            f"memory ({config}): objects still alive after {RETAIN_THREADS} chats of "
+            f"{RETAIN_TURNS} turns ended: official {kept['official']:,}, ours {kept['ours']:,}"
+        )
     if plans:
         print("\n" + plans)
     print(f"\n{prof.name} run: {time.perf_counter() - t0:.0f} s")
@@ -828,6 +880,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 "floors_us": floors,
                 "pool_gap_us": GAPS,
                 "storage_bytes": storage,
+                "retained_objects": retained,
                 "plans": plans,
             },
         )

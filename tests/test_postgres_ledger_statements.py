@@ -544,3 +544,48 @@ async def test_a_one_call_steps_adoption_read_is_static_and_reads_what_it_finds(
             assert (seq_scans, seq_rows, index_scans) == (0, 0, 2), (scope, spot)
             # each branch reads the rows it finds (+1 when both find the same row)
             assert fetched <= expected + 1, (scope, spot, fetched)
+
+
+@pytest.mark.parametrize("calls", [1, 3], ids=["one outcome", "outcomes together"])
+async def test_outcomes_commit_without_waiting_for_the_wal_flush_claims_wait(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, calls: int
+) -> None:
+    """An outcome's own transaction runs with ``synchronous_commit`` off (the step's
+    checkpoint write flushes it right after; a crash before that leaves the call an
+    unknown outcome: docs/guarantees.md); a claim's keeps the session's setting (on):
+    the row that lets a tool run is on disk before it runs. Nothing leaks into the
+    session. Observed inside each statement's transaction, on a connection that is not
+    in autocommit (the saver then wraps each call in a transaction)."""
+    inside: dict[str, str] = {}
+    original = psycopg.AsyncCursor.execute
+
+    async def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await original(self, query, *args, **kwargs)
+        text = " ".join(str(query).split())
+        kind = "claim" if "INSERT INTO idem_tool_calls" in text else None
+        if "idem_finish_one" in text:
+            kind = "outcome"
+        elif text.startswith("UPDATE idem_tool_calls AS t"):
+            kind = "outcomes"  # several in one statement
+        if kind:
+            async with self.connection.cursor() as other:  # same transaction
+                await original(other, "SHOW synchronous_commit")
+                inside[kind] = (await other.fetchone())[0]
+        return result
+
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=False) as conn:
+        await conn.execute("SET synchronous_commit = on")
+        await conn.commit()
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        with monkeypatch.context() as patch:
+            patch.setattr(psycopg.AsyncCursor, "execute", execute)
+            batch = [intent(i, key=f"sc-{calls}-{i}") for i in range(calls)]
+            await saver.aclaim(batch, owner="me", lease_seconds=60)
+            await asyncio.gather(*(record(saver, "t", i.key) for i in batch))
+        assert inside == {"claim": "on", "outcome" if calls == 1 else "outcomes": "off"}
+        cur = await conn.execute("SHOW synchronous_commit")
+        assert (await cur.fetchone())[0] == "on"  # type: ignore[index]
+        await conn.rollback()
+    done = [e for e in await alist(pg_dsn, "t") if e.key.startswith(f"sc-{calls}-")]
+    assert [e.status for e in done] == [CallStatus.COMPLETED] * calls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,13 @@ def statements_of(saver: AsyncSqliteSaver) -> tuple[list[str], Any]:
 
 
 @pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
-async def test_claims_are_always_synced_other_commits_follow_the_setting(
+async def test_claims_are_always_synced_outcomes_never_alone_checkpoints_as_set(
     tmp_path: Path, synchronous: Any
 ) -> None:
+    """A claim's transaction is committed with FULL whatever the setting; one of outcomes
+    alone with NORMAL (the next synced commit, the step's checkpoint write, carries it to
+    disk: docs/guarantees.md); checkpoint writes with the setting. The connection is left
+    at its setting after each."""
     async with AsyncSqliteSaver.from_conn_string(
         str(tmp_path / "s.db"), synchronous=synchronous
     ) as saver:
@@ -87,14 +92,38 @@ async def test_claims_are_always_synced_other_commits_follow_the_setting(
         finish_statements = list(seen)
         assert await saver.conn._execute(level) == {"FULL": 2, "NORMAL": 1}[synchronous]
 
-    synced = "PRAGMA synchronous = FULL"
+    synced, unsynced = "PRAGMA synchronous = FULL", "PRAGMA synchronous = NORMAL"
     if synchronous == "NORMAL":
         assert claim_statements[0] == synced, "the claim is committed with FULL"
-        assert claim_statements[-1] == "PRAGMA synchronous = NORMAL"
+        assert claim_statements[-1] == unsynced
+        assert not any(s.startswith("PRAGMA") for s in finish_statements), "already NORMAL"
     else:
         assert synced not in claim_statements, "already FULL: no extra statements"
+        assert finish_statements[0] == unsynced, "outcomes alone are committed with NORMAL"
+        assert finish_statements[-1] == synced
+        assert finish_statements.index("COMMIT") < len(finish_statements) - 1
     assert not any(s.startswith("PRAGMA") for s in put_statements), "checkpoints: as configured"
-    assert not any(s.startswith("PRAGMA") for s in finish_statements), "outcomes: as configured"
+
+
+async def test_outcomes_sharing_a_transaction_with_a_checkpoint_write_are_synced(
+    tmp_path: Path,
+) -> None:
+    """Writes submitted together share one transaction (the group commit), committed as
+    its most demanding write needs: an outcome alone goes unsynced under FULL, an outcome
+    beside a checkpoint write is synced with it."""
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "s.db")) as saver:
+        await saver.setup()
+        seen, install = statements_of(saver)
+        await saver.conn._execute(install)
+        seen.clear()
+        await saver._write(lambda conn: None, outcome=True)
+        assert seen[0] == "PRAGMA synchronous = NORMAL"
+        seen.clear()
+        await asyncio.gather(
+            saver._write(lambda conn: None, outcome=True), saver._write(lambda conn: None)
+        )
+        assert seen.count("COMMIT") == 1, "one transaction for both"
+        assert not any(s.startswith("PRAGMA") for s in seen), seen
 
 
 async def test_opening_a_current_database_needs_no_write_lock(tmp_path: Path) -> None:

@@ -169,6 +169,18 @@ ORDER BY seq
 
 SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = %s AND key = %s"
 
+# An outcome's commit does not wait for the WAL flush (``synchronous_commit`` off for
+# its own transaction alone, ``set_config(..., true)``, evaluated once before the write):
+# atomic and visible at once, it is flushed with the next synchronous commit - the step's
+# checkpoint write, right after the node returns (the WAL is one sequence: flushing a
+# later commit flushes every earlier one) - or by the WAL writer within
+# ``wal_writer_delay``. A server or OS crash before that can roll it back with the step's
+# writes, and LangGraph then runs the step again: the call, still ``issued``, is an
+# unknown outcome - verified, never silently re-run. Claims keep the synchronous commit:
+# the row that lets a tool run is on disk before it runs. (The flush was ~0.1 ms of a
+# lone call's outcome, 0.18 of 0.27 ms in the graph.)
+_OUTCOME_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"
+
 # The outcomes of calls that finished together, ONE statement: per row the entry as
 # finished; a row not returned was not ours to finish (no longer issued, or re-owned).
 FINISH_STEP = f"""
@@ -178,7 +190,8 @@ SET status = u.status, result_type = u.result_type, result = decode(u.result, 'b
 FROM jsonb_to_recordset(%s::jsonb) AS u(
     status text, result_type text, result text, error text, finished_at double precision,
     scope text, key text, owner text)
-WHERE t.scope = u.scope AND t.key = u.key AND t.status = 'issued' AND t.owner = u.owner
+WHERE {_OUTCOME_COMMIT}
+    AND t.scope = u.scope AND t.key = u.key AND t.status = 'issued' AND t.owner = u.owner
 RETURNING {", ".join("t." + c for c in LEDGER_COLUMNS.split(", "))}
 """
 # the same, returning the keys alone (what the engine needs: which outcomes were recorded)
@@ -208,7 +221,7 @@ END
 """,
     volatile=True,
 )
-_FINISH_ONE_CALL = "FROM idem_finish_one(%s, %s, %s, %s, %s, %s, %s, %s)"
+_FINISH_ONE_CALL = f"FROM idem_finish_one(%s, %s, %s, %s, %s, %s, %s, %s) WHERE {_OUTCOME_COMMIT}"
 FINISH_ONE = f"SELECT {LEDGER_COLUMNS} {_FINISH_ONE_CALL}"
 FINISH_ONE_KEY = f"SELECT scope, key {_FINISH_ONE_CALL}"
 

@@ -30,7 +30,11 @@ class SqliteLedgerStore:
         async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
         async def _write(
-            self, body: Callable[[sqlite3.Connection], T], *, before_tool_runs: bool = False
+            self,
+            body: Callable[[sqlite3.Connection], T],
+            *,
+            before_tool_runs: bool = False,
+            outcome: bool = False,
         ) -> T: ...
 
     def _claim_rows(self, conn: sqlite3.Connection, claims: Claims) -> list[ClaimOutcome]:
@@ -103,7 +107,7 @@ class SqliteLedgerStore:
             entries = self._entries_by_keys(conn, keys) if keys else {}
             return [(ok, entries.get(p[5:7])) for (p, _), ok in zip(batch, done, strict=True)]
 
-        return await self._write(finish)
+        return await self._write(finish, outcome=True)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 

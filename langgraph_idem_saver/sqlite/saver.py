@@ -11,9 +11,11 @@ production:
 * **O(N) storage.** Channel values live in ``idem_blobs``, written only for
   ``new_versions``; a checkpoint row holds no channel values.
 * **Durable by default.** WAL with ``synchronous=FULL``: a committed ``issued`` ledger row
-  survives power loss, which the at-most-once promise depends on. ``synchronous="NORMAL"``
-  is faster and still crash-safe for the process, but the last transactions before a
-  power loss or OS crash may roll back (see docs/guarantees.md).
+  survives power loss, which the at-most-once promise depends on (claims are synced
+  whatever the setting). ``synchronous="NORMAL"`` is faster and still crash-safe for the
+  process, but the last transactions before a power loss or OS crash may roll back. An
+  outcome's own commit is never synced: the step's checkpoint write carries it to disk
+  (see docs/guarantees.md, "Durability of a commit").
 * **Bound parameters only.** Metadata filters go through ``json_each`` with the key and
   value bound, never interpolated (CVE-2025-67644).
 * **Typed errors.** Locked database, closed connection, not-a-database, newer schema,
@@ -156,7 +158,9 @@ class AsyncSqliteSaver(
         serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default
             (``EncryptedSerializer`` works and also encrypts ledger results).
         synchronous: SQLite's ``synchronous`` setting. ``"FULL"`` (default) makes every
-            commit durable across power loss; ``"NORMAL"`` trades that for speed.
+            checkpoint commit durable across power loss; ``"NORMAL"`` trades that for
+            speed. Claims are synced and outcomes are not, whatever the setting (but
+            ``"EXTRA"``, which syncs every commit).
         busy_timeout: seconds to wait for another process's write lock before raising
             :class:`DatabaseLockedError`.
         ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
