@@ -90,9 +90,10 @@ class _Written:
     def extended(self, value: list[Any]) -> tuple[list[Any], bool]:
         """How to hold ``value``, which :meth:`starts` with this version: this version's
         references, and new ones for the items appended."""
-        added = value[len(self.held) :]
-        if self.weak and all(type(item).__weakrefoffset__ for item in added):
-            return [*self.held, *(weakref.ref(item) for item in added)], True
+        if self.weak:
+            added, weak = _held(value[len(self.held) :])
+            if weak:
+                return self.held + added, True
         return _held(value)
 
     def dead(self) -> bool:
@@ -103,9 +104,10 @@ class _Written:
 def _held(items: list[Any]) -> tuple[list[Any], bool]:
     """Weak references to ``items`` when every one takes them (``weakref.ref`` of an
     object that has one returns it: no new object), else a copy of the list."""
-    if all(type(item).__weakrefoffset__ for item in items):
-        return [weakref.ref(item) for item in items], True
-    return list(items), False
+    try:
+        return list(map(weakref.ref, items)), True
+    except TypeError:  # an item that takes no weak reference (str, int, tuple...)
+        return list(items), False
 
 
 class ListDeltaEncoder:
