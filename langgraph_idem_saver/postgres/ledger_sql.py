@@ -178,7 +178,7 @@ SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = %s A
 # writes, and LangGraph then runs the step again: the call, still ``issued``, is an
 # unknown outcome - verified, never silently re-run. Claims keep the synchronous commit:
 # the row that lets a tool run is on disk before it runs. (The flush was ~0.1 ms of a
-# lone call's outcome, 0.18 of 0.27 ms in the graph.)
+# ~0.18 ms one-row outcome alone; 50 outcomes in one statement: 0.77 -> 0.55 ms.)
 _OUTCOME_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"
 
 # The outcomes of calls that finished together, ONE statement: per row the entry as
