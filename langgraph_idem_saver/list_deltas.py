@@ -25,10 +25,10 @@ the list goes on, its items live and the identity check works; once the run ends
 LangGraph drops its state, the items are freed as they would be without this saver, and
 the entry, dead, is dropped. (Held strongly, up to ``CACHE_SIZE`` finished conversations
 stayed in memory for as long as the saver lived - 25,000 objects after 300 ten-turn chats
-- and every full garbage collection walked them.) A list of items that cannot be weakly
-referenced (strings, numbers: nothing the collector walks) is remembered as a copy. A new
-run needs nothing from a finished one: it resumes by reading its checkpoint, which
-remembers what it loaded (``loaded``).
+- and every full garbage collection walked them.) A list with an item that cannot be
+weakly referenced (a string, a number, a dict, a tuple) is remembered as a copy, as
+before: bounded by ``CACHE_SIZE`` entries. A new run needs nothing from a finished one:
+it resumes by reading its checkpoint, which remembers what it loaded (``loaded``).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _held(items: list[Any]) -> tuple[list[Any], bool]:
     object that has one returns it: no new object), else a copy of the list."""
     try:
         return list(map(weakref.ref, items)), True
-    except TypeError:  # an item that takes no weak reference (str, int, tuple...)
+    except TypeError:  # an item that takes no weak reference (str, int, dict, tuple...)
         return list(items), False
 
 
