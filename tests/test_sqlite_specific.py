@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,47 @@ async def test_outcomes_sharing_a_transaction_with_a_checkpoint_write_are_synced
         )
         assert seen.count("COMMIT") == 1, "one transaction for both"
         assert not any(s.startswith("PRAGMA") for s in seen), seen
+
+
+async def test_one_statement_writes_share_a_transaction_without_savepoints(
+    tmp_path: Path,
+) -> None:
+    """Outcomes of calls that finish together are one ``UPDATE`` each in one transaction,
+    with no savepoint between them: a failing one is undone by SQLite alone and reported
+    to its caller only; one that ends the whole transaction fails every write with it."""
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "s.db")) as saver:
+        await saver.setup()
+        await saver._write(lambda c: c.execute("CREATE TABLE t (v INTEGER UNIQUE)"))
+        seen, install = statements_of(saver)
+        await saver.conn._execute(install)
+
+        def insert(v: int) -> Callable[[sqlite3.Connection], int]:
+            return lambda c: c.execute("INSERT INTO t VALUES (?)", (v,)).rowcount
+
+        seen.clear()
+        results = await asyncio.gather(
+            saver._write(insert(1), outcome=True, one_statement=True),
+            saver._write(insert(1), outcome=True, one_statement=True),  # UNIQUE: refused
+            saver._write(insert(2), outcome=True, one_statement=True),
+            return_exceptions=True,
+        )
+        assert results[0] == 1 and results[2] == 1
+        assert isinstance(results[1], sqlite3.IntegrityError)
+        assert seen.count("COMMIT") == 1 and not any("SAVEPOINT" in s for s in seen), seen
+
+        def ends_the_transaction(c: sqlite3.Connection) -> None:
+            c.rollback()  # as SQLite does itself on a full disk or an I/O error
+            raise sqlite3.OperationalError("database or disk is full")
+
+        results = await asyncio.gather(
+            saver._write(insert(3), outcome=True, one_statement=True),
+            saver._write(ends_the_transaction, outcome=True, one_statement=True),
+            saver._write(insert(4), outcome=True, one_statement=True),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, sqlite3.OperationalError) for r in results), results
+        stored = await saver._run(lambda c: c.execute("SELECT v FROM t ORDER BY v").fetchall())
+        assert stored == [(1,), (2,)], "nothing of the failed transaction was kept"
 
 
 async def test_opening_a_current_database_needs_no_write_lock(tmp_path: Path) -> None:

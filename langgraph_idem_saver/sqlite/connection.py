@@ -49,8 +49,9 @@ Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
 # how a write must reach the disk (see SqliteConnection._write): a claim is synced
 # whatever the setting, an outcome is not synced by its own commit, the rest follow it
 OUTCOME, AS_SET, CLAIM = 0, 1, 2
-# a write for the group commit: its body, and one of the three levels above
-Write = tuple[Callable[[sqlite3.Connection], Any], int]
+# a write for the group commit: its body, one of the three levels above, and whether the
+# body is one statement (atomic alone: no savepoint needed when it shares a transaction)
+Write = tuple[Callable[[sqlite3.Connection], Any], int, bool]
 # the setting a transaction is committed with instead of the connection's, by (the
 # connection's setting, the highest level among the transaction's writes)
 _SWITCH: dict[tuple[str, int], str] = {("NORMAL", CLAIM): "FULL", ("FULL", OUTCOME): "NORMAL"}
@@ -261,14 +262,17 @@ class SqliteConnection:
         *,
         before_tool_runs: bool = False,
         outcome: bool = False,
+        one_statement: bool = False,
     ) -> T:
         """Run ``body`` in a write transaction, committed before this returns.
 
         Writes that arrive while another is being committed are **group-committed**: one
         worker hand-off, one transaction and one fsync for all of them, each body in its
-        own SAVEPOINT so a failing one is rolled back alone. The parallel tool tasks of a
-        step (``create_react_agent`` v2 sends one task per call) then share their claims'
-        commit, and checkpoint writes share theirs.
+        own SAVEPOINT so a failing one is rolled back alone - or none, for a body that is
+        ``one_statement`` (SQLite undoes a failing statement by itself). The parallel
+        tool tasks of a step (``create_react_agent`` v2 sends one task per call) then
+        share their claims' commit, the outcomes of calls that finish together share
+        theirs (an ``UPDATE`` each), and checkpoint writes share theirs.
 
         A transaction holding a claim (``before_tool_runs``: the ``issued`` row that lets
         a tool run, first or again) is committed with at least ``synchronous=FULL``
@@ -287,7 +291,7 @@ class SqliteConnection:
         """
         await self.setup()
         level = CLAIM if before_tool_runs else OUTCOME if outcome else AS_SET
-        ok, value = await self._group.submit((body, level))
+        ok, value = await self._group.submit((body, level, one_statement))
         return cast(T, self._written(ok, value))
 
     def _write_here(self, body: Callable[[sqlite3.Connection], T]) -> T:
@@ -295,7 +299,7 @@ class SqliteConnection:
         transaction, committed before this returns. Concurrent callers take turns on the
         connection lock, each with its own commit (no group commit: nothing waits on a
         loop to gather them). Not for claims: those go through ``_write``."""
-        [(ok, value)] = self._call_here(self._commit_body([(body, AS_SET)]))
+        [(ok, value)] = self._call_here(self._commit_body([(body, AS_SET, False)]))
         return cast(T, self._written(ok, value))
 
     def _written(self, ok: bool, value: Any) -> Any:
@@ -315,7 +319,7 @@ class SqliteConnection:
     ) -> Callable[[sqlite3.Connection], list[tuple[bool, Any]]]:
         """One transaction for a group of writes: per write, (True, its result) or
         (False, its exception), each rolled back alone (a savepoint each when several)."""
-        switch = _SWITCH.get((self.synchronous, max(level for _, level in batch)))
+        switch = _SWITCH.get((self.synchronous, max(level for _, level, _ in batch)))
 
         def run(conn: sqlite3.Connection) -> list[tuple[bool, Any]]:
             if switch:
@@ -323,7 +327,7 @@ class SqliteConnection:
             try:
                 if len(batch) == 1:  # alone in its transaction: no savepoint needed
                     return write_tx(conn, lambda c: [alone(c, batch[0][0])])
-                return write_tx(conn, lambda c: [in_savepoint(c, b) for b, _ in batch])
+                return write_tx(conn, lambda c: [in_batch(c, b, one) for b, _, one in batch])
             finally:
                 if switch:
                     conn.execute(f"PRAGMA synchronous = {self.synchronous}")
@@ -338,6 +342,24 @@ def alone(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> 
         return True, body(conn)
     except Exception as exc:
         conn.rollback()
+        return False, exc
+
+
+def in_batch(
+    conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T], one_statement: bool
+) -> tuple[bool, Any]:
+    """Run one body of a group commit; its failure rolls back only its own statements.
+
+    A ``one_statement`` body needs no savepoint (two statements fewer): SQLite undoes a
+    failing statement alone. If the failure ended the whole transaction instead (a full
+    disk, an I/O error), it is raised: every write of the batch then fails with it."""
+    if not one_statement:
+        return in_savepoint(conn, body)
+    try:
+        return True, body(conn)
+    except Exception as exc:
+        if not conn.in_transaction:
+            raise
         return False, exc
 
 

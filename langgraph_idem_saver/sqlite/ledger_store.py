@@ -13,9 +13,6 @@ from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup
 from langgraph_idem_saver.sqlite import sql
 
-if TYPE_CHECKING:
-    from langgraph_idem_saver.group_commit import GroupCommit
-
 T = TypeVar("T")
 
 
@@ -23,7 +20,6 @@ class SqliteLedgerStore:
     """Ledger rows on SQLite: claims, guarded updates, writes, reads."""
 
     if TYPE_CHECKING:
-        _finishes: GroupCommit[tuple[tuple[Any, ...], bool], tuple[bool, LedgerEntry | None]]
 
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
 
@@ -35,6 +31,7 @@ class SqliteLedgerStore:
             *,
             before_tool_runs: bool = False,
             outcome: bool = False,
+            one_statement: bool = False,
         ) -> T: ...
 
     def _claim_rows(self, conn: sqlite3.Connection, claims: Claims) -> list[ClaimOutcome]:
@@ -91,23 +88,19 @@ class SqliteLedgerStore:
     async def _finish_entry(
         self, outcome: tuple[Any, ...], *, read_back: bool
     ) -> tuple[bool, LedgerEntry | None]:
-        """Outcomes of calls that finish together share one write body (_finish_all)."""
-        return await self._finishes.submit((outcome, read_back))
+        """Record one outcome (an ``UPDATE``), and read the finished row back when asked.
 
-    async def _finish_all(
-        self, batch: list[tuple[tuple[Any, ...], bool]]
-    ) -> list[tuple[bool, LedgerEntry | None]]:
-        """Record the outcomes of calls that finished together in one body of the group
-        commit: an UPDATE each (one statement: atomic alone, no savepoint needed), then
-        one read of the finished rows asked for (``read_back``)."""
+        Outcomes of calls that finish together share one transaction (the group commit),
+        each its own statement: no savepoint between them."""
 
-        def finish(conn: sqlite3.Connection) -> list[tuple[bool, LedgerEntry | None]]:
-            done = [conn.execute(sql.FINISH_ENTRY, p).rowcount == 1 for p, _ in batch]
-            keys = [p[5:7] for (p, back), ok in zip(batch, done, strict=True) if ok and back]
-            entries = self._entries_by_keys(conn, keys) if keys else {}
-            return [(ok, entries.get(p[5:7])) for (p, _), ok in zip(batch, done, strict=True)]
+        def finish(conn: sqlite3.Connection) -> tuple[bool, LedgerEntry | None]:
+            if conn.execute(sql.FINISH_ENTRY, outcome).rowcount != 1:
+                return False, None
+            if not read_back:
+                return True, None
+            return True, self.entry_of(conn.execute(sql.SELECT_ENTRY, outcome[5:7]).fetchone())
 
-        return await self._write(finish, outcome=True)
+        return await self._write(finish, outcome=True, one_statement=not read_back)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 

@@ -190,8 +190,6 @@ class AsyncSqliteSaver(
         self._deltas = ListDeltaEncoder()
         # concurrent writes share one transaction and one fsync (group_commit.py)
         self._group: GroupCommit[Write, tuple[bool, Any]] = GroupCommit(self._commit)
-        # ledger outcomes that arrive together: one body of that commit (ledger_store.py)
-        self._finishes = GroupCommit(self._finish_all)
         # the file behind conn (for errors naming it); found on setup() if not given
         self._target: SqliteTarget | None = None
 
