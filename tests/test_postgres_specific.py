@@ -792,6 +792,57 @@ async def test_corrupt_rows_raise_corrupt_record_error(
         [t async for t in saver.alist(None)]
 
 
+async def delta_chain(saver: AsyncPostgresSaver) -> tuple[Any, Any]:
+    """A root checkpoint with two writes to ``messages`` (one large), and its child: the
+    child's ``DeltaChannel`` history of ``messages`` is those writes (no seed)."""
+    root = await put(saver, values={})
+    await saver.aput_writes(root, [("messages", "small"), ("messages", "x" * 5000)], "task-1")
+    child = await put(saver, values={}, parent=root["configurable"]["checkpoint_id"])
+    return root, child
+
+
+async def test_delta_history_decodes_compressed_writes(
+    saver: AsyncPostgresSaver, pg_dsn: str
+) -> None:
+    """A write stored zlib-compressed (``compress_min_bytes``) comes back as written
+    through the history read's decoding path, as it does through ``aget_tuple``."""
+    saver.compress_min_bytes = 100
+    _, child = await delta_chain(saver)
+    async with await admin(pg_dsn) as conn:
+        cur = await conn.execute("SELECT idx, type LIKE 'zlib:%%' FROM idem_writes ORDER BY idx")
+        assert await cur.fetchall() == [(0, False), (1, True)], "the large write is compressed"
+    history = await saver.aget_delta_channel_history(config=child, channels=["messages"])
+    assert history == {
+        "messages": {
+            "writes": [("task-1", "messages", "small"), ("task-1", "messages", "x" * 5000)]
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE idem_writes SET value = '\\xc1' WHERE idx = 1",
+        "UPDATE idem_writes SET type = 'zlib:msgpack', value = '\\x00010203' WHERE idx = 1",
+    ],
+    ids=["write", "zlib"],
+)
+async def test_delta_history_names_a_corrupt_write(
+    saver: AsyncPostgresSaver, pg_dsn: str, damage: str
+) -> None:
+    """A pending write on the walk that cannot be decoded is a CorruptRecordError naming
+    the checkpoint, the task and the channel - never a raw decoding error."""
+    root, child = await delta_chain(saver)
+    async with await admin(pg_dsn) as conn:
+        await conn.execute(damage)
+    with pytest.raises(CorruptRecordError) as raised:
+        await saver.aget_delta_channel_history(config=child, channels=["messages"])
+    shown = str(raised.value)
+    assert "pending write" in shown and "task_id='task-1'" in shown, shown
+    assert "channel='messages'" in shown, shown
+    assert f"checkpoint_id='{root['configurable']['checkpoint_id']}'" in shown, shown
+
+
 # -------------------------------------------- the ledger, against the SQLite backend
 
 

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import DeltaChannelHistory
+from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg.rows import TupleRow
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
+from langgraph_idem_saver.postgres.codec import ZLIB_PREFIX
 from langgraph_idem_saver.postgres.connection import Statement, Steps
 from langgraph_idem_saver.postgres.functions import plpgsql_function
 from langgraph_idem_saver.postgres.jsonb import as_text, clean_str
@@ -190,6 +192,7 @@ class PostgresDeltaHistory:
     """The one-statement ``DeltaChannel`` history read."""
 
     if TYPE_CHECKING:
+        serde: SerializerProtocol
 
         def _load(self, type_: str, data: bytes | None, what: str, **location: Any) -> Any: ...
 
@@ -248,7 +251,22 @@ class PostgresDeltaHistory:
             query = delta_history_sql(len(walking), bool(checkpoint_id))
             statement = Statement(query, params, "all", prepare=False)
         rows: list[TupleRow] = yield statement
+        return self._delta_history_of(rows, walking, result, thread_id, ns)
 
+    def _delta_history_of(
+        self,
+        rows: list[TupleRow],
+        walking: list[str],
+        result: dict[str, DeltaChannelHistory],
+        thread_id: str,
+        ns: str,
+    ) -> dict[str, DeltaChannelHistory]:
+        """``result`` filled from the statement's rows (see ``_DELTA_HISTORY``).
+
+        Hot: LangGraph calls it on every load of a ``DeltaChannel`` thread, and a walk is
+        as long as the distance to the seed (100 writes to decode for a 100-step thread).
+        Hence the flags of a step computed once per distinct pair of flag strings, and
+        values decoded through :func:`_decoder` (no keyword arguments per value)."""
         target: TupleRow | None = None
         chain: dict[str, list[TupleRow]] = {}  # checkpoint id -> its chain rows
         # checkpoint id -> (task_id, idx) -> write; (checkpoint id, channel) -> depth -> blob.
@@ -268,38 +286,39 @@ class PostgresDeltaHistory:
         if target is None:
             return result
         # re-walk from the target: the chain rows of the channels' walks, nearest first
-        walk: list[tuple[str, set[str], list[str]]] = []  # (id, walking, seeded)
+        walk: list[tuple[str, frozenset[str], tuple[str, ...]]] = []  # (id, walking, seeded)
+        steps: dict[tuple[str, str], tuple[frozenset[str], tuple[str, ...], str]] = {}
         remaining = "1" * len(walking)
         seen = {target[1]}
         parent: str | None = target[2]
         while parent is not None and "1" in remaining and parent not in seen:
             seen.add(parent)
             # one row per ancestor; more only when a corrupt chain loops back
-            rows = [r for r in chain.get(parent, ()) if r[4] == remaining]
-            if not rows:  # the parent is gone (pruned, deleted)
+            here = [r for r in chain.get(parent, ()) if r[4] == remaining]
+            if not here:  # the parent is gone (pruned, deleted)
                 break
-            flags = list(zip(walking, remaining, rows[0][5], strict=True))
-            walk.append(
-                (
-                    parent,
-                    {ch for ch, w, _ in flags if w == "1"},
-                    [ch for ch, w, s in flags if w == "1" and s == "1"],
-                )
-            )
-            remaining = "".join("1" if w == "1" and s == "0" else "0" for _, w, s in flags)
-            parent = rows[0][2]
+            flags = (remaining, here[0][5])
+            step = steps.get(flags)
+            if step is None:
+                step = steps[flags] = _walk_step(walking, *flags)
+            walking_here, seeded_here, remaining = step
+            walk.append((parent, walking_here, seeded_here))
+            parent = here[0][2]
+        decode = _decoder(self, thread_id, ns)
         for cid, walking_here, seeded_here in reversed(walk):
-            where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}
-            # writes_sort_key order, as get_tuple returns them
-            for *_, _path, task_id, _idx, channel, wtype, data, _ in sorted(
-                writes.get(cid, {}).values(), key=lambda w: (w[6], w[7], w[8])
-            ):
-                if channel in walking_here:
-                    value = self._load(
-                        wtype, data, "pending write", task_id=task_id, channel=channel, **where
-                    )
-                    result[channel]["writes"].append((task_id, channel, value))
+            found = writes.get(cid)
+            if found:
+                # writes_sort_key order, as get_tuple returns them
+                in_order = (
+                    sorted(found.values(), key=_write_order) if len(found) > 1 else found.values()
+                )
+                for w in in_order:
+                    channel = w[9]
+                    if channel in walking_here:
+                        value = decode(w[10], w[11], cid, channel, w[7])
+                        result[channel]["writes"].append((w[7], channel, value))
             for channel in seeded_here:
+                where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}
                 stored = [
                     (r[10], r[11], r[6], r[12])  # type, blob, version, base_version
                     for _, r in sorted(blobs.get((cid, channel), {}).items())
@@ -317,3 +336,41 @@ class PostgresDeltaHistory:
                     seed, _ = self._resolve(stored, channel=channel, **where)
                 result[channel]["seed"] = seed
         return result
+
+
+def _write_order(w: TupleRow) -> tuple[Any, ...]:
+    """A write row's place among its checkpoint's writes: task_path, task_id, idx."""
+    return (w[6], w[7], w[8])
+
+
+def _walk_step(
+    walking: list[str], remaining: str, seeded: str
+) -> tuple[frozenset[str], tuple[str, ...], str]:
+    """One ancestor of the walk, from its flag strings (one '0'/'1' per channel): the
+    channels it contributes writes to, those whose seed it stores, and the flags of the
+    channels still walking past it."""
+    flags = list(zip(walking, remaining, seeded, strict=True))
+    return (
+        frozenset(ch for ch, w, _ in flags if w == "1"),
+        tuple(ch for ch, w, s in flags if w == "1" and s == "1"),
+        "".join("1" if w == "1" and s == "0" else "0" for _, w, s in flags),
+    )
+
+
+def _decoder(
+    saver: PostgresDeltaHistory, thread_id: str, ns: str
+) -> Callable[[str, bytes | None, str, str, str], Any]:
+    """``decode(type, data, checkpoint_id, channel, task_id)``: a pending write's value,
+    a :class:`CorruptRecordError` naming where it is stored when it cannot be read."""
+    serde_load = saver.serde.loads_typed
+
+    def decode(type_: str, data: bytes | None, cid: str, channel: str, task_id: str) -> Any:
+        if not type_.startswith(ZLIB_PREFIX):
+            try:
+                return serde_load((type_, data if data is not None else b""))
+            except Exception:
+                pass  # _load below raises it, typed and located
+        where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}
+        return saver._load(type_, data, "pending write", task_id=task_id, channel=channel, **where)
+
+    return decode
