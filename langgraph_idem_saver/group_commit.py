@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 In = TypeVar("In")
 Out = TypeVar("Out")
-T = TypeVar("T")
 
 
 class GroupCommit(Generic[In, Out]):
@@ -31,33 +30,18 @@ class GroupCommit(Generic[In, Out]):
 
     def __init__(self, commit: Callable[[list[In]], Awaitable[list[Out]]]) -> None:
         self._commit = commit
-        # (item, its future, what the future is given instead of the result, if anything)
-        self._pending: list[tuple[In, asyncio.Future[Any], Callable[[Out], Any] | None]] = []
+        self._pending: list[tuple[In, asyncio.Future[Out]]] = []
         self._busy = False
 
     async def submit(self, item: In) -> Out:
         """Commit ``item`` with whatever else is submitted now; its result once committed."""
-        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
-        self._queue(item, future, None)
-        return await future
-
-    def enqueue(self, item: In, convert: Callable[[Out], T]) -> asyncio.Future[T]:
-        """:meth:`submit` without waiting: ``item`` is queued now (on the running loop),
-        and the future holds ``convert(its result)`` once committed (or what ``convert``
-        raises). One future per item, no task. Cancelling the future only stops waiting
-        for it: the write happens all the same."""
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue(item, future, convert)
-        return future
-
-    def _queue(
-        self, item: In, future: asyncio.Future[Any], convert: Callable[[Out], Any] | None
-    ) -> None:
-        self._pending.append((item, future, convert))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Out] = loop.create_future()
+        self._pending.append((item, future))
         if not self._busy:
             self._busy = True
-            # one loop iteration: siblings finishing now join
-            future.get_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)  # one loop iteration: siblings finishing now join
+        return await future
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
@@ -70,25 +54,16 @@ class GroupCommit(Generic[In, Out]):
         else:
             self._busy = False
 
-    async def _run(
-        self, batch: list[tuple[In, asyncio.Future[Any], Callable[[Out], Any] | None]]
-    ) -> None:
+    async def _run(self, batch: list[tuple[In, asyncio.Future[Out]]]) -> None:
         try:
-            results = await self._commit([item for item, _, _ in batch])
+            results = await self._commit([item for item, _ in batch])
         except BaseException as exc:
-            for _, future, _ in batch:
+            for _, future in batch:
                 if not future.done():  # a cancelled caller stopped waiting; fine
                     future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
-        for result, (_, future, convert) in zip(results, batch, strict=True):
-            if future.done():
-                continue
-            if convert is None:
+        for result, (_, future) in zip(results, batch, strict=True):
+            if not future.done():
                 future.set_result(result)
-                continue
-            try:
-                future.set_result(convert(result))
-            except Exception as error:
-                future.set_exception(error)

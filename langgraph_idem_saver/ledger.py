@@ -36,7 +36,6 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.counts import Counts
-from langgraph_idem_saver.errors import LedgerStateError
 
 
 class CallStatus(str, Enum):
@@ -330,18 +329,6 @@ class LedgerStats(CallCounts):
     by_status: dict[str, int] = field(default_factory=dict)
 
 
-def refused_outcome(
-    scope: str, key: str, owner: str, found: LedgerEntry | None
-) -> LedgerStateError:
-    """The error of an outcome the ledger refused: the entry, as ``found`` now, is no
-    longer ``issued`` to ``owner`` (finished, re-owned after its lease, or gone)."""
-    state = "missing" if found is None else f"{found.status.value} (owner {found.owner!r})"
-    return LedgerStateError(
-        f"cannot record the outcome of tool call {key!r} in scope {scope!r}: "
-        f"entry is {state}, not issued to {owner!r}"
-    )
-
-
 class ToolCallLedger(ABC):
     """The ledger protocol every backend implements.
 
@@ -410,44 +397,6 @@ class ToolCallLedger(ABC):
             result=result,
             error=error,
         )
-
-    def record_outcome_soon(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
-    ) -> asyncio.Future[bool]:
-        """:meth:`arecord_outcome`, started now and awaited later, on :attr:`loop`: the
-        future is True once the outcome is committed, False when the entry was no longer
-        ``issued`` to ``owner`` (nothing written: :meth:`arecord_outcome` raises then), or
-        holds the write's error.
-
-        ``IdempotentToolNode`` calls it as each call of a step finishes and awaits all of
-        them before the node returns, so a call's task ends without waiting for the
-        commit. This default runs :meth:`arecord_outcome` in a task; the savers of this
-        package queue the write in their group commit at once: no task, one future."""
-
-        async def record() -> bool:
-            try:
-                await self.arecord_outcome(
-                    scope,
-                    key,
-                    owner=owner,
-                    status=status,
-                    result_type=result_type,
-                    result=result,
-                    error=error,
-                )
-            except LedgerStateError:
-                return False
-            return True
-
-        return asyncio.ensure_future(record())
 
     @abstractmethod
     async def areclaim(

@@ -51,7 +51,6 @@ from langgraph_idem_saver.ledger import (
     StepClaim,
     StepLookup,
     ToolCallLedger,
-    refused_outcome,
 )
 from langgraph_idem_saver.saver_checkpoints import CheckpointMethods
 from langgraph_idem_saver.saver_codec import *  # noqa: F403  (re-exported, see __all__)
@@ -293,32 +292,6 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
         if not done:
             raise await self._not_finished(scope, key, owner)
 
-    def record_outcome_soon(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
-    ) -> asyncio.Future[bool]:
-        """The outcome queued in the backend's group commit now (``_finish_entry_soon``):
-        one future, no task, no coroutine per call."""
-        if not self.is_setup:  # not on the engine's path: a claim sets the saver up
-            return super().record_outcome_soon(
-                scope,
-                key,
-                owner=owner,
-                status=status,
-                result_type=result_type,
-                result=result,
-                error=error,
-            )
-        params = self._outcome(scope, key, owner, status, result_type, result, error)
-        return self._finish_entry_soon(params)
-
     def _outcome(
         self,
         scope: str,
@@ -339,13 +312,12 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
 
     async def _not_finished(self, scope: str, key: str, owner: str) -> LedgerStateError:
         """Why an outcome was refused: the entry as it is now."""
-        return refused_outcome(scope, key, owner, await self.aget_entry(scope, key))
-
-    @abstractmethod
-    def _finish_entry_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[bool]:
-        """``_finish_entry`` without reading back, queued now in the backend's group
-        commit (on the running loop, the saver set up): whether the guard matched, once
-        committed; a failed write fails the future with the typed error."""
+        found = await self.aget_entry(scope, key)
+        state = "missing" if found is None else f"{found.status.value} (owner {found.owner!r})"
+        return LedgerStateError(
+            f"cannot record the outcome of tool call {key!r} in scope {scope!r}: "
+            f"entry is {state}, not issued to {owner!r}"
+        )
 
     @abstractmethod
     async def _finish_entry(

@@ -22,9 +22,7 @@ caller, not the model. So the node overrides the two levels of ``ToolNode``:
   stable - and then hand over to ``ToolNode`` unchanged;
 * ``_arun_one``/``_run_one`` (one call): replay, or run the unchanged ``ToolNode`` path -
   the user's ``wrap_tool_call``/``awrap_tool_call``, injection, ``handle_tool_errors``,
-  ``Command`` validation - and record its outcome. Async, the outcome is queued and the
-  call's task ends; ``_afunc`` waits for the step's outcomes to be committed before it
-  returns (the 50 tasks of a 50-call step do not each wait for the commit).
+  ``Command`` validation - and record its outcome.
 
 So the user's wrappers run *inside* ours, and on replay they do not run at all.
 
@@ -222,13 +220,8 @@ class IdempotentToolNode(ToolNode):
         with self._step(input, config, sync=False) as batch:
             try:
                 await self.engine.aprepare(batch, config)
-                output = await ToolNode._afunc(self, input, config, runtime)
-                await self.engine.aoutcomes_recorded(batch)  # committed before we return
-                return output
+                return await ToolNode._afunc(self, input, config, runtime)
             finally:
-                if batch.outcomes:  # the step failed: still wait for what was queued
-                    with contextlib.suppress(Exception):
-                        await self.engine.aoutcomes_recorded(batch)
                 await self.engine.arelease_unstarted(batch)
 
     def _func(self, input: NodeInput, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
@@ -249,8 +242,7 @@ class IdempotentToolNode(ToolNode):
             if current.kind is Kind.RUN:
                 async with engine.running(batch, current):
                     result = await ToolNode._arun_one(self, call, input_type, runtime)
-                # recorded before the node returns (_afunc), without waiting here
-                result = engine.finish_soon(batch, current, result)
+                result = await engine.afinish(batch, current, result)
             else:
                 result = await engine.aanswer(batch, current)
             return settle(result)

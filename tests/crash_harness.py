@@ -173,14 +173,6 @@ class _Crashing:
         if self.crash_at == "after_completed":
             die()
 
-    def record_outcome_soon(self, *args: Any, **kwargs: Any) -> Any:
-        """The tool node's outcome (committed when the future is done): die right then,
-        before the node's wait for it resumes."""
-        written = super().record_outcome_soon(*args, **kwargs)  # type: ignore[misc]
-        if self.crash_at == "after_completed":
-            written.add_done_callback(lambda f: die() if not f.exception() and f.result() else None)
-        return written
-
 
 class CrashingSqliteSaver(_Crashing, AsyncSqliteSaver):
     pass

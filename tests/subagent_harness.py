@@ -544,31 +544,6 @@ def crashing(cls: type) -> type:
             if self.faults is not None:
                 self.faults.die("after_completed", self.items.get(key, ""))
 
-        def record_outcome_soon(self, scope: str, key: str, **kwargs: Any) -> Any:
-            """The tool node's outcome: the crash point once it is committed (a raised
-            crash fails the future, and so the node's wait for it)."""
-            written = super().record_outcome_soon(scope, key, **kwargs)
-            faults = self.faults
-            if faults is None:
-                return written
-            after: asyncio.Future[bool] = written.get_loop().create_future()
-
-            def committed(done: asyncio.Future[bool]) -> None:
-                if done.cancelled():
-                    after.cancel()
-                elif (failed := done.exception()) is not None:
-                    after.set_exception(failed)
-                else:
-                    try:
-                        faults.die("after_completed", self.items.get(key, ""))
-                    except BaseException as crash:
-                        after.set_exception(crash)
-                    else:
-                        after.set_result(done.result())
-
-            written.add_done_callback(committed)
-            return after
-
     return CrashingSaver
 
 

@@ -87,3 +87,20 @@ async def test_refused_claims_still_read_the_row_that_refused_them(saver: Any) -
     assert again[1].entry == first[1].entry  # the slot's holder
     assert again[3].entry == again[2].entry  # a key repeated in the batch: claimed once
     assert again[2].entry == await saver.aget_entry("t", "key-2")
+
+
+async def test_a_serializer_swapped_on_a_live_saver_seals_from_then_on(db: Any) -> None:
+    """Whether args are sealed is asked per claim and per outcome, and kept per
+    serializer: a saver whose ``serde`` is replaced (by a user, or LangGraph's
+    ``with_allowlist``) follows the new one at once, both ways."""
+    async with db.open() as saver:
+        await saver.aclaim([intent(0)], owner="a", lease_seconds=60)  # in clear
+        clear = saver.serde
+        saver.serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+        await saver.aclaim([intent(1)], owner="a", lease_seconds=60)  # sealed
+        saver.serde = clear
+        await saver.aclaim([intent(2)], owner="a", lease_seconds=60)  # in clear again
+    rows = await db.query("SELECT key, args FROM idem_tool_calls ORDER BY key")
+    stored = {key: bytes(args) for key, args in rows}
+    assert b"inv-0" in stored["key-0"] and b"inv-2" in stored["key-2"]
+    assert b"inv-1" not in stored["key-1"], "sealed while the encrypting serializer was set"

@@ -17,11 +17,10 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-import pytest
 from langchain_core.tools import tool
 from tool_node_helpers import ai_calls, cfg, tool_graph, tool_messages
 
-from langgraph_idem_saver import IdempotentToolNode, LedgerStateError
+from langgraph_idem_saver import IdempotentToolNode
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, StepLookup, ToolCallLedger
 
 # the one method each backend goes through for every trip to its database
@@ -215,81 +214,17 @@ async def test_outcomes_recorded_without_read_back_share_a_batch_with_afinish(
 async def test_the_engine_records_outcomes_without_reading_the_rows_back(
     saver_factory: Any, backend: str
 ) -> None:
-    """A 50-call step asks the backend for no entry back (the engine has no use for it):
-    every outcome is queued in the group commit as its call finishes (no task, no read)."""
+    """A 50-call step asks the backend for no entry back (the engine has no use for it)."""
     async with saver_factory() as saver:
         graph = tool_graph(IdempotentToolNode([send]), saver)
         asked: list[bool] = []
-        original, queued = saver._finish_entry, saver._finish_entry_soon
+        original = saver._finish_entry
 
         async def spied(outcome: tuple[Any, ...], *, read_back: bool) -> Any:
             asked.append(read_back)
             return await original(outcome, read_back=read_back)
 
-        def spied_soon(outcome: tuple[Any, ...]) -> Any:
-            asked.append(False)
-            return queued(outcome)
-
-        saver._finish_entry, saver._finish_entry_soon = spied, spied_soon
+        saver._finish_entry = spied
         await step_trips(graph, saver, backend, "t", 50, "a")
         assert asked == [False] * 50
         assert all(e.status is CallStatus.COMPLETED for e in await saver.alist_entries("t"))
-
-
-async def test_outcomes_queued_now_are_one_commit_and_a_refusal_is_false(
-    saver: Any, backend: str
-) -> None:
-    """``record_outcome_soon`` (what the tool node calls): outcomes queued in one loop
-    iteration share one transaction; the future is True once committed, and False for an
-    outcome that is not ours to record (nothing written), as ``arecord_outcome`` refuses
-    it. No task is made: one future per outcome, from the group commit."""
-    intents = [planted(i, tool="send", digest=f"d{i}", at="p") for i in range(3)]
-    await saver.aclaim(intents, owner="me", lease_seconds=60)
-    tasks_before = len(asyncio.all_tasks())
-
-    def soon(key: str, owner: str = "me") -> asyncio.Future[bool]:
-        return saver.record_outcome_soon(
-            "t", key, owner=owner, status=CallStatus.COMPLETED, result_type="bytes", result=b"r"
-        )
-
-    with count_trips(saver, backend) as trips:
-        queued = [soon("k0"), soon("k1", owner="thief"), soon("k9"), soon("k2")]
-        assert len(asyncio.all_tasks()) == tasks_before, "queued without a task"
-        assert [await f for f in queued] == [True, False, False, True]
-    assert trips() == 1, "one transaction for the four"
-    entries = {e.key: e for e in await saver.alist_entries("t")}
-    assert [entries[k].status for k in ("k0", "k1", "k2")] == [
-        CallStatus.COMPLETED,
-        CallStatus.ISSUED,
-        CallStatus.COMPLETED,
-    ]
-
-
-async def test_a_refused_outcome_fails_the_step_and_its_siblings_are_recorded(
-    saver_factory: Any,
-) -> None:
-    """The tool node awaits its step's outcomes together before returning: one the ledger
-    refuses (here the call's own entry was released while its tool ran) fails the node
-    with the entry's state, and the outcomes of the other calls are committed all the
-    same (they are replayed on retry, never run again)."""
-    async with saver_factory() as saver:
-        owner: list[str] = []
-
-        @tool
-        async def pay(to: str) -> str:
-            """Pay someone (a no-op); paying "x" loses its ledger entry meanwhile."""
-            if to == "x":
-                mine = [e for e in await saver.alist_entries("t") if e.tool_call_id == "c0"]
-                assert await saver.arelease("t", mine[0].key, owner=owner[0])
-            return f"paid {to}"
-
-        node = IdempotentToolNode([pay])
-        owner.append(node.owner)
-        graph = tool_graph(node, saver)
-        calls = [("pay", {"to": to}, f"c{i}") for i, to in enumerate("xyz")]
-        with pytest.raises(LedgerStateError, match="entry is missing, not issued to"):
-            await graph.ainvoke({"messages": [ai_calls(*calls)]}, cfg("t"))
-        entries = {e.tool_call_id: e for e in await saver.alist_entries("t")}
-        assert sorted(entries) == ["c1", "c2"]
-        assert all(e.status is CallStatus.COMPLETED for e in entries.values())
-        assert node.counters.executed == 2

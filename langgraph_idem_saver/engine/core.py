@@ -29,7 +29,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Coroutine
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from langchain_core.callbacks.manager import adispatch_custom_event
 from langchain_core.messages import ToolCall, ToolMessage
@@ -78,19 +78,9 @@ from langgraph_idem_saver.ledger import (
     ToolCallLedger,
     make_owner,
     minted_here,
-    refused_outcome,
 )
 
 T = TypeVar("T")
-
-
-class Outcome(NamedTuple):
-    """A finished call as the ledger records it."""
-
-    status: CallStatus
-    result_type: str | None
-    data: bytes | None
-    error: str | None
 
 
 REPLAY_EVENT = "idem_saver_replay"
@@ -481,87 +471,24 @@ class LedgerEngine:
         again on retry/resume. Cancellation releases nothing: the effect may have
         happened, so after the lease the call is an unknown outcome.
         """
-        await self._arecorded(batch, plan, self._outcome_of(batch, result))
-        plan.owned = False
-        self.counters.bump("executed")
-        return result
-
-    def finish_soon(self, batch: Batch, plan: Plan, result: Any) -> Any:
-        """:meth:`afinish` for a front door running a step's calls in tasks of their own
-        (``IdempotentToolNode``): the outcome is queued now and the call's task goes on;
-        :meth:`aoutcomes_recorded` waits for every queued outcome before the step ends.
-
-        Outcomes of calls that finish together still share one commit, and each is
-        still committed before the node returns (docs/guarantees.md). What this saves
-        is the wait in every call's task: 50 tasks resumed one by one after the commit,
-        and a chain of coroutines per call down to the group commit."""
-        outcome = self._outcome_of(batch, result)
-        if batch.ledger_loop is None or batch.ledger_loop is asyncio.get_running_loop():
-            written = cast(ToolCallLedger, batch.ledger).record_outcome_soon(
+        ledger = cast(ToolCallLedger, batch.ledger)
+        failed = isinstance(result, ToolMessage) and result.status == "error"
+        result_type, data = self.dumps(batch, result)
+        await self.lg(
+            batch,
+            ledger.arecord_outcome(
                 batch.scope,
                 cast(str, plan.ledger_key),
                 owner=self.owner,
-                status=outcome.status,
-                result_type=outcome.result_type,
-                result=outcome.data,
-                error=outcome.error,
-            )
-        else:  # the ledger lives on another loop: hop there, in a task
-            written = asyncio.ensure_future(self._arecorded(batch, plan, outcome))
-        batch.outcomes.append((plan, written))
-        return result
-
-    def _outcome_of(self, batch: Batch, result: Any) -> Outcome:
-        """What the ledger records of ``result``: an error ToolMessage is a failed call."""
-        failed = isinstance(result, ToolMessage) and result.status == "error"
-        result_type, data = self.dumps(batch, result)
-        if failed:
-            return Outcome(CallStatus.FAILED, result_type, data, text_of(result.content))
-        return Outcome(CallStatus.COMPLETED, result_type, data, None)
-
-    async def _arecorded(self, batch: Batch, plan: Plan, outcome: Outcome) -> bool:
-        """``arecord_outcome`` on the ledger's loop; True once committed."""
-        recording = cast(ToolCallLedger, batch.ledger).arecord_outcome(
-            batch.scope,
-            cast(str, plan.ledger_key),
-            owner=self.owner,
-            status=outcome.status,
-            result_type=outcome.result_type,
-            result=outcome.data,
-            error=outcome.error,
+                status=CallStatus.FAILED if failed else CallStatus.COMPLETED,
+                result_type=result_type,
+                result=data,
+                error=text_of(result.content) if failed else None,
+            ),
         )
-        await self.lg(batch, recording)
-        return True
-
-    async def aoutcomes_recorded(self, batch: Batch) -> None:
-        """Wait until every outcome :meth:`finish_soon` queued is committed; raise the
-        first that failed (its call stays ``issued``: an unknown outcome on retry).
-
-        One after the other: outcomes that finished together are committed together, so
-        after the first wait the others are done already (no scheduling, unlike a
-        ``gather``, which adds a callback to each)."""
-        failed: BaseException | None = None
-        recorded = 0
-        while batch.outcomes:
-            pending, batch.outcomes = batch.outcomes, []
-            for plan, written in pending:
-                try:
-                    done = await written
-                except Exception as exc:
-                    failed = failed or exc
-                    continue
-                if not done:  # rare: say why, as the ledger's arecord_outcome does
-                    ledger = cast(ToolCallLedger, batch.ledger)
-                    key, owner = cast(str, plan.ledger_key), self.owner
-                    found = await self.lg(batch, ledger.aget_entry(batch.scope, key))
-                    failed = failed or refused_outcome(batch.scope, key, owner, found)
-                    continue
-                plan.owned = False
-                recorded += 1
-        if recorded:
-            self.counters.bump("executed", recorded)
-        if failed is not None:
-            raise failed
+        plan.owned = False
+        self.counters.bump("executed")
+        return result
 
     def running(self, batch: Batch, plan: Plan) -> Running:
         """Around a front door's run of a ``Kind.RUN`` call's tool: marks it started, and

@@ -217,8 +217,6 @@ class Batch:
     origins: dict[str, str] = field(default_factory=dict)
     reused_ids: set[str] = field(default_factory=set)  # ids found in several messages
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (call id, message id)
-    # outcomes queued by LedgerEngine.finish_soon, not yet seen committed
-    outcomes: list[tuple[Plan, asyncio.Future[bool]]] = field(default_factory=list)
 
     def add(self, plan: Plan) -> None:
         self.plans.setdefault(str(plan.call["id"]), deque()).append(plan)

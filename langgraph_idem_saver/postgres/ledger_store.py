@@ -6,7 +6,6 @@ policy over them lives in :class:`~langgraph_idem_saver.saver_base.IdemSaverBase
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -116,9 +115,6 @@ class PostgresLedgerStore:
         """Outcomes of calls that finish together share one statement (_finish_all)."""
         done, row = await self._finishes.submit((outcome, read_back))
         return done, (self.entry_of(row) if read_back and row is not None else None)
-
-    def _finish_entry_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[bool]:
-        return self._finishes.enqueue((outcome, False), lambda finished: finished[0])
 
     async def _finish_all(
         self, batch: list[tuple[tuple[Any, ...], bool]]

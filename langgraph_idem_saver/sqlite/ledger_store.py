@@ -5,7 +5,6 @@ policy over them lives in :class:`~langgraph_idem_saver.saver_base.IdemSaverBase
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -13,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup
 from langgraph_idem_saver.sqlite import sql
-from langgraph_idem_saver.sqlite.connection import OUTCOME, Write
 
 T = TypeVar("T")
 
@@ -22,11 +20,6 @@ class SqliteLedgerStore:
     """Ledger rows on SQLite: claims, guarded updates, writes, reads."""
 
     if TYPE_CHECKING:
-        from langgraph_idem_saver.group_commit import GroupCommit
-
-        _group: GroupCommit[Write, tuple[bool, Any]]
-
-        def _written(self, ok: bool, value: Any) -> Any: ...
 
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
 
@@ -99,22 +92,7 @@ class SqliteLedgerStore:
 
         Outcomes of calls that finish together share one transaction (the group commit),
         each its own statement: no savepoint between them."""
-        body = self._finish_body(outcome, read_back)
-        return await self._write(body, outcome=True, one_statement=not read_back)
 
-    def _finish_entry_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[bool]:
-        def finish(conn: sqlite3.Connection) -> bool:
-            return bool(conn.execute(sql.FINISH_ENTRY, outcome).rowcount == 1)
-
-        return self._group.enqueue((finish, OUTCOME, True), self._written_of)
-
-    def _written_of(self, written: tuple[bool, Any]) -> Any:
-        """A write's result as the group commit reports it, or its error raised."""
-        return self._written(*written)
-
-    def _finish_body(
-        self, outcome: tuple[Any, ...], read_back: bool
-    ) -> Callable[[sqlite3.Connection], tuple[bool, LedgerEntry | None]]:
         def finish(conn: sqlite3.Connection) -> tuple[bool, LedgerEntry | None]:
             if conn.execute(sql.FINISH_ENTRY, outcome).rowcount != 1:
                 return False, None
@@ -122,7 +100,7 @@ class SqliteLedgerStore:
                 return True, None
             return True, self.entry_of(conn.execute(sql.SELECT_ENTRY, outcome[5:7]).fetchone())
 
-        return finish
+        return await self._write(finish, outcome=True, one_statement=not read_back)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 
