@@ -163,14 +163,7 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
     # --- what the ledger keeps in clear --------------------------------------------
 
     def _encrypts(self) -> bool:
-        """Whether the serializer encrypts. Asked once per outcome; ``isinstance`` on
-        ``EncryptedSerializer`` (a ``Protocol`` subclass) is slow, so the answer is kept
-        for the serializer it was given for (``serde`` may be replaced at any time)."""
-        serde = self.serde
-        known = self.__dict__.get("_encrypts_for")
-        if known is None or known[0] is not serde:
-            known = self.__dict__["_encrypts_for"] = (serde, isinstance(serde, EncryptedSerializer))
-        return bool(known[1])
+        return isinstance(self.serde, EncryptedSerializer)
 
     def seal_args(self, args: bytes) -> bytes:
         """Tool args as stored: in clear (canonical JSON), or encrypted by the saver's
