@@ -90,9 +90,9 @@ async def test_refused_claims_still_read_the_row_that_refused_them(saver: Any) -
 
 
 async def test_a_serializer_swapped_on_a_live_saver_seals_from_then_on(db: Any) -> None:
-    """Whether args are sealed is asked per claim and per outcome, and kept per
-    serializer: a saver whose ``serde`` is replaced (by a user, or LangGraph's
-    ``with_allowlist``) follows the new one at once, both ways."""
+    """Whether args are sealed follows the serializer the saver has at each claim: a
+    saver whose ``serde`` is replaced (by a user, or LangGraph's ``with_allowlist``)
+    seals with the new one at once, and stops when it is swapped back."""
     async with db.open() as saver:
         await saver.aclaim([intent(0)], owner="a", lease_seconds=60)  # in clear
         clear = saver.serde
