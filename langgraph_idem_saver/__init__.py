@@ -28,6 +28,7 @@ from langgraph_idem_saver.errors import (
     ReadOnlyDatabaseError,
     SchemaVersionError,
     SerializationError,
+    StorageFullError,
 )
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 
@@ -141,6 +142,7 @@ __all__ = [
     "SchemaVersionError",
     "SerializationError",
     "SqliteSaver",
+    "StorageFullError",
     "SweepReport",
     "TTLConfig",
     "ToolCallInProgress",

@@ -83,6 +83,15 @@ class DatabaseLockedError(IdemSaverError):
     """
 
 
+class StorageFullError(IdemSaverError, OSError):
+    """The database could not grow: its disk is full, or it reached a size limit
+    (SQLite's ``max_page_count``; on PostgreSQL, the disk under the data directory).
+
+    Retryable once there is room: the failed call wrote nothing (its transaction was
+    rolled back). Subclasses ``OSError``, like the ``ENOSPC`` it usually comes from.
+    """
+
+
 class ConnectionClosedError(IdemSaverError):
     """The saver's connection was closed (or lost) before or during the call, or could
     not be made (a PostgreSQL server that cannot be reached, a database that does not

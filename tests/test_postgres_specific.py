@@ -1284,3 +1284,15 @@ async def test_a_delta_channel_load_planned_while_the_tables_were_small_never_sc
     assert state.values["log"] == [f"step {i}" for i in range(1, 31)]
     if channels == 2:
         assert state.values["notes"] == list(range(1, 31))
+
+
+async def test_a_full_disk_is_storage_full_error(saver: AsyncPostgresSaver) -> None:
+    """SQLSTATE 53100 (disk_full) is a StorageFullError (an OSError), never a raw
+    psycopg error. A real server with a full disk is not something a test can make, so
+    the server's own exception class goes through the saver's mapping."""
+    from langgraph_idem_saver.errors import StorageFullError
+
+    raised = psycopg.errors.DiskFull("could not extend file: No space left on device")
+    typed = saver._typed_error(raised, None)
+    assert isinstance(typed, StorageFullError) and isinstance(typed, OSError)
+    assert "disk is full" in str(typed) and "nothing of this call was written" in str(typed)

@@ -6,6 +6,7 @@ where a test needs a broken or foreign database.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sqlite3
 from pathlib import Path
@@ -24,7 +25,9 @@ from langgraph_idem_saver.errors import (
     NotADatabaseError,
     SchemaVersionError,
     SerializationError,
+    StorageFullError,
 )
+from langgraph_idem_saver.ledger import CallIntent
 
 AsyncSqliteSaver = sqlite_saver_class()
 
@@ -365,3 +368,81 @@ async def test_unusual_metadata_keys_roundtrip_and_filter(saver: Any) -> None:
         t.config["configurable"]["thread_id"] async for t in saver.alist(None, filter={"a.b": 1})
     ]
     assert got == ["odd"]
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+async def cap_growth(saver: Any) -> None:
+    """Let the database grow by no more than a few pages (``max_page_count``): a write
+    that needs more fails as it would on a full disk (SQLITE_FULL)."""
+    await saver.setup()
+
+    def cap(conn: sqlite3.Connection) -> None:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages + 2}")
+
+    await saver._run(cap)
+
+
+def big_checkpoint(tag: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint whose value needs some 200 pages, and its new versions."""
+    value = random.Random(tag).randbytes(400_000).hex()
+    cp = generate_checkpoint(channel_values={"a": value}, channel_versions={"a": 2})
+    return cp, {"a": 2}
+
+
+async def test_a_full_database_is_storage_full_error_and_keeps_what_it_had(
+    tmp_path: Path,
+) -> None:
+    """A write the database has no room for is a StorageFullError (an OSError), never a
+    raw ``sqlite3.OperationalError``; it writes nothing, everything stored before is
+    still read back, and the same write succeeds once there is room."""
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "full.db")) as saver:
+        stored, _ = await put_one(saver)
+        before = await all_rows(saver)
+        await cap_growth(saver)
+        cp, versions = big_checkpoint("one")
+        with pytest.raises(StorageFullError, match="cannot grow") as raised:
+            await saver.aput(stored, cp, {"source": "loop", "step": 2}, versions)
+        assert isinstance(raised.value, OSError)
+        assert await all_rows(saver) == before, "nothing written, nothing lost"
+        await saver._run(lambda conn: conn.execute("PRAGMA max_page_count = 1073741823"))
+        again = await saver.aput(stored, cp, {"source": "loop", "step": 2}, versions)
+        assert (await saver.aget_tuple(again)).checkpoint["channel_values"] == cp["channel_values"]
+
+
+async def test_a_full_database_fails_a_shared_commit_with_storage_full_error(
+    tmp_path: Path,
+) -> None:
+    """Writes group-committed together with the one that fills the database: each ends
+    stored or with StorageFullError (SQLite may undo the whole transaction for a full
+    disk), never with another error, and the saver goes on working."""
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "shared.db")) as saver:
+        stored, _ = await put_one(saver)
+        await cap_growth(saver)
+        cp, versions = big_checkpoint("two")
+        small = generate_checkpoint(channel_values={"a": "s"}, channel_versions={"a": 3})
+        big, other = await asyncio.gather(
+            saver.aput(stored, cp, {"source": "loop", "step": 2}, versions),
+            saver.aput(config("u"), small, {"source": "input", "step": 1}, {"a": 3}),
+            return_exceptions=True,
+        )
+        assert isinstance(big, StorageFullError), big
+        assert isinstance(other, StorageFullError) or other["configurable"]["thread_id"] == "u"
+        await saver._run(lambda conn: conn.execute("PRAGMA max_page_count = 1073741823"))
+        assert await saver.aput(stored, cp, {"source": "loop", "step": 2}, versions)
+
+
+async def test_a_claim_the_database_has_no_room_for_claims_nothing(tmp_path: Path) -> None:
+    """The ledger's claim is a write like any other: StorageFullError, and no entry, so
+    no tool runs on a claim that was never stored."""
+    from langgraph_idem_saver.errors import StorageFullError
+
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "claim.db")) as saver:
+        await cap_growth(saver)
+        args = random.Random(3).randbytes(400_000).hex().encode()
+        intent = CallIntent("t", "k", "t", "tools", "send", "h", args, "call-1")
+        with pytest.raises(StorageFullError):
+            await saver.aclaim([intent], owner="me", lease_seconds=60)
+        assert await saver.aget_entry("t", "k") is None

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 
-from langgraph_idem_saver import AsyncSqliteSaver
+from langgraph_idem_saver import AsyncSqliteSaver, StorageFullError
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, make_owner
 from langgraph_idem_saver.sqlite import sql
 
@@ -163,7 +163,7 @@ async def test_one_statement_writes_share_a_transaction_without_savepoints(
             saver._write(insert(4), outcome=True, one_statement=True),
             return_exceptions=True,
         )
-        assert all(isinstance(r, sqlite3.OperationalError) for r in results), results
+        assert all(isinstance(r, StorageFullError) for r in results), results
         stored = await saver._run(lambda c: c.execute("SELECT v FROM t ORDER BY v").fetchall())
         assert stored == [(1,), (2,)], "nothing of the failed transaction was kept"
 

@@ -34,6 +34,7 @@ from langgraph_idem_saver.errors import (
     ReadOnlyDatabaseError,
     SchemaVersionError,
     SerializationError,
+    StorageFullError,
 )
 from langgraph_idem_saver.postgres import sql
 
@@ -257,6 +258,11 @@ class PostgresConnection:
             return ReadOnlyDatabaseError(
                 f"PostgreSQL refused a write to {where}: {exc} (a read-only session - "
                 "default_transaction_read_only - or a hot standby); nothing was written"
+            )
+        if sqlstate == "53100":  # disk_full
+            return StorageFullError(
+                f"PostgreSQL could not write: its disk is full ({exc}); nothing of this call "
+                "was written, retry once there is room"
             )
         if sqlstate == "54000":  # program_limit_exceeded: e.g. an id too long to index
             return ConfigError(

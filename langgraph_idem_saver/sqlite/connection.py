@@ -28,6 +28,7 @@ from langgraph_idem_saver.errors import (
     NotADatabaseError,
     ReadOnlyDatabaseError,
     SchemaVersionError,
+    StorageFullError,
 )
 from langgraph_idem_saver.sqlite import runner, sql
 from langgraph_idem_saver.sqlite.files import (
@@ -366,11 +367,14 @@ def in_batch(
 def in_savepoint(
     conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]
 ) -> tuple[bool, Any]:
-    """Run one body of a group commit; its failure rolls back only its own statements."""
+    """Run one body of a group commit; its failure rolls back only its own statements,
+    or, when it ended the whole transaction (a full disk), fails every write with it."""
     conn.execute("SAVEPOINT idem_write")
     try:
         result = body(conn)
     except Exception as exc:
+        if not conn.in_transaction:
+            raise
         conn.execute("ROLLBACK TO idem_write")
         conn.execute("RELEASE idem_write")
         return False, exc
@@ -411,6 +415,13 @@ def typed_error(
     if kind == "notadb":
         where = f" {target.path}" if target.path else ""
         return NotADatabaseError(f"the SQLite file{where} is not a usable database: {msg}")
+    if kind == "full":
+        where = f" {target.path}" if target.path else ""
+        return StorageFullError(
+            f"the SQLite database{where} cannot grow ({msg}: its disk is full, or it "
+            "reached its max_page_count); nothing of this call was written, retry once "
+            "there is room"
+        )
     if kind == "cantopen" and target.path is not None:
         # a file beside the database (-journal, -wal) could not be created or opened
         return read_only_error(target, exc) if read_only_reason(target) else open_error(target, exc)

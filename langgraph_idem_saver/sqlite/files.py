@@ -81,7 +81,7 @@ def target_of_connection(conn: Any) -> SqliteTarget:
 
 
 def error_kind(exc: BaseException) -> str:
-    """``readonly``, ``cantopen``, ``notadb`` or ``other`` for a ``sqlite3`` error
+    """``readonly``, ``cantopen``, ``notadb``, ``full`` or ``other`` for a ``sqlite3`` error
     (by its error code where Python exposes it - 3.11+ - else by SQLite's message)."""
     name = str(getattr(exc, "sqlite_errorname", "") or "")
     msg = str(exc)
@@ -93,6 +93,8 @@ def error_kind(exc: BaseException) -> str:
         "not a database" in msg or "malformed" in msg
     ):
         return "notadb"
+    if name.startswith("SQLITE_FULL") or "database or disk is full" in msg:
+        return "full"
     return "other"
 
 
