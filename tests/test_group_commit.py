@@ -1,0 +1,94 @@
+"""``GroupCommit``, the batching under every SQLite write and Postgres's outcomes: what is
+submitted together is committed together, what arrives during a commit is the next
+batch, and nothing submitted is ever left waiting (the real-database behaviour is in
+``test_sqlite_specific.py``, ``test_postgres_specific.py`` and ``test_ledger_cost.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from langgraph_idem_saver.group_commit import GroupCommit
+
+
+class Recorder:
+    """A commit function that records its batches and can be held mid-commit."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail_with: BaseException | None = None
+
+    async def commit(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        await self.gate.wait()
+        if self.fail_with is not None:
+            raise self.fail_with
+        return [i * 10 for i in items]
+
+
+async def test_items_submitted_together_share_one_commit() -> None:
+    rec = Recorder()
+    group: GroupCommit[int, int] = GroupCommit(rec.commit)
+    results = await asyncio.gather(*(group.submit(i) for i in range(5)))
+    assert results == [0, 10, 20, 30, 40]
+    assert rec.batches == [[0, 1, 2, 3, 4]]
+
+
+async def test_items_arriving_during_a_commit_form_the_next_batch() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    group: GroupCommit[int, int] = GroupCommit(rec.commit)
+    first = group.submit(1)
+    await asyncio.sleep(0)  # the committer starts and holds batch [1]
+    later = [group.submit(2), group.submit(3)]
+    rec.gate.set()
+    assert await first == 10
+    assert await asyncio.gather(*later) == [20, 30]
+    assert rec.batches == [[1], [2, 3]]
+
+
+async def test_a_failed_commit_fails_its_batch_only() -> None:
+    rec = Recorder()
+    rec.fail_with = RuntimeError("disk on fire")
+    group: GroupCommit[int, int] = GroupCommit(rec.commit)
+    doomed = [group.submit(1), group.submit(2)]
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        await doomed[0]
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        await doomed[1]
+    rec.fail_with = None
+    assert await group.submit(3) == 30  # the next batch commits
+    assert rec.batches == [[1, 2], [3]]
+
+
+async def test_a_cancelled_caller_does_not_stop_the_batch() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    group: GroupCommit[int, int] = GroupCommit(rec.commit)
+    kept = group.submit(1)
+    dropped = group.submit(2)
+    await asyncio.sleep(0)
+    dropped.cancel()
+    rec.gate.set()
+    assert await kept == 10
+    assert rec.batches == [[1, 2]]
+
+
+async def test_items_left_by_a_cancelled_committer_are_committed_by_the_next() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    group: GroupCommit[int, int] = GroupCommit(rec.commit)
+    first = group.submit(1)
+    await asyncio.sleep(0)  # the committer holds batch [1]
+    waiting = group.submit(2)
+    committer = group._committer
+    assert committer is not None
+    committer.cancel()  # e.g. the loop cancelling every task at shutdown
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    rec.gate.set()
+    assert await asyncio.wait_for(waiting, 5) == 20
+    assert rec.batches == [[1], [2]]
