@@ -11,6 +11,7 @@ entry (a HOT update, migration 6).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 from collections.abc import AsyncIterator, Iterator
@@ -210,39 +211,28 @@ async def test_a_fresh_steps_claim_reads_no_ledger_rows(pg_dsn: str, analyzed: b
         ]
 
 
-def ledger_indexes(plan: dict[str, Any]) -> list[str]:
-    """The name of every index of the ledger table ``plan`` executed a scan of."""
-    found = []
-    nodes = [plan]
-    while nodes:
-        node = nodes.pop()
-        nodes += node.get("Plans", [])
-        if node.get("Index Name", "").startswith("idem_tool_calls") and node["Actual Loops"]:
-            found.append(node["Index Name"])
-    return found
-
-
-async def claim_and_finish_plan(conn: psycopg.AsyncConnection[Any], n: int) -> dict[str, Any]:
-    """Claim ``n`` fresh calls, then record their outcomes under EXPLAIN ANALYZE (the
-    outcomes are written: EXPLAIN ANALYZE runs the statement) in a transaction left open,
-    so the caller can read its statistics; the plan's JSON document."""
+async def claim_fresh(conn: psycopg.AsyncConnection[Any], n: int) -> None:
+    """Claim ``n`` fresh calls (``fresh-0``...)."""
     from langgraph_idem_saver.postgres import ledger_sql
-    from langgraph_idem_saver.postgres.ledger_rows import claim_rows, finish_rows
+    from langgraph_idem_saver.postgres.ledger_rows import claim_rows
 
     rows = [(*intent(i, key=f"fresh-{i}").__dict__.values(),) for i in range(n)]
     params = {"rows": claim_rows(rows), "owner": "me", "now": 1.0, "lease": 2.0}
     await conn.execute(ledger_sql.CLAIM_STEP, params)
+
+
+async def finish_fresh(conn: psycopg.AsyncConnection[Any], n: int) -> None:
+    """Record the outcomes of the ``n`` fresh calls together (``FINISH_STEP_KEYS``, the
+    statement the saver sends for outcomes that finish together)."""
+    from langgraph_idem_saver.postgres import ledger_sql
+    from langgraph_idem_saver.postgres.ledger_rows import finish_rows
+
     # a ToolMessage of a few words serializes to about this size
     outcomes = [
         ("completed", "msgpack", b"r" * 200, None, 3.0, "t", f"fresh-{i}", "me") for i in range(n)
     ]
-    await conn.execute("BEGIN")
-    cur = await conn.execute(
-        "EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + ledger_sql.FINISH_STEP,
-        (finish_rows(outcomes),),
-    )
-    [(doc,)] = await cur.fetchall()
-    return dict(doc[0])
+    cur = await conn.execute(ledger_sql.FINISH_STEP_KEYS, (finish_rows(outcomes),))
+    assert len(await cur.fetchall()) == n
 
 
 @pytest.mark.parametrize("analyzed", [False, True], ids=["stale-stats", "analyzed"])
@@ -250,7 +240,8 @@ async def test_a_steps_outcomes_read_their_own_rows_by_key(pg_dsn: str, analyzed
     """The outcomes of a step find their rows through the primary key: 50 rows read for
     50 outcomes, however large the ledger and however stale its statistics. (Before
     migration 6 they went through the partial index of issued rows, which also returns
-    an entry for every call finished since the table was last vacuumed.)"""
+    an entry for every call finished since the table was last vacuumed.) Counted from the
+    server's statistics, which see inside the function the statement calls."""
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
         await saver.setup()
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
@@ -258,10 +249,33 @@ async def test_a_steps_outcomes_read_their_own_rows_by_key(pg_dsn: str, analyzed
         await conn.execute(LEDGER_FILL)
         if analyzed:
             await conn.execute("ANALYZE idem_tool_calls")
-        plan = await claim_and_finish_plan(conn, 50)
-        await conn.execute("ROLLBACK")
-    assert ledger_indexes(plan["Plan"]) == ["idem_tool_calls_pkey"]
-    assert ledger_scans(plan["Plan"]) == [("Index Scan", 50)]
+        await claim_fresh(conn, 50)
+        async with ledger_reads(conn) as reads, pkey_scans(conn) as probes:
+            await finish_fresh(conn, 50)
+    assert reads == [0, 0, 50, 50], reads  # no sequential scan; 50 index probes
+    assert probes == [50]  # ... of the primary key
+
+
+@contextlib.asynccontextmanager
+async def pkey_scans(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[list[int]]:
+    """Yields a list that holds, after the block, the scans of the ledger's primary key
+    during it (flushed like ``pg_reads.table_reads``)."""
+
+    async def scans() -> int:
+        await conn.execute("SELECT pg_stat_force_next_flush()", prepare=False)
+        cur = await conn.execute(
+            "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelid = %s::regclass",
+            ("idem_tool_calls_pkey",),
+            prepare=False,
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0] or 0)
+
+    counts: list[int] = []
+    before = await scans()
+    yield counts
+    counts.append(await scans() - before)
 
 
 async def test_an_outcome_writes_no_index_entry(pg_dsn: str) -> None:
@@ -271,14 +285,15 @@ async def test_an_outcome_writes_no_index_entry(pg_dsn: str) -> None:
     ledger: ~7 WAL records a call instead of ~1."""
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
         await saver.setup()
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
-        await claim_and_finish_plan(conn, 50)
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=False) as conn:
+        await claim_fresh(conn, 50)
+        await finish_fresh(conn, 50)
         cur = await conn.execute(
             "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
             "WHERE relid = 'idem_tool_calls'::regclass"
         )
         counts = await cur.fetchone()
-        await conn.execute("COMMIT")
+        await conn.commit()
     assert counts == (50, 50)
 
 
@@ -423,20 +438,20 @@ async def test_a_claim_planned_while_the_ledger_was_small_never_scans_it(pg_dsn:
         assert seq_scans == 0 and fetched <= 2 * 3, reads
 
 
-async def test_the_outcomes_statement_is_never_prepared(pg_dsn: str) -> None:
-    """On a connection that prepares every statement (``prepare_threshold=0``, as
-    LangGraph's savers open theirs), PostgreSQL switches a prepared statement to a cached
-    generic plan after five executions; the outcomes' plan cached while the ledger was
-    small hashed a seq scan of the whole ledger into every later step (a 50-call step
-    grew from 21.0 to 23.7 ms over 10k calls). The outcomes of calls that finish
-    together are sent unprepared, planned each time for the ledger as it is, and read
-    their rows by key."""
-    async with (
-        await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True, prepare_threshold=0) as conn,
-    ):
-        saver = AsyncPostgresSaver(conn)
-        await saver.setup()
-        for step in range(8):
+async def test_outcomes_together_are_one_prepared_statement_whose_plan_cannot_go_stale(
+    pg_dsn: str,
+) -> None:
+    """The outcomes of calls that finish together are one call of ``idem_finish_step``
+    (migration 13), prepared like any statement. On a connection that prepares every
+    statement (``prepare_threshold=0``, as LangGraph's savers open theirs) PostgreSQL
+    caches generic plans; the plan of the plain UPDATE cached while the ledger was small
+    hashed a seq scan of the whole ledger into every later step (a 50-call step grew
+    from 21.0 to 23.7 ms over 10k calls), and with hash joins off it read the whole
+    primary key instead. The function plans its UPDATE on every call, whatever the
+    session's ``plan_cache_mode``: with every other plan built and cached on the empty
+    ledger, a step's outcomes still probe their own keys once it holds 40,000 rows."""
+    async with plans_cached_on_empty_tables(pg_dsn) as (conn, saver):
+        for step in range(8):  # the plans are built and cached now, on the empty ledger
             keys = [f"s{step}-{i}" for i in range(5)]
             await saver.aclaim(
                 [intent(step * 10 + i, key=k) for i, k in enumerate(keys)],
@@ -445,15 +460,23 @@ async def test_the_outcomes_statement_is_never_prepared(pg_dsn: str) -> None:
             )
             with count_statements_on(conn) as seen:
                 await asyncio.gather(*(record(saver, "t", key) for key in keys))
-            assert seen == ["UPDATE idem_tool_calls AS t"], seen  # one JSON statement
+            assert seen == ["SELECT scope, key FROM"], seen  # one statement for the five
         cur = await conn.execute(
-            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
-            ["%UPDATE idem_tool_calls AS t%SET status%"],
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%idem_finish_step%"],
             prepare=False,
         )
-        assert await cur.fetchall() == []
-        entries = await saver.alist_entries("t")
-        assert len(entries) == 40 and {e.status for e in entries} == {CallStatus.COMPLETED}
+        assert await cur.fetchone() == (1,)
+        await fill_ledger(pg_dsn, analyzed=False)
+        keys = [f"late-{i}" for i in range(5)]
+        await saver.aclaim(
+            [intent(90 + i, key=k) for i, k in enumerate(keys)], owner="me", lease_seconds=60
+        )
+        async with ledger_reads(conn) as reads:
+            await asyncio.gather(*(record(saver, "t", key) for key in keys))
+    assert reads == [0, 0, 5, 5], reads  # an index probe per outcome, no sequential scan
+    entries = await alist(pg_dsn, "t")
+    assert len(entries) == 45 and {e.status for e in entries} == {CallStatus.COMPLETED}
 
 
 def count_statements_on(conn: psycopg.AsyncConnection[Any]) -> Any:
@@ -565,7 +588,7 @@ async def test_outcomes_commit_without_waiting_for_the_wal_flush_claims_wait(
         kind = "claim" if "INSERT INTO idem_tool_calls" in text else None
         if "idem_finish_one" in text:
             kind = "outcome"
-        elif text.startswith("UPDATE idem_tool_calls AS t"):
+        elif "idem_finish_step" in text:
             kind = "outcomes"  # several in one statement
         if kind:
             async with self.connection.cursor() as other:  # same transaction

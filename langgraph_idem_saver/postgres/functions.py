@@ -1,6 +1,6 @@
 """How the schema's plpgsql functions are declared: one way, for all of them.
 
-Why functions at all (``sql.py``, migrations 7-12): a statement sent prepared, as
+Why functions at all (``sql.py``, migrations 7-13): a statement sent prepared, as
 LangGraph's savers send theirs (``prepare_threshold=0``), gets a generic plan cached
 after five executions, built for the tables as they were then. Built while they were
 small, it scans them whole once they have grown, until their next ``ANALYZE``. Inside a
@@ -19,19 +19,29 @@ TUPLE_RESULT = """TABLE (
 
 
 def plpgsql_function(
-    signature: str, returns: str, body: str, *, volatile: bool = False, use_column: bool = False
+    signature: str,
+    returns: str,
+    body: str,
+    *,
+    volatile: bool = False,
+    use_column: bool = False,
+    plan_each_call: bool = False,
 ) -> str:
     """``CREATE OR REPLACE FUNCTION signature RETURNS returns`` running ``body`` (from
     ``DECLARE`` or ``BEGIN`` to ``END``) with sequential scans off. ``volatile``: each of
     its statements takes a new snapshot. ``use_column``: where a name is both a column
-    and an OUT parameter (``RETURNS TABLE``), the query means the column."""
+    and an OUT parameter (``RETURNS TABLE``), the query means the column.
+    ``plan_each_call``: its statements are planned on every call, for the tables as they
+    are then, never from a cached generic plan (for a join whose best order depends on
+    the table's size: a generic plan built while the table was empty reads all of it)."""
     conflict = "#variable_conflict use_column\n" if use_column else ""
+    joins = "SET plan_cache_mode = force_custom_plan\n" if plan_each_call else ""
     return f"""
 CREATE OR REPLACE FUNCTION {signature}
 RETURNS {returns}
 LANGUAGE plpgsql {"VOLATILE" if volatile else "STABLE"}
 SET enable_seqscan = off
-SET search_path FROM CURRENT
+{joins}SET search_path FROM CURRENT
 AS $fn$
 {conflict}{body.strip()}
 $fn$

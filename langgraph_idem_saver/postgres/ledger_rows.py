@@ -3,8 +3,8 @@
 Why JSON: passed as one array per column, a 50-call step made psycopg dump 12 arrays of
 50 elements in Python for every statement - more time than the server spent on the
 statement. One ``json.dumps`` (C) of the rows is one parameter whatever the batch size;
-the server unpacks it with ``jsonb_to_recordset`` (see ``ledger_sql.CLAIM_STEP`` and
-``FINISH_STEP``). Bytes travel base64-encoded (``decode(..., 'base64')`` on the server).
+the server unpacks it with ``json_to_recordset`` (see ``ledger_sql.CLAIM_STEP`` and
+``FINISH_STEP_FUNCTION``). Bytes travel base64-encoded (``decode(..., 'base64')`` on the server).
 
 Text no PostgreSQL column can hold is refused by the server as it was as a text
 parameter: a NUL (``\\u0000``, SQLSTATE 22P05) becomes a ``SerializationError`` (see

@@ -120,12 +120,12 @@ class PostgresLedgerStore:
         self, batch: list[tuple[tuple[Any, ...], bool]]
     ) -> list[tuple[bool, TupleRow | None]]:
         """Record the outcomes of calls that finished together: ONE statement (one round
-        trip, one commit) for all: the JSON form for several, ``FINISH_ONE`` for one.
-        Per outcome, whether it was ours to record, and its row. The rows come back
-        whole only when one is asked for (``read_back``); the engine asks for none, and
-        then only keys travel back."""
+        trip, one commit) for all, prepared: ``FINISH_STEP`` (its rows as one JSON
+        document) for several, ``FINISH_ONE`` for one. Per outcome, whether it was ours to
+        record, and its row. The rows come back whole only when one is asked for
+        (``read_back``); the engine asks for none, and then only keys travel back."""
         back = any(back for _, back in batch)
-        if len(batch) == 1:  # one outcome: the plain statement, prepared (FINISH_ONE)
+        if len(batch) == 1:  # one outcome: scalar parameters, no JSON (FINISH_ONE)
             ((params, _),) = batch
 
             async def finish_one(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
@@ -137,11 +137,7 @@ class PostgresLedgerStore:
         query = sql.FINISH_STEP if back else sql.FINISH_STEP_KEYS
 
         async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
-            # never prepared: a cached generic plan, built while the ledger was small,
-            # hashed a seq scan of the whole ledger into every later step (step times
-            # grew 13% over 10k calls); planned each time (~0.1 ms) it probes the key
-            rows = finish_rows([p for p, _ in batch])
-            await cur.execute(query, (rows,), prepare=False)
+            await cur.execute(query, (finish_rows([p for p, _ in batch]),))
             finished = {(r[0], r[1]): r for r in await cur.fetchall()}  # scope, key
             out: list[tuple[bool, TupleRow | None]] = []
             for params, _ in batch:

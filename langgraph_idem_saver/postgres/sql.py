@@ -25,7 +25,11 @@ from __future__ import annotations
 from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
 from langgraph_idem_saver.postgres.delta_history import DELTA_HISTORY_FUNCTION
 from langgraph_idem_saver.postgres.functions import TUPLE_RESULT, plpgsql_function
-from langgraph_idem_saver.postgres.ledger_sql import FINISH_ONE_FUNCTION, STEP_FOUND_FUNCTION
+from langgraph_idem_saver.postgres.ledger_sql import (
+    FINISH_ONE_FUNCTION,
+    FINISH_STEP_FUNCTION,
+    STEP_FOUND_FUNCTION,
+)
 
 # The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
 # fixed forever: every release must take the same lock).
@@ -684,6 +688,9 @@ MIGRATIONS: list[list[str]] = [
     [LIST_IN_NS_FUNCTION],
     # 12: and the DeltaChannel history of one channel (delta_history.py)
     [DELTA_HISTORY_FUNCTION],
+    # 13: the outcomes of calls that finish together are a function too, prepared like
+    # any statement (ledger_sql.FINISH_STEP_FUNCTION)
+    [FINISH_STEP_FUNCTION],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
