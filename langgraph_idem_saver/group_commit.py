@@ -31,33 +31,28 @@ class GroupCommit(Generic[In, Out]):
     def __init__(self, commit: Callable[[list[In]], Awaitable[list[Out]]]) -> None:
         self._commit = commit
         self._pending: list[tuple[In, asyncio.Future[Out]]] = []
-        self._committer: asyncio.Task[None] | None = None
+        self._busy = False
 
-    def submit(self, item: In) -> asyncio.Future[Out]:
-        """Commit ``item`` with whatever else is submitted now: a future of its result,
-        set once it is committed (a plain function, not a coroutine: one layer less on
-        every write's way in and out)."""
+    async def submit(self, item: In) -> Out:
+        """Commit ``item`` with whatever else is submitted now; its result once committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Out] = loop.create_future()
         self._pending.append((item, future))
-        committer = self._committer
-        if committer is None or committer.get_loop() is not loop:
-            # The committer's first step runs on the next loop iteration, so siblings
-            # finishing in this one join the batch (the task is the only wait: no
-            # separate call_soon before it starts).
-            self._committer = loop.create_task(self._commit_pending())
-        return future
+        if not self._busy:
+            self._busy = True
+            loop.call_soon(self._flush)  # one loop iteration: siblings finishing now join
+        return await future
 
-    async def _commit_pending(self) -> None:
-        """Commit what is pending, batch after batch, until nothing is."""
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                await self._run(batch)
-        finally:
-            self._committer = None
-            if self._pending:  # left by a cancelled committer: a new one takes them
-                self._committer = asyncio.get_running_loop().create_task(self._commit_pending())
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.get_running_loop().create_task(self._run(batch))
+        task.add_done_callback(self._done)
+
+    def _done(self, _: asyncio.Task[None]) -> None:
+        if self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        else:
+            self._busy = False
 
     async def _run(self, batch: list[tuple[In, asyncio.Future[Out]]]) -> None:
         try:

@@ -29,6 +29,11 @@ class Recorder:
         return [i * 10 for i in items]
 
 
+def submitted(group: GroupCommit[int, int], item: int) -> asyncio.Future[int]:
+    """``group.submit(item)`` started now, as a caller's task would."""
+    return asyncio.ensure_future(group.submit(item))
+
+
 async def test_items_submitted_together_share_one_commit() -> None:
     rec = Recorder()
     group: GroupCommit[int, int] = GroupCommit(rec.commit)
@@ -41,9 +46,11 @@ async def test_items_arriving_during_a_commit_form_the_next_batch() -> None:
     rec = Recorder()
     rec.gate.clear()
     group: GroupCommit[int, int] = GroupCommit(rec.commit)
-    first = group.submit(1)
-    await asyncio.sleep(0)  # the committer starts and holds batch [1]
-    later = [group.submit(2), group.submit(3)]
+    first = submitted(group, 1)
+    while not rec.batches:  # the batch [1] is being committed, and held
+        await asyncio.sleep(0)
+    later = [submitted(group, 2), submitted(group, 3)]
+    await asyncio.sleep(0)
     rec.gate.set()
     assert await first == 10
     assert await asyncio.gather(*later) == [20, 30]
@@ -54,7 +61,7 @@ async def test_a_failed_commit_fails_its_batch_only() -> None:
     rec = Recorder()
     rec.fail_with = RuntimeError("disk on fire")
     group: GroupCommit[int, int] = GroupCommit(rec.commit)
-    doomed = [group.submit(1), group.submit(2)]
+    doomed = [submitted(group, 1), submitted(group, 2)]
     with pytest.raises(RuntimeError, match="disk on fire"):
         await doomed[0]
     with pytest.raises(RuntimeError, match="disk on fire"):
@@ -68,25 +75,31 @@ async def test_a_cancelled_caller_does_not_stop_the_batch() -> None:
     rec = Recorder()
     rec.gate.clear()
     group: GroupCommit[int, int] = GroupCommit(rec.commit)
-    kept = group.submit(1)
-    dropped = group.submit(2)
-    await asyncio.sleep(0)
+    kept = submitted(group, 1)
+    dropped = submitted(group, 2)
+    while not rec.batches:
+        await asyncio.sleep(0)
     dropped.cancel()
     rec.gate.set()
     assert await kept == 10
     assert rec.batches == [[1, 2]]
 
 
-async def test_items_left_by_a_cancelled_committer_are_committed_by_the_next() -> None:
+async def test_items_left_by_a_cancelled_commit_are_committed_by_the_next() -> None:
     rec = Recorder()
     rec.gate.clear()
     group: GroupCommit[int, int] = GroupCommit(rec.commit)
-    first = group.submit(1)
-    await asyncio.sleep(0)  # the committer holds batch [1]
-    waiting = group.submit(2)
-    committer = group._committer
-    assert committer is not None
-    committer.cancel()  # e.g. the loop cancelling every task at shutdown
+    first = submitted(group, 1)
+    while not rec.batches:  # the batch [1] is being committed, and held
+        await asyncio.sleep(0)
+    waiting = submitted(group, 2)
+    await asyncio.sleep(0)
+    [commit] = [
+        t
+        for t in asyncio.all_tasks()
+        if t.get_coro().__qualname__ == "GroupCommit._run"  # type: ignore[union-attr]
+    ]
+    commit.cancel()  # e.g. the loop cancelling every task at shutdown
     with pytest.raises(asyncio.CancelledError):
         await first
     rec.gate.set()
