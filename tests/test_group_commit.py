@@ -34,6 +34,15 @@ def submitted(group: GroupCommit[int, int], item: int) -> asyncio.Future[int]:
     return asyncio.ensure_future(group.submit(item))
 
 
+async def held_batch(rec: Recorder, group: GroupCommit[int, int], item: int) -> asyncio.Future[int]:
+    """``item`` submitted and its batch being committed, held at the gate until it opens."""
+    rec.gate.clear()
+    future = submitted(group, item)
+    while not rec.batches:
+        await asyncio.sleep(0)
+    return future
+
+
 async def test_items_submitted_together_share_one_commit() -> None:
     rec = Recorder()
     group: GroupCommit[int, int] = GroupCommit(rec.commit)
@@ -44,11 +53,8 @@ async def test_items_submitted_together_share_one_commit() -> None:
 
 async def test_items_arriving_during_a_commit_form_the_next_batch() -> None:
     rec = Recorder()
-    rec.gate.clear()
     group: GroupCommit[int, int] = GroupCommit(rec.commit)
-    first = submitted(group, 1)
-    while not rec.batches:  # the batch [1] is being committed, and held
-        await asyncio.sleep(0)
+    first = await held_batch(rec, group, 1)
     later = [submitted(group, 2), submitted(group, 3)]
     await asyncio.sleep(0)
     rec.gate.set()
@@ -73,25 +79,19 @@ async def test_a_failed_commit_fails_its_batch_only() -> None:
 
 async def test_a_cancelled_caller_does_not_stop_the_batch() -> None:
     rec = Recorder()
-    rec.gate.clear()
     group: GroupCommit[int, int] = GroupCommit(rec.commit)
-    kept = submitted(group, 1)
-    dropped = submitted(group, 2)
-    while not rec.batches:
-        await asyncio.sleep(0)
+    dropped = submitted(group, 2)  # joins the batch of 1, below
+    kept = await held_batch(rec, group, 1)
     dropped.cancel()
     rec.gate.set()
     assert await kept == 10
-    assert rec.batches == [[1, 2]]
+    assert rec.batches == [[2, 1]]  # the cancelled one was committed all the same
 
 
 async def test_items_left_by_a_cancelled_commit_are_committed_by_the_next() -> None:
     rec = Recorder()
-    rec.gate.clear()
     group: GroupCommit[int, int] = GroupCommit(rec.commit)
-    first = submitted(group, 1)
-    while not rec.batches:  # the batch [1] is being committed, and held
-        await asyncio.sleep(0)
+    first = await held_batch(rec, group, 1)
     waiting = submitted(group, 2)
     await asyncio.sleep(0)
     [commit] = [

@@ -35,13 +35,13 @@ def plpgsql_function(
     are then, never from a cached generic plan (for a join whose best order depends on
     the table's size: a generic plan built while the table was empty reads all of it)."""
     conflict = "#variable_conflict use_column\n" if use_column else ""
-    joins = "SET plan_cache_mode = force_custom_plan\n" if plan_each_call else ""
+    planning = "SET plan_cache_mode = force_custom_plan\n" if plan_each_call else ""
     return f"""
 CREATE OR REPLACE FUNCTION {signature}
 RETURNS {returns}
 LANGUAGE plpgsql {"VOLATILE" if volatile else "STABLE"}
 SET enable_seqscan = off
-{joins}SET search_path FROM CURRENT
+{planning}SET search_path FROM CURRENT
 AS $fn$
 {conflict}{body.strip()}
 $fn$
