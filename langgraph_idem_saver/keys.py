@@ -37,6 +37,7 @@ __all__ = [
     "KeyPolicy",
     "agent_path_of",
     "args_hash",
+    "builtin_key",
     "canonical_args",
     "compute_key",
     "fork_position",
@@ -216,14 +217,6 @@ def compute_key(
     A ``key_fn`` key is also bound to the tool name: two tools that happen to derive the
     same vendor key are still two calls.
     """
-    if policy == "tool_call":
-        if ctx.message_id:
-            # Models that reuse call ids ("call_0" every turn) make the id alone ambiguous:
-            # the message carrying the call tells two turns apart.
-            return _digest("tool_call", ctx.agent_path, str(tool_call["id"]), ctx.message_id)
-        return _digest("tool_call", ctx.agent_path, str(tool_call["id"]))
-    if policy == "args":
-        return _digest("args", ctx.tool_name, ctx.canonical_args)
     if callable(policy):
         user_key = policy(tool_call, ctx)
         if not isinstance(user_key, str) or not user_key:
@@ -231,4 +224,34 @@ def compute_key(
                 f"key_fn for tool {ctx.tool_name!r} must return a non-empty str, got {user_key!r}"
             )
         return _digest("key_fn", ctx.tool_name, user_key)
+    return builtin_key(
+        policy,
+        agent_path=ctx.agent_path,
+        tool_call_id=str(tool_call["id"]),
+        message_id=ctx.message_id,
+        tool_name=ctx.tool_name,
+        canonical=ctx.canonical_args,
+    )
+
+
+def builtin_key(
+    policy: str,
+    *,
+    agent_path: str,
+    tool_call_id: str,
+    message_id: str,
+    tool_name: str,
+    canonical: str,
+) -> str:
+    """:func:`compute_key` for the ``"tool_call"`` and ``"args"`` policies, from the parts
+    they hash: no :class:`KeyContext` to build (a frozen dataclass: ~1 µs a call, 50 in a
+    step) when no ``key_fn`` will look at it."""
+    if policy == "tool_call":
+        if message_id:
+            # Models that reuse call ids ("call_0" every turn) make the id alone ambiguous:
+            # the message carrying the call tells two turns apart.
+            return _digest("tool_call", agent_path, tool_call_id, message_id)
+        return _digest("tool_call", agent_path, tool_call_id)
+    if policy == "args":
+        return _digest("args", tool_name, canonical)
     raise ConfigError(f"unknown key policy {policy!r}: use 'tool_call', 'args' or a callable")

@@ -104,3 +104,58 @@ async def test_a_serializer_swapped_on_a_live_saver_seals_from_then_on(db: Any) 
     stored = {key: bytes(args) for key, args in rows}
     assert b"inv-0" in stored["key-0"] and b"inv-2" in stored["key-2"]
     assert b"inv-1" not in stored["key-1"], "sealed while the encrypting serializer was set"
+
+
+async def test_the_engine_builds_every_field_of_an_intent(saver: Any) -> None:
+    """The engine builds intents without the dataclass's ``__init__`` (``intent_of``):
+    each has every field, equals the one ``CallIntent(...)`` makes from the same values,
+    and is claimed as such - a leader with its fork slot, its same-key follower without."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+
+    from langgraph_idem_saver import IdempotentToolNode
+    from langgraph_idem_saver.engine.core import INTENT_FIELDS
+    from langgraph_idem_saver.engine.types import Kind
+
+    @tool
+    def charge(invoice: str) -> str:
+        """Charge an invoice."""
+        return invoice
+
+    calls = [
+        {"name": "charge", "args": {"invoice": "inv-1"}, "id": "call_0", "type": "tool_call"},
+        {"name": "charge", "args": {"invoice": "inv-1"}, "id": "call_0", "type": "tool_call"},
+        {"name": "charge", "args": {"invoice": "é"}, "id": "call_1", "type": "tool_call"},
+    ]
+    node = IdempotentToolNode([charge], ledger=saver)
+    config: Any = {
+        "configurable": {
+            "thread_id": "t-intents",
+            "checkpoint_ns": "tools:task-1",
+            "checkpoint_map": {"": "checkpoint-1"},
+        },
+        "metadata": {"langgraph_step": 3},
+        "run_id": "run-9",
+    }
+    state = {"messages": [AIMessage(content="", id="ai-1", tool_calls=calls)]}
+    batch = node._plan(state, config, sync=False)
+    await node.engine.aprepare(batch, config)
+
+    leader, follower, other = batch.all_plans
+    assert [p.kind for p in batch.all_plans] == [Kind.RUN, Kind.FOLLOW, Kind.RUN]
+    for plan in batch.all_plans:
+        assert plan.intent is not None
+        assert set(vars(plan.intent)) == INTENT_FIELDS
+        assert plan.intent == CallIntent(**vars(plan.intent))
+    assert leader.intent is not None and other.intent is not None
+    assert leader.intent.position is not None and leader.intent.branch == "checkpoint-1"
+    assert (leader.intent.occurrence, other.intent.occurrence) == (0, 0)
+    assert leader.intent.run_id == "run-9" and leader.intent.agent_path == "tools"
+    assert follower.intent is not None and follower.intent.position is None
+    for plan in (leader, other):
+        assert plan.intent is not None
+        read = await saver.aget_entry(plan.intent.scope, plan.intent.key)
+        assert read is not None and read.args == plan.intent.args
+        assert (read.position, read.branch, read.occurrence, read.run_id) == (
+            plan.intent.position, plan.intent.branch, 0, "run-9",
+        )  # fmt: skip

@@ -66,3 +66,20 @@ def test_the_fork_position_is_pinned() -> None:
     assert fork_position("thread-1", "parent:abc", "tools", 7) == (
         "6ea217e986ddf214eff05d8533b40383c4c3bda27cca6a52a06f0588209f20aa"
     )
+
+
+def test_the_engine_s_key_for_built_in_policies_is_compute_key_s() -> None:
+    """The engine computes ``"tool_call"``/``"args"`` keys with ``builtin_key`` (no
+    ``KeyContext`` built): the very keys pinned above."""
+    from langgraph_idem_saver.keys import builtin_key
+
+    for policy in ("tool_call", "args"):
+        for message_id in ("ai-msg-7", ""):
+            assert builtin_key(
+                policy,
+                agent_path="supervisor|tools",
+                tool_call_id="call_0",
+                message_id=message_id,
+                tool_name="charge",
+                canonical=CANONICAL,
+            ) == compute_key(policy, CALL, context(message_id))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Coroutine
@@ -65,6 +66,7 @@ from langgraph_idem_saver.keys import (
     KeyContext,
     agent_path_of,
     args_hash,
+    builtin_key,
     canonical_args,
     compute_key,
     scope_of,
@@ -115,6 +117,15 @@ def settle_future(plan: Plan, *, result: Any = None, exc: BaseException | None =
         plan.outcome.set_exception(exc)
     else:
         plan.outcome.set_result(result)
+
+
+INTENT_FIELDS = frozenset(f.name for f in dataclasses.fields(CallIntent))
+
+
+def intent_of(values: dict[str, Any]) -> CallIntent:
+    """A call's intent from every one of its fields (:data:`INTENT_FIELDS`), built
+    without the frozen dataclass's ``__init__``: ~3 µs a call less, in steps of 50."""
+    return CallIntent._of(values)
 
 
 class Running:
@@ -257,29 +268,43 @@ class LedgerEngine:
         slots = SlotCounter(fork_point(config, thread_id))
         for plan in pending:
             call = plan.call
-            name = call["name"]
-            canon = canonical_args(call["args"], tool_name=name, tool_call_id=str(call["id"]))
-            storable_call_id(str(call["id"]), name)
+            name, call_id = call["name"], str(call["id"])
+            canon = canonical_args(call["args"], tool_name=name, tool_call_id=call_id)
+            storable_call_id(call_id, name)
             digest = args_hash(canon)
             policy = self.options.policy_for(name)
-            origin = batch.origins.get(str(call["id"]), "")
-            ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest, origin)
-            key = compute_key(policy, call, ctx)
+            origin = batch.origins.get(call_id, "")
+            if callable(policy):  # a key_fn looks at the call in its context
+                ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest, origin)
+                key = compute_key(policy, call, ctx)
+            else:
+                key = builtin_key(
+                    policy,
+                    agent_path=agent_path,
+                    tool_call_id=call_id,
+                    message_id=origin,
+                    tool_name=name,
+                    canonical=canon,
+                )
             plan.policy = policy
             leader = leaders.get(key)
-            plan.intent = CallIntent(
-                scope=ctx.scope,
-                key=key,
-                thread_id=ctx.thread_id,
-                agent_path=ctx.agent_path,
-                tool_name=ctx.tool_name,
-                args_hash=ctx.args_hash,
-                args=ctx.canonical_args.encode("utf-8"),
-                tool_call_id=str(call["id"]),
-                run_id=run_id,
-                # a leader (the first call of its key) takes the next fork slot
-                **(slots.slot(policy, name, digest) if leader is None else {}),
-            )
+            intent = {
+                "scope": scope,
+                "key": key,
+                "thread_id": thread_id,
+                "agent_path": agent_path,
+                "tool_name": name,
+                "args_hash": digest,
+                "args": canon.encode("utf-8"),
+                "tool_call_id": call_id,
+                "run_id": run_id,
+                "position": None,
+                "branch": None,
+                "occurrence": 0,
+            }
+            if leader is None:  # a leader (the first call of its key) takes the next fork slot
+                intent.update(slots.slot(policy, name, digest))
+            plan.intent = intent_of(intent)
             if leader is None:
                 leaders[key] = plan
                 continue
