@@ -7,7 +7,10 @@ thread; LangGraph's own savers do, and it dominates their files (97% of a 200-tu
 We store a new version of a list channel as a **delta** - the appended items plus the
 version it extends (``base_version``) - when the saver itself wrote that base version
 recently and the new list starts with *the very same objects* (an identity check, O(n)
-pointer comparisons, no serialization). LangGraph's reducers (``add_messages``,
+pointer comparisons, no serialization). A list re-versioned without growing (the same
+objects, nothing appended: a node that returns the whole list) is stored as its last
+version was when that was a delta (the same row again: no serialization, the chain no
+deeper), or as a delta of no items when it was whole. LangGraph's reducers (``add_messages``,
 ``operator.add``) build the new list from the old one's objects, so in a running graph
 this is the common case. Anything else - a list rebuilt from deserialized objects, a
 replaced or removed message (a different object at that index), a list subclass - is
@@ -27,8 +30,10 @@ the entry, dead, is dropped. (Held strongly, up to ``CACHE_SIZE`` finished conve
 stayed in memory for as long as the saver lived - 25,000 objects after 300 ten-turn chats
 - and every full garbage collection walked them.) A list with an item that cannot be
 weakly referenced (a string, a number, a dict, a tuple) is remembered as a copy, as
-before: bounded by ``CACHE_SIZE`` entries. A new run needs nothing from a finished one:
-it resumes by reading its checkpoint, which remembers what it loaded (``loaded``).
+before: bounded by ``CACHE_SIZE`` entries. So are the bytes of a version stored as a
+delta (its appended items), up to ``KEEP_ROW_BYTES`` an entry. A new run needs nothing
+from a finished one: it resumes by reading its checkpoint, which remembers what it loaded
+(``loaded``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ from langgraph_idem_saver.saver_base import decode_typed
 
 MAX_CHAIN = 16
 CACHE_SIZE = 512
+# the bytes of a delta row kept to store the same list re-versioned again (per entry)
+KEEP_ROW_BYTES = 64 * 1024
 
 ChannelKey = tuple[str, str, str]  # thread_id, checkpoint_ns, channel
 
@@ -77,11 +84,17 @@ class _Written:
     held: list[Any]
     weak: bool
     depth: int
+    # how this version was stored, when as a delta of at most KEEP_ROW_BYTES: (type,
+    # data, base version) - the row the same list re-versioned is stored as again
+    row: tuple[str, bytes, str] | None = None
 
     def starts(self, value: list[Any]) -> bool:
-        """Whether ``value`` is this version plus more items: the very same objects first."""
+        """Whether ``value`` is this version plus any items: the very same objects first.
+
+        No item added is a list re-versioned without growing (a node returning the whole
+        list, or ``add_messages`` merging an empty update): see ``ListDeltaEncoder.encode``."""
         held = self.held
-        if len(value) <= len(held):
+        if len(value) < len(held):
             return False
         if self.weak:
             return all(ref() is item for ref, item in zip(held, value, strict=False))
@@ -141,12 +154,16 @@ class ListDeltaEncoder:
                 continue
             with self._lock:
                 prev = self._recent.get((thread_id, ns, channel))
-            if (
-                prev is not None
-                and prev.version != str(version)
-                and prev.depth < MAX_CHAIN
-                and prev.starts(value)
-            ):
+            if prev is None or prev.version == str(version) or not prev.starts(value):
+                prev = None
+            if prev is not None and len(value) == len(prev.held) and prev.row is not None:
+                # the same list again, its last version a delta: that very row (same
+                # base, same bytes) - nothing serialized, the chain no deeper
+                type_, data, base = prev.row
+                again = (list(value), prev.depth, prev.extended(value))
+                blobs.append(EncodedBlob(channel, str(version), type_, data, base, *again))
+            elif prev is not None and prev.depth < MAX_CHAIN:
+                # the items appended (none: the same list again, its last version whole)
                 type_, data = serde.dumps_typed(value[len(prev.held) :])
                 blobs.append(
                     EncodedBlob(
@@ -192,7 +209,11 @@ class ListDeltaEncoder:
                     self._recent.pop(key, None)
                     continue
                 held = blob.held or _held(blob.items)
-                self._recent[key] = _Written(blob.version, *held, blob.depth)
+                row = None
+                small = blob.data is not None and len(blob.data) <= KEEP_ROW_BYTES
+                if blob.base_version is not None and blob.data is not None and small:
+                    row = (blob.type, blob.data, blob.base_version)
+                self._recent[key] = _Written(blob.version, *held, blob.depth, row)
                 self._recent.move_to_end(key)
             while len(self._recent) > self._max:
                 self._recent.popitem(last=False)

@@ -399,3 +399,77 @@ async def test_a_delta_put_planned_while_the_table_was_small_never_scans_it(
     assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == [
         f"m{i}" for i in range(9)
     ]
+
+
+def reemit_graph(checkpointer: Any) -> Any:
+    """A reply, then a node that returns the whole list unchanged: ``add_messages``
+    merges it into a new version holding the very same objects."""
+
+    def reply(state: Chat) -> dict[str, Any]:
+        n = len(state["messages"])
+        return {"messages": [AIMessage(content=f"answer {n} " + "y" * 400, id=f"a{n}")]}
+
+    def review(state: Chat) -> dict[str, Any]:
+        return {"messages": state["messages"]}
+
+    builder = StateGraph(Chat)
+    builder.add_node("reply", reply)
+    builder.add_node("review", review)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", "review")
+    return builder.compile(checkpointer=checkpointer)
+
+
+async def test_a_list_re_versioned_without_growing_is_not_stored_again(db: Db) -> None:
+    """The whole list returned unchanged is stored as the row of its last version again
+    (a delta: the same bytes and base) or as a delta of no items (its last version was
+    whole): never the whole list once more. Every version reads back as LangGraph's own
+    saver gives it, in this saver and in a fresh one."""
+    reference = reemit_graph(InMemorySaver())
+    await chat(reference, "t", 12)
+    async with db.open() as saver:
+        graph = reemit_graph(saver)
+        await chat(graph, "t", 12)
+        assert await history(graph, "t") == await history(reference, "t")
+    async with db.open() as saver:
+        assert await history(reemit_graph(saver), "t") == await history(reference, "t")
+    rows = await db.query(
+        "SELECT blob, base_version FROM idem_blobs WHERE channel = 'messages' ORDER BY version"
+    )
+    # 36 versions (input, reply and review, a turn); only the first and the versions
+    # where the chain reached MAX_CHAIN are whole (each review's was, before)
+    assert len(rows) == 36
+    assert sum(base is None for _, base in rows) <= 1 + 36 // MAX_CHAIN
+    repeats = sum(rows[i] == rows[i - 1] for i in range(1, len(rows)))
+    assert repeats >= 12 - 36 // MAX_CHAIN, "a review's row is its reply's row again"
+
+
+async def test_re_versions_of_the_same_list_do_not_deepen_the_chain(db: Db) -> None:
+    """The same list re-versioned many times: one whole row, then deltas of no items on
+    it (the second version's row, repeated), each version read back equal."""
+    items = [HumanMessage(content=f"m{i}", id=f"m{i}") for i in range(5)]
+    config: Any = {"configurable": {"thread_id": "same", "checkpoint_ns": ""}}
+    written = []
+    async with db.open() as saver:
+        version = None
+        for step in range(2 * MAX_CHAIN + 3):
+            checkpoint = empty_checkpoint()
+            version = saver.get_next_version(version, None)
+            checkpoint["channel_values"] = {"messages": list(items)}
+            checkpoint["channel_versions"] = {"messages": version}
+            config = await saver.aput(config, checkpoint, {"step": step}, {"messages": version})
+            written.append(config)
+        empty = saver.serde.dumps_typed([])[1]
+        # read after writing: a read remembers the objects it decoded (what a resumed
+        # graph holds), which are not ``items``
+        for config in written:
+            stored = await saver.aget_tuple(config)
+            assert stored is not None
+            assert stored.checkpoint["channel_values"]["messages"] == items
+    rows = await db.query(
+        "SELECT version, blob, base_version FROM idem_blobs WHERE channel = 'messages' "
+        "ORDER BY version"
+    )
+    first = rows[0][0]
+    assert rows[0][2] is None
+    assert all((bytes(blob), base) == (empty, first) for _, blob, base in rows[1:])
