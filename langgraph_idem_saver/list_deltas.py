@@ -10,17 +10,12 @@ recently and the new list starts with *the very same objects* (an identity check
 pointer comparisons, no serialization). A list re-versioned without growing (the same
 objects, nothing appended: a node that returns the whole list) is stored as its last
 version was when that was a delta (the same row again: no serialization, the chain no
-deeper), or as a delta of no items when it was whole. A **sliding window** - the oldest
-items dropped, new ones appended, at least half of the new list kept - is a delta that
-also names how many of its base's first items it drops (its type is
-``"window:<n>:<serializer type>"``; schema version 6 on SQLite, 14 on PostgreSQL, so
-earlier releases refuse such a database instead of reading these rows as corrupt).
-LangGraph's reducers (``add_messages``, ``operator.add``) build the new list from the
-old one's objects, so in a running graph this is the common case. Anything else - a list
-rebuilt from deserialized objects, a replaced or removed message (a different object at
-that index), a list subclass - is stored whole. Every ``MAX_CHAIN`` deltas a whole
-snapshot is stored, so a read resolves at most ``MAX_CHAIN`` small rows; reads and
-deletes treat a delta's base as referenced.
+deeper), or as a delta of no items when it was whole. LangGraph's reducers (``add_messages``,
+``operator.add``) build the new list from the old one's objects, so in a running graph
+this is the common case. Anything else - a list rebuilt from deserialized objects, a
+replaced or removed message (a different object at that index), a list subclass - is
+stored whole. Every ``MAX_CHAIN`` deltas a whole snapshot is stored, so a read resolves at
+most ``MAX_CHAIN`` small rows; reads and deletes treat a delta's base as referenced.
 
 Values are treated as immutable, as LangGraph requires of state: a message mutated *in
 place* after it was checkpointed would be missed by the identity check. (In-place
@@ -60,26 +55,6 @@ MAX_CHAIN = 16
 CACHE_SIZE = 512
 # the bytes of a delta row kept to store the same list re-versioned again (per entry)
 KEEP_ROW_BYTES = 64 * 1024
-# the type of a delta that also drops items from its base's front: "window:<n>:<type>"
-WINDOW_PREFIX = "window:"
-
-
-def delta_type(dropped: int, type_: str) -> str:
-    """The stored type of a delta of serializer type ``type_`` that drops ``dropped``
-    items from its base's front (none: the serializer's type itself, as ever)."""
-    return f"{WINDOW_PREFIX}{dropped}:{type_}" if dropped else type_
-
-
-def split_delta_type(type_: str) -> tuple[int, str]:
-    """(items dropped from the base's front, serializer type) of a delta row's type;
-    ``ValueError`` for a window type that does not parse."""
-    if not type_.startswith(WINDOW_PREFIX):
-        return 0, type_
-    count, sep, inner = type_[len(WINDOW_PREFIX) :].partition(":")
-    if not sep or not count.isdigit() or int(count) < 1:
-        raise ValueError(f"malformed delta type {type_[:60]!r}")
-    return int(count), inner
-
 
 ChannelKey = tuple[str, str, str]  # thread_id, checkpoint_ns, channel
 
@@ -113,50 +88,32 @@ class _Written:
     # data, base version) - the row the same list re-versioned is stored as again
     row: tuple[str, bytes, str] | None = None
 
-    def dropped(self, value: list[Any]) -> int | None:
-        """How many items of this version's front ``value`` leaves out, when the rest of
-        this version starts ``value`` - the very same objects - and is at least half of
-        it: 0 when ``value`` only appends (or appends nothing: a list re-versioned without
-        growing, see ``ListDeltaEncoder.encode``); more for a sliding window (the oldest
-        items dropped, new ones appended). None when ``value`` does not continue it."""
-        held, weak = self.held, self.weak
-        if not value:
-            return None
-        if len(value) >= len(held) and _same(held, value, weak):
-            return 0
-        # a window: at least half of ``value`` must be kept items, else the delta is most
-        # of a whole value and every read of it walks a chain for nothing
-        first = value[0]
-        most = min(len(held) - (len(value) + 1) // 2, len(held) - 1)
-        for dropped in range(1, most + 1):
-            if (held[dropped]() if weak else held[dropped]) is first:
-                kept = held[dropped:]
-                fits = len(kept) <= len(value)
-                return dropped if fits and _same(kept, value, weak) else None
-        return None
+    def starts(self, value: list[Any]) -> bool:
+        """Whether ``value`` is this version plus any items: the very same objects first.
 
-    def shifted(self, value: list[Any], dropped: int) -> tuple[list[Any], bool]:
-        """How to hold ``value``, which continues this version after ``dropped`` items:
-        this version's references from there on, and new ones for the items appended."""
+        No item added is a list re-versioned without growing (a node returning the whole
+        list, or ``add_messages`` merging an empty update): see ``ListDeltaEncoder.encode``.
+        A dead reference reads as None, which no weakly held item can be (None takes no
+        weak reference): a None in ``value`` never matches one."""
+        held = self.held
+        if len(value) < len(held):
+            return False
         if self.weak:
-            added, weak = _held(value[len(self.held) - dropped :])
+            return all(ref() is item is not None for ref, item in zip(held, value, strict=False))
+        return all(a is b for a, b in zip(held, value, strict=False))
+
+    def extended(self, value: list[Any]) -> tuple[list[Any], bool]:
+        """How to hold ``value``, which :meth:`starts` with this version: this version's
+        references, and new ones for the items appended."""
+        if self.weak:
+            added, weak = _held(value[len(self.held) :])
             if weak:
-                return self.held[dropped:] + added, True
+                return self.held + added, True
         return _held(value)
 
     def dead(self) -> bool:
         """Its items are gone (the run holding the list ended): no list can extend it."""
         return self.weak and self.held[-1]() is None
-
-
-def _same(held: list[Any], value: list[Any], weak: bool) -> bool:
-    """Whether ``value`` starts with the very objects ``held`` holds (or refers to).
-
-    A dead reference reads as None, which no weakly held item can be (None takes no weak
-    reference): a None in ``value`` never matches one."""
-    if weak:
-        return all(ref() is item is not None for ref, item in zip(held, value, strict=False))
-    return all(a is b for a, b in zip(held, value, strict=False))
 
 
 def _held(items: list[Any]) -> tuple[list[Any], bool]:
@@ -199,34 +156,27 @@ class ListDeltaEncoder:
                 continue
             with self._lock:
                 prev = self._recent.get((thread_id, ns, channel))
-            dropped = None
-            if prev is not None and prev.version != str(version):
-                dropped = prev.dropped(value)
-            if (
-                prev is not None
-                and dropped == 0
-                and len(value) == len(prev.held)
-                and prev.row is not None
-            ):
+            if prev is None or prev.version == str(version) or not prev.starts(value):
+                prev = None
+            if prev is not None and len(value) == len(prev.held) and prev.row is not None:
                 # the same list again, its last version a delta: that very row (same
                 # base, same bytes) - nothing serialized, the chain no deeper
                 type_, data, base = prev.row
-                again = (list(value), prev.depth, prev.shifted(value, 0))
+                again = (list(value), prev.depth, prev.extended(value))
                 blobs.append(EncodedBlob(channel, str(version), type_, data, base, *again))
-            elif prev is not None and dropped is not None and prev.depth < MAX_CHAIN:
-                # the items appended (none: the same list again, its last version whole),
-                # and how many of the base's first items the new list leaves out
-                type_, data = serde.dumps_typed(value[len(prev.held) - dropped :])
+            elif prev is not None and prev.depth < MAX_CHAIN:
+                # the items appended (none: the same list again, its last version whole)
+                type_, data = serde.dumps_typed(value[len(prev.held) :])
                 blobs.append(
                     EncodedBlob(
                         channel,
                         str(version),
-                        delta_type(dropped, type_),
+                        type_,
                         data,
                         prev.version,
                         list(value),
                         prev.depth + 1,
-                        prev.shifted(value, dropped),
+                        prev.extended(value),
                     )
                 )
             else:
@@ -310,14 +260,10 @@ def resolve_value(
     or None when it is missing - a corrupt chain, reported as such. Returns the value and
     the number of deltas followed (the chain depth of this version).
     """
-    parts: list[tuple[int, Any]] = []
+    parts = []
     seen = 0
     while base_version is not None:
-        try:
-            dropped, inner = split_delta_type(type_)
-        except ValueError as exc:
-            raise CorruptRecordError("channel value (delta)", location=where, cause=exc) from exc
-        parts.append((dropped, decode_typed(serde, inner, data, "channel value (delta)", **where)))
+        parts.append(decode_typed(serde, type_, data, "channel value (delta)", **where))
         row = fetch_base(base_version)
         seen += 1
         if row is None or seen > MAX_CHAIN * 4:
@@ -329,18 +275,11 @@ def resolve_value(
         type_, data, base_version = row
     value = decode_typed(serde, type_, data, "channel value", **where)
     if parts:
-        if not isinstance(value, list) or not all(isinstance(p, list) for _, p in parts):
+        if not isinstance(value, list) or not all(isinstance(p, list) for p in parts):
             raise CorruptRecordError(
                 "channel value", location=where, cause=TypeError("a delta chain of non-lists")
             )
         value = list(value)
-        for dropped, part in reversed(parts):
-            if dropped > len(value):
-                raise CorruptRecordError(
-                    "channel value",
-                    location=where,
-                    cause=ValueError("a delta drops more items than its base holds"),
-                )
-            del value[:dropped]
+        for part in reversed(parts):
             value.extend(part)
     return value, len(parts)

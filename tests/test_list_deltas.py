@@ -24,12 +24,7 @@ from tool_node_helpers import cfg
 from typing_extensions import TypedDict
 
 from langgraph_idem_saver import CorruptRecordError
-from langgraph_idem_saver.list_deltas import (
-    MAX_CHAIN,
-    WINDOW_PREFIX,
-    ListDeltaEncoder,
-    resolve_value,
-)
+from langgraph_idem_saver.list_deltas import MAX_CHAIN, ListDeltaEncoder, resolve_value
 from langgraph_idem_saver.postgres import AsyncPostgresSaver
 from langgraph_idem_saver.postgres.saver import ZLIB_PREFIX
 
@@ -482,70 +477,6 @@ async def test_re_versions_of_the_same_list_do_not_deepen_the_chain(db: Db) -> N
     assert all((bytes(blob), base) == (empty, first) for _, blob, base in rows[1:])
 
 
-class Window(TypedDict):
-    window: list[Any]  # no reducer: each step's list replaces the last one
-    steps: int
-
-
-def window_graph(checkpointer: Any, size: int = 6, steps: int = 30) -> Any:
-    """A sliding window: every step drops the oldest message and appends a new one."""
-
-    def step(state: Window) -> dict[str, Any]:
-        n, window = state["steps"], state["window"]
-        new = AIMessage(content=f"step {n} " + "z" * 300, id=f"w{n}")
-        kept = window[1:] if len(window) >= size else window
-        return {"window": [*kept, new], "steps": n + 1}
-
-    builder = StateGraph(Window)
-    builder.add_node("step", step)
-    builder.add_edge(START, "step")
-    builder.add_conditional_edges("step", lambda s: "step" if s["steps"] < steps else "__end__")
-    return builder.compile(checkpointer=checkpointer)
-
-
-async def window_history(graph: Any) -> list[Any]:
-    return [
-        [(m.id, m.content) for m in s.values.get("window", [])]
-        async for s in graph.aget_state_history(cfg("w"))
-    ]
-
-
-async def test_a_sliding_window_is_stored_as_deltas_that_drop_the_oldest_items(db: Db) -> None:
-    """A list that drops its oldest item and appends one every step (a window of recent
-    messages) is stored as deltas ("window:<n>:..." rows), not whole each step; every
-    version reads back as LangGraph's own saver gives it, here and in a fresh saver."""
-    reference = window_graph(InMemorySaver())
-    await reference.ainvoke({"window": [], "steps": 0}, cfg("w"))
-    async with db.open() as saver:
-        graph = window_graph(saver)
-        await graph.ainvoke({"window": [], "steps": 0}, cfg("w"))
-        assert await window_history(graph) == await window_history(reference)
-    async with db.open() as saver:
-        assert await window_history(window_graph(saver)) == await window_history(reference)
-    rows = await db.query("SELECT type, base_version FROM idem_blobs WHERE channel = 'window'")
-    windows = [t for t, base in rows if base is not None and WINDOW_PREFIX + "1:" in str(t)]
-    whole = [t for t, base in rows if base is None]
-    assert len(rows) == 31  # the input's version, then one a step
-    assert len(windows) >= 30 - 6 - 31 // MAX_CHAIN, "a full window's step is a delta"
-    # whole: the input's empty list, the first message, and one every MAX_CHAIN deltas
-    assert len(whole) <= 2 + 31 // MAX_CHAIN
-
-
-def test_a_window_keeps_at_least_half_of_the_new_list_or_is_stored_whole() -> None:
-    serde = JsonPlusSerializer()
-    items = [HumanMessage(content=f"m{i}", id=f"m{i}") for i in range(6)]
-    new = [AIMessage(content=f"n{i}", id=f"n{i}") for i in range(3)]
-    encoder = ListDeltaEncoder()
-    encoder.remember("t", "", encoder.encode(serde, "t", "", {"m": items}, {"m": "1"}))
-    [kept_four] = encoder.encode(serde, "t", "", {"m": [*items[2:], new[0]]}, {"m": "2"})
-    assert kept_four.base_version == "1" and kept_four.type == f"{WINDOW_PREFIX}2:msgpack"
-    assert serde.loads_typed(("msgpack", kept_four.data)) == [new[0]]
-    [kept_two] = encoder.encode(serde, "t", "", {"m": [*items[4:], *new]}, {"m": "2"})
-    assert kept_two.base_version is None, "2 kept of 5: most of it is new, stored whole"
-    [reordered] = encoder.encode(serde, "t", "", {"m": [*items[2:4], items[5]]}, {"m": "2"})
-    assert reordered.base_version is None, "not the base's items in order: whole"
-
-
 def test_a_dead_reference_never_matches_a_none() -> None:
     """Items held by weak reference read as None once freed: a new list holding None
     where they were is not a continuation of them (it would read back the old items)."""
@@ -560,29 +491,6 @@ def test_a_dead_reference_never_matches_a_none() -> None:
     assert written.weak and written.held[0]() is None
     [blob] = encoder.encode(serde, "t", "", {"m": [None, None, "x"]}, {"m": "2"})
     assert blob.base_version is None
-
-
-@pytest.mark.parametrize(
-    ("window_type", "why"),
-    [("window:99:msgpack", "drops more items than its base holds"), ("window:x:msgpack", "")],
-)
-async def test_a_window_delta_that_cannot_apply_is_reported_as_corrupt(
-    db: Db, window_type: str, why: str
-) -> None:
-    async with db.open() as saver:
-        graph = window_graph(saver, steps=4)
-        await graph.ainvoke({"window": [], "steps": 0}, cfg("w"))
-    [(version,)] = await db.query(
-        "SELECT MAX(version) FROM idem_blobs WHERE channel = 'window' AND base_version IS NOT NULL"
-    )
-    changed = await db.execute(
-        "UPDATE idem_blobs SET type = ? WHERE channel = 'window' AND version = ?",
-        (window_type, version),
-    )
-    assert changed == 1
-    async with db.open() as saver:
-        with pytest.raises(CorruptRecordError, match=why):
-            await saver.aget_tuple(cfg("w"))
 
 
 # --- the encoder and the reader agree, whatever the edits (property test) ----------------
@@ -607,8 +515,9 @@ edits = st.lists(
 def test_every_version_the_encoder_writes_reads_back_as_the_list_it_was(
     ops: list[tuple[str, int, int]], weak: bool
 ) -> None:
-    """Rows as ``ListDeltaEncoder`` writes them (deltas, windows, repeated rows, whole
-    values), read back with ``resolve_value``: each version is the very list written."""
+    """Rows as ``ListDeltaEncoder`` writes them (deltas, repeated rows, whole values: a
+    window that dropped its oldest items, a shrunk or rebuilt list), read back with
+    ``resolve_value``: each version is the very list written."""
     serde = JsonPlusSerializer()
     encoder = ListDeltaEncoder()
     made = iter(range(10**6))

@@ -691,11 +691,6 @@ MIGRATIONS: list[list[str]] = [
     # 13: the outcomes of calls that finish together are a function too, prepared like
     # any statement (ledger_sql.FINISH_STEP_FUNCTION)
     [FINISH_STEP_FUNCTION],
-    # 14: a list delta may drop items from its base's front (a sliding window: its type is
-    # "window:<n>:<type>", list_deltas.WINDOW_PREFIX), which earlier releases would read
-    # as corrupt. Nothing changes in the tables: the version makes them refuse the
-    # database with a SchemaVersionError instead
-    ["SELECT 1"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1

@@ -113,13 +113,6 @@ MIGRATIONS: list[str] = [
         ON idem_tool_calls (scope, position, tool_name, args_hash, occurrence)
         WHERE position IS NOT NULL;
     """,
-    # 6: a list delta may drop items from its base's front (a sliding window: its type is
-    # "window:<n>:<type>", list_deltas.WINDOW_PREFIX), which earlier releases would read
-    # as corrupt. Nothing changes in the tables: the version makes them refuse the file
-    # with a SchemaVersionError instead
-    """
-    SELECT 1;
-    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
