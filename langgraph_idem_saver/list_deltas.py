@@ -73,6 +73,8 @@ class EncodedBlob:
     items: list[Any] | None = None
     depth: int = 0
     held: tuple[list[Any], bool] | None = None
+    # the serializer that wrote ``data``: a row is stored again only by the same one
+    serde: SerializerProtocol | None = None
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,9 @@ class _Written:
     weak: bool
     depth: int
     # how this version was stored, when as a delta of at most KEEP_ROW_BYTES: (type,
-    # data, base version) - the row the same list re-versioned is stored as again
-    row: tuple[str, bytes, str] | None = None
+    # data, base version, the serializer that wrote data) - the row the same list
+    # re-versioned is stored as again, while the saver keeps that serializer
+    row: tuple[str, bytes, str, SerializerProtocol] | None = None
 
     def starts(self, value: list[Any]) -> bool:
         """Whether ``value`` is this version plus any items: the very same objects first.
@@ -158,11 +161,14 @@ class ListDeltaEncoder:
                 prev = self._recent.get((thread_id, ns, channel))
             if prev is None or prev.version == str(version) or not prev.starts(value):
                 prev = None
-            if prev is not None and len(value) == len(prev.held) and prev.row is not None:
+            row = None if prev is None else prev.row
+            if prev is not None and len(value) == len(prev.held) and row and row[3] is serde:
                 # the same list again, its last version a delta: that very row (same
-                # base, same bytes) - nothing serialized, the chain no deeper
-                type_, data, base = prev.row
-                again = (list(value), prev.depth, prev.extended(value))
+                # base, same bytes) - nothing serialized, the chain no deeper. Only from
+                # the serializer that wrote it: one swapped in since (encrypting, say)
+                # writes its own bytes, as for any other row
+                type_, data, base, _ = row
+                again = (list(value), prev.depth, prev.extended(value), serde)
                 blobs.append(EncodedBlob(channel, str(version), type_, data, base, *again))
             elif prev is not None and prev.depth < MAX_CHAIN:
                 # the items appended (none: the same list again, its last version whole)
@@ -177,6 +183,7 @@ class ListDeltaEncoder:
                         list(value),
                         prev.depth + 1,
                         prev.extended(value),
+                        serde,
                     )
                 )
             else:
@@ -212,9 +219,10 @@ class ListDeltaEncoder:
                     continue
                 held = blob.held or _held(blob.items)
                 row = None
-                small = blob.data is not None and len(blob.data) <= KEEP_ROW_BYTES
-                if blob.base_version is not None and blob.data is not None and small:
-                    row = (blob.type, blob.data, blob.base_version)
+                base, data, serde = blob.base_version, blob.data, blob.serde
+                small = data is not None and len(data) <= KEEP_ROW_BYTES
+                if base is not None and data is not None and serde is not None and small:
+                    row = (blob.type, data, base, serde)  # a delta row: kept to store again
                 self._recent[key] = _Written(blob.version, *held, blob.depth, row)
                 self._recent.move_to_end(key)
             while len(self._recent) > self._max:

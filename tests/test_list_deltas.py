@@ -553,3 +553,36 @@ def test_every_version_the_encoder_writes_reads_back_as_the_list_it_was(
         got, depth = resolve_value(serde, type_, data, base, rows.get)
         assert got == expected, f"version {version}"
         assert depth <= MAX_CHAIN
+
+
+async def test_a_row_is_stored_again_only_by_the_serializer_that_wrote_it(db: Db) -> None:
+    """A list re-versioned after the saver's serializer was swapped (an encrypting one
+    set on a live saver) is written by the new serializer, not copied from the row the
+    old one wrote: nothing in clear after the swap, and every version reads back."""
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    items = [HumanMessage(content=f"secret {i}", id=f"s{i}") for i in range(3)]
+    config: Any = {"configurable": {"thread_id": "swap", "checkpoint_ns": ""}}
+    written = []
+    async with db.open() as saver:
+        version = None
+        for step in range(4):
+            if step == 2:
+                saver.serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+            checkpoint = empty_checkpoint()
+            version = saver.get_next_version(version, None)
+            checkpoint["channel_values"] = {"messages": list(items)}
+            checkpoint["channel_versions"] = {"messages": version}
+            config = await saver.aput(config, checkpoint, {"step": step}, {"messages": version})
+            written.append(config)
+        for config in written:
+            stored = await saver.aget_tuple(config)
+            assert stored is not None
+            assert stored.checkpoint["channel_values"]["messages"] == items
+    rows = await db.query(
+        "SELECT type, blob, base_version FROM idem_blobs WHERE channel = 'messages' "
+        "ORDER BY version"
+    )
+    types = [str(t) for t, _, _ in rows]
+    assert "aes" not in types[1] and all("aes" in t for t in types[2:]), types
+    assert rows[3][1:] == rows[2][1:], "after the swap, the new serializer's row again"
