@@ -446,28 +446,42 @@ async def test_a_list_re_versioned_without_growing_is_not_stored_again(db: Db) -
     assert repeats >= 12 - 36 // MAX_CHAIN, "a review's row is its reply's row again"
 
 
+class SameList:
+    """Puts of one list, re-versioned without growing (the very same objects each time),
+    on one thread; reads every version back after writing them all (a read remembers the
+    objects it decoded - what a resumed graph holds - which are not these)."""
+
+    def __init__(self, thread: str, items: list[Any]) -> None:
+        self.items = items
+        self.config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        self.version: Any = None
+        self.written: list[Any] = []
+
+    async def put(self, saver: Any, step: int) -> None:
+        checkpoint = empty_checkpoint()
+        self.version = saver.get_next_version(self.version, None)
+        checkpoint["channel_values"] = {"messages": list(self.items)}
+        checkpoint["channel_versions"] = {"messages": self.version}
+        new = {"messages": self.version}
+        self.config = await saver.aput(self.config, checkpoint, {"step": step}, new)
+        self.written.append(self.config)
+
+    async def read_back(self, saver: Any) -> None:
+        for config in self.written:
+            stored = await saver.aget_tuple(config)
+            assert stored is not None
+            assert stored.checkpoint["channel_values"]["messages"] == self.items
+
+
 async def test_re_versions_of_the_same_list_do_not_deepen_the_chain(db: Db) -> None:
     """The same list re-versioned many times: one whole row, then deltas of no items on
     it (the second version's row, repeated), each version read back equal."""
-    items = [HumanMessage(content=f"m{i}", id=f"m{i}") for i in range(5)]
-    config: Any = {"configurable": {"thread_id": "same", "checkpoint_ns": ""}}
-    written = []
+    same = SameList("same", [HumanMessage(content=f"m{i}", id=f"m{i}") for i in range(5)])
     async with db.open() as saver:
-        version = None
         for step in range(2 * MAX_CHAIN + 3):
-            checkpoint = empty_checkpoint()
-            version = saver.get_next_version(version, None)
-            checkpoint["channel_values"] = {"messages": list(items)}
-            checkpoint["channel_versions"] = {"messages": version}
-            config = await saver.aput(config, checkpoint, {"step": step}, {"messages": version})
-            written.append(config)
+            await same.put(saver, step)
         empty = saver.serde.dumps_typed([])[1]
-        # read after writing: a read remembers the objects it decoded (what a resumed
-        # graph holds), which are not ``items``
-        for config in written:
-            stored = await saver.aget_tuple(config)
-            assert stored is not None
-            assert stored.checkpoint["channel_values"]["messages"] == items
+        await same.read_back(saver)
     rows = await db.query(
         "SELECT version, blob, base_version FROM idem_blobs WHERE channel = 'messages' "
         "ORDER BY version"
@@ -561,24 +575,13 @@ async def test_a_row_is_stored_again_only_by_the_serializer_that_wrote_it(db: Db
     old one wrote: nothing in clear after the swap, and every version reads back."""
     from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
-    items = [HumanMessage(content=f"secret {i}", id=f"s{i}") for i in range(3)]
-    config: Any = {"configurable": {"thread_id": "swap", "checkpoint_ns": ""}}
-    written = []
+    same = SameList("swap", [HumanMessage(content=f"secret {i}", id=f"s{i}") for i in range(3)])
     async with db.open() as saver:
-        version = None
         for step in range(4):
             if step == 2:
                 saver.serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
-            checkpoint = empty_checkpoint()
-            version = saver.get_next_version(version, None)
-            checkpoint["channel_values"] = {"messages": list(items)}
-            checkpoint["channel_versions"] = {"messages": version}
-            config = await saver.aput(config, checkpoint, {"step": step}, {"messages": version})
-            written.append(config)
-        for config in written:
-            stored = await saver.aget_tuple(config)
-            assert stored is not None
-            assert stored.checkpoint["channel_values"]["messages"] == items
+            await same.put(saver, step)
+        await same.read_back(saver)
     rows = await db.query(
         "SELECT type, blob, base_version FROM idem_blobs WHERE channel = 'messages' "
         "ORDER BY version"
