@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -1018,23 +1019,103 @@ async def test_sync_methods_from_another_thread(saver: AsyncPostgresSaver) -> No
 
 
 async def test_a_cancelled_caller_does_not_break_a_shared_connection(pg_dsn: str) -> None:
-    """LangGraph cancels sibling tasks when one fails; a query cancelled mid-flight makes
-    psycopg close its connection. The saver lets the statement finish instead, so the
-    single connection stays usable for the next call."""
+    """LangGraph cancels sibling tasks when one fails: a statement whose caller is
+    cancelled mid-flight is cancelled on the server (psycopg does it), and the single
+    connection stays usable for the next call."""
     from langgraph_idem_saver.postgres import AsyncPostgresSaver
 
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
 
         async def slow(cur: Any) -> None:
-            await cur.execute("SELECT pg_sleep(0.3)")
+            await cur.execute("SELECT pg_sleep(30)")
 
         task = asyncio.ensure_future(saver._execute(slow))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        # the sleep ended with its caller (seen from another session)
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as monitor:
+            running = await monitor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'"
+            )
+            assert await running.fetchone() == (0,)
         assert await saver.aget_tuple({"configurable": {"thread_id": "after-cancel"}}) is None
         assert not saver.conn.closed
+
+
+async def _waiting_on_a_lock(monitor: psycopg.AsyncConnection[Any], app: str) -> int:
+    """How many sessions named ``app`` wait for a lock now."""
+    row = await (
+        await monitor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = %s AND wait_event_type = 'Lock'",
+            (app,),
+        )
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _until(monitor: psycopg.AsyncConnection[Any], app: str, waiting: int) -> None:
+    """Poll (10 s at most) until ``waiting`` sessions named ``app`` wait for a lock."""
+    for _ in range(1000):
+        if await _waiting_on_a_lock(monitor, app) == waiting:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{waiting} session(s) of {app!r} never waited for a lock")
+
+
+@pytest.mark.parametrize("call", ["aput_writes", "aget_tuple"])
+@pytest.mark.parametrize("kind", ["connection", "pool"])
+async def test_a_call_cancelled_while_its_statement_waits_is_cancelled_on_the_server(
+    pg_dsn: str, kind: str, call: str
+) -> None:
+    """A saver call whose statement is blocked (here: another session holds the table
+    locked) and whose caller is then cancelled: the statement stops waiting on the
+    server at once (cancelled, not left queued behind the lock), a cancelled write lands
+    nothing, and the same connection - ours, or the pool's only one - serves the next
+    call once the lock is gone."""
+    from psycopg.conninfo import make_conninfo
+
+    app = f"idem-cancel-{kind}-{call}"
+    dsn = make_conninfo(pg_dsn, application_name=app)
+    async with AsyncExitStack() as stack:
+        if kind == "pool":
+            pool = AsyncConnectionPool(
+                dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+            )
+            await stack.enter_async_context(pool)
+            saver = AsyncPostgresSaver(pool)
+        else:
+            saver = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(dsn))
+        await saver.setup()
+        stored = await put(saver, "locked")
+        monitor = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+        stack.push_async_callback(monitor.close)
+        blocker = await psycopg.AsyncConnection.connect(pg_dsn)
+        stack.push_async_callback(blocker.close)
+
+        table = "idem_writes" if call == "aput_writes" else "idem_checkpoints"
+        await blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        if call == "aput_writes":
+            blocked = saver.aput_writes(stored, [("ch", "cancelled")], "task-1")
+        else:
+            blocked = saver.aget_tuple(config("locked"))
+        task = asyncio.ensure_future(blocked)
+        await _until(monitor, app, waiting=1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await _waiting_on_a_lock(monitor, app) == 0  # cancelled on the server
+        await blocker.rollback()  # the lock is gone
+
+        await saver.aput_writes(stored, [("ch", "after")], "task-2")
+        tup = await saver.aget_tuple(config("locked"))
+        assert tup is not None
+        assert [(t, v) for t, _, v in tup.pending_writes] == [("task-2", "after")]
+        if kind == "connection":
+            assert not saver.conn.closed
 
 
 # ------------------------------------------------------------ outcomes, group commit
