@@ -31,7 +31,7 @@ import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 from tool_node_helpers import cfg, intent_for
 
-from langgraph_idem_saver import ConnectionClosedError
+from langgraph_idem_saver import ConnectionClosedError, DatabaseLockedError
 from langgraph_idem_saver.sqlite import SqliteSaver
 
 HOWS = ["conn", "from_conn_string"]
@@ -401,3 +401,36 @@ def assert_stored(saver: Any, stored: dict[str, list[Any]]) -> None:
         for config in configs:
             tup = saver.get_tuple(config)
             assert tup is not None and assert_whole(tup, name) >= 0
+
+
+def test_a_direct_write_refused_by_a_locked_database_is_typed_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """A direct ``put`` / ``put_writes`` while another process holds SQLite's write lock:
+    ``DatabaseLockedError`` after ``busy_timeout`` (never a raw ``sqlite3`` error), nothing
+    of it stored, no transaction left open, and the next call works once the lock is
+    gone - the caller's thread ran it (no hop), as every direct call."""
+    path = tmp_path / "locked.sqlite"
+    with SqliteSaver.from_conn_string(str(path), busy_timeout=0.05) as saver:
+        stored = put_checkpoint(saver, "t", 0)
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # the write lock, held by someone else
+            with pytest.raises(DatabaseLockedError):
+                put_checkpoint(saver, "t", 1, stored)
+            with pytest.raises(DatabaseLockedError):
+                saver.put_writes(stored, [("step", 5)], "task-1")
+            assert not saver.conn.in_transaction
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        trace = Trace(saver.conn)
+        assert trace.threads_of(lambda: put_checkpoint(saver, "t", 2, stored)) == {
+            threading.get_ident()
+        }
+        saver.put_writes(stored, [("step", 6)], "task-2")
+        steps = [t.metadata["step"] for t in saver.list(cfg("t"))]
+        assert steps == [2, 0]  # the refused step 1 is not there
+        tup = saver.get_tuple(stored)
+        assert tup is not None
+        assert [(task, value) for task, _, value in tup.pending_writes] == [("task-2", 6)]

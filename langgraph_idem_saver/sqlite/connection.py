@@ -299,9 +299,12 @@ class SqliteConnection:
         """``_write`` from the calling thread (``_call_here``): ``body`` alone in its
         transaction, committed before this returns. Concurrent callers take turns on the
         connection lock, each with its own commit (no group commit: nothing waits on a
-        loop to gather them). Not for claims: those go through ``_write``."""
-        [(ok, value)] = self._call_here(self._commit_body([(body, AS_SET, False)]))
-        return cast(T, self._written(ok, value))
+        loop to gather them). Not for claims: those go through ``_write``.
+
+        Alone in its transaction, ``body`` needs none of the group commit's bookkeeping
+        (``_commit_body``: no savepoint, no switch of ``synchronous``): a failure rolls
+        the transaction back and is raised typed, as ``_write`` raises it."""
+        return self._call_here(lambda conn: write_tx(conn, body))
 
     def _written(self, ok: bool, value: Any) -> Any:
         """A write's result as ``_commit`` reported it: the value, or its error raised."""
