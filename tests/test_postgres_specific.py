@@ -1118,6 +1118,85 @@ async def test_a_call_cancelled_while_its_statement_waits_is_cancelled_on_the_se
             assert not saver.conn.closed
 
 
+@pytest.mark.parametrize("kind", ["connection", "pool"])
+async def test_a_call_cancelled_twice_mid_statement_leaves_no_raw_error(
+    pg_dsn: str, kind: str
+) -> None:
+    """A second cancellation while psycopg is cancelling the statement leaves the session
+    mid-command: a single connection is then closed - every later call raises the typed
+    ``ConnectionClosedError``, never a raw psycopg error - and a pool replaces it (the
+    next call works)."""
+    async with AsyncExitStack() as stack:
+        monitor = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+        stack.push_async_callback(monitor.close)
+        # the sleep may outlive the test (the cancel request itself was interrupted)
+        stack.push_async_callback(
+            monitor.execute,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE query = 'SELECT pg_sleep(31)' AND state = 'active'",
+        )
+        if kind == "pool":
+            pool = AsyncConnectionPool(
+                pg_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+            )
+            await stack.enter_async_context(pool)
+            saver = AsyncPostgresSaver(pool)
+        else:
+            saver = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(pg_dsn))
+        await saver.setup()
+
+        async def slow(cur: Any) -> None:
+            await cur.execute("SELECT pg_sleep(31)")
+
+        task = asyncio.ensure_future(saver._execute(slow))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.sleep(0)  # the first cancellation lands: psycopg starts cancelling
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        if kind == "pool":
+            assert await saver.aget_tuple(config("after")) is None
+            return
+        # psycopg drained the cancelled statement (the connection works), or closed the
+        # connection (3.3 does when interrupted while cancelling): typed either way
+        outcomes = []
+        for _ in range(2):
+            try:
+                outcomes.append(await saver.aget_tuple(config("after")))
+            except ConnectionClosedError:
+                outcomes.append("closed")
+        assert outcomes in ([None, None], ["closed", "closed"])
+
+
+async def test_a_connection_an_interruption_left_mid_command_is_closed(pg_dsn: str) -> None:
+    """Interrupted with a command in flight whose result nobody will read (what a second
+    cancellation during psycopg's own cancelling can leave on the releases before 3.3),
+    the single connection could never send a statement again - psycopg would raise a raw
+    "another command is already in progress" on every later call. The saver closes it:
+    the later calls raise ``ConnectionClosedError``."""
+    async with AsyncExitStack() as stack:
+        monitor = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+        stack.push_async_callback(monitor.close)
+        stack.push_async_callback(
+            monitor.execute,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE query = 'SELECT pg_sleep(32)' AND state = 'active'",
+        )
+        saver = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(pg_dsn))
+        await saver.setup()
+
+        async def interrupted(cur: Any) -> None:
+            cur.connection.pgconn.send_query(b"SELECT pg_sleep(32)")  # in flight, unread
+            raise asyncio.CancelledError
+
+        with pytest.raises(asyncio.CancelledError):
+            await saver._execute(interrupted)
+        assert saver.conn.closed
+        with pytest.raises(ConnectionClosedError):
+            await saver.aget_tuple(config("after"))
+
+
 # ------------------------------------------------------------ outcomes, group commit
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline, BaseConnection
+from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline, BaseConnection, pq
 from psycopg import sql as psql
 from psycopg.abc import Params
 from psycopg.rows import TupleRow, tuple_row
@@ -173,6 +173,12 @@ class PostgresConnection:
         even when their caller is cancelled are shielded where they are made: a step's
         outcomes run in the group commit's own task, and the lease end of a call
         cancelled mid-run is shielded by the engine (``LedgerEngine.acancelled``).
+
+        A second cancellation while psycopg is cancelling the statement leaves the
+        connection mid-command, unusable: it is closed (psycopg 3.3 does it itself), so
+        the calls after it get :class:`ConnectionClosedError` on a single connection,
+        and a pool replaces it. The one trade against a task of its own per call, which
+        kept a shared connection through any number of cancellations.
         """
         used: AsyncConnection[Any] | None = None
         try:
@@ -193,6 +199,10 @@ class PostgresConnection:
             if isinstance(error, ConnectionClosedError):
                 await self._discard_dead_connections()
             raise error from exc
+        except BaseException:  # interrupted: a cancellation, KeyboardInterrupt
+            if used is not None and _mid_command(used):
+                used.pgconn.finish()
+            raise
 
     async def _run(
         self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
@@ -284,6 +294,17 @@ class PostgresConnection:
                 await self.conn.check()
 
 
+def _mid_command(conn: BaseConnection[Any]) -> bool:
+    """Whether ``conn`` was left in the middle of a command (its result never read), so
+    that no statement can be sent on it again. Not in pipeline mode, where commands in
+    flight between two syncs are the normal state."""
+    pgconn = conn.pgconn
+    return bool(
+        pgconn.transaction_status == pq.TransactionStatus.ACTIVE
+        and pgconn.pipeline_status == pq.PipelineStatus.OFF
+    )
+
+
 async def _in_transaction(
     conn: AsyncConnection[Any], fn: Callable[[Cursor], Awaitable[T]], tx: bool
 ) -> T:
@@ -325,4 +346,3 @@ def connect_error(exc: psycopg.Error, conn_string: str) -> Exception:
         why = str(exc).replace(conn_string, "<the connection string>").strip()
         return ConfigError(f"bad PostgreSQL connection string: {why}")
     return ConnectionClosedError(f"cannot connect to PostgreSQL: {exc}")
-
