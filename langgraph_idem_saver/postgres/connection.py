@@ -199,7 +199,7 @@ class PostgresConnection:
             if isinstance(error, ConnectionClosedError):
                 await self._discard_dead_connections()
             raise error from exc
-        except BaseException:  # interrupted: a cancellation, KeyboardInterrupt
+        except BaseException:  # a cancellation (or any other exit) amid a command
             if used is not None and _mid_command(used):
                 used.pgconn.finish()
             raise
