@@ -1122,10 +1122,10 @@ async def test_a_call_cancelled_while_its_statement_waits_is_cancelled_on_the_se
 async def test_a_call_cancelled_twice_mid_statement_leaves_no_raw_error(
     pg_dsn: str, kind: str
 ) -> None:
-    """A second cancellation while psycopg is cancelling the statement leaves the session
-    mid-command: a single connection is then closed - every later call raises the typed
-    ``ConnectionClosedError``, never a raw psycopg error - and a pool replaces it (the
-    next call works)."""
+    """A second cancellation while psycopg is cancelling the statement: a single
+    connection either still works (psycopg finished cancelling) or is closed - every
+    later call then raises the typed ``ConnectionClosedError`` - never a raw psycopg
+    error; a pool replaces a closed connection (the next call works)."""
     async with AsyncExitStack() as stack:
         monitor = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
         stack.push_async_callback(monitor.close)
