@@ -1045,6 +1045,38 @@ async def test_a_cancelled_caller_does_not_break_a_shared_connection(pg_dsn: str
         assert not saver.conn.closed
 
 
+async def _saver_on(stack: AsyncExitStack, dsn: str, kind: str) -> AsyncPostgresSaver:
+    """A set-up saver on its own connection (``kind="connection"``) or on a pool of one
+    connection (``"pool"``: the next call reuses the connection the last one used)."""
+    if kind == "pool":
+        pool = AsyncConnectionPool(
+            dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+        )
+        await stack.enter_async_context(pool)
+        saver = AsyncPostgresSaver(pool)
+    else:
+        saver = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(dsn))
+    await saver.setup()
+    return saver
+
+
+async def _monitor(
+    stack: AsyncExitStack, dsn: str, sleep: str = ""
+) -> psycopg.AsyncConnection[Any]:
+    """Another session, to watch the server; closing ``stack`` ends any ``sleep``
+    statement still running (one whose cancel request was itself interrupted)."""
+    monitor = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    stack.push_async_callback(monitor.close)
+    if sleep:
+        stack.push_async_callback(
+            monitor.execute,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE query = %s AND state = 'active'",
+            (sleep,),
+        )
+    return monitor
+
+
 async def _waiting_on_a_lock(monitor: psycopg.AsyncConnection[Any], app: str) -> int:
     """How many sessions named ``app`` wait for a lock now."""
     row = await (
@@ -1081,18 +1113,9 @@ async def test_a_call_cancelled_while_its_statement_waits_is_cancelled_on_the_se
     app = f"idem-cancel-{kind}-{call}"
     dsn = make_conninfo(pg_dsn, application_name=app)
     async with AsyncExitStack() as stack:
-        if kind == "pool":
-            pool = AsyncConnectionPool(
-                dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
-            )
-            await stack.enter_async_context(pool)
-            saver = AsyncPostgresSaver(pool)
-        else:
-            saver = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(dsn))
-        await saver.setup()
+        saver = await _saver_on(stack, dsn, kind)
         stored = await put(saver, "locked")
-        monitor = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
-        stack.push_async_callback(monitor.close)
+        monitor = await _monitor(stack, pg_dsn)
         blocker = await psycopg.AsyncConnection.connect(pg_dsn)
         stack.push_async_callback(blocker.close)
 
@@ -1127,23 +1150,8 @@ async def test_a_call_cancelled_twice_mid_statement_leaves_no_raw_error(
     later call then raises the typed ``ConnectionClosedError`` - never a raw psycopg
     error; a pool replaces a closed connection (the next call works)."""
     async with AsyncExitStack() as stack:
-        monitor = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
-        stack.push_async_callback(monitor.close)
-        # the sleep may outlive the test (the cancel request itself was interrupted)
-        stack.push_async_callback(
-            monitor.execute,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE query = 'SELECT pg_sleep(31)' AND state = 'active'",
-        )
-        if kind == "pool":
-            pool = AsyncConnectionPool(
-                pg_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
-            )
-            await stack.enter_async_context(pool)
-            saver = AsyncPostgresSaver(pool)
-        else:
-            saver = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(pg_dsn))
-        await saver.setup()
+        await _monitor(stack, pg_dsn, sleep="SELECT pg_sleep(31)")
+        saver = await _saver_on(stack, pg_dsn, kind)
 
         async def slow(cur: Any) -> None:
             await cur.execute("SELECT pg_sleep(31)")
@@ -1176,15 +1184,8 @@ async def test_a_connection_an_interruption_left_mid_command_is_closed(pg_dsn: s
     "another command is already in progress" on every later call. The saver closes it:
     the later calls raise ``ConnectionClosedError``."""
     async with AsyncExitStack() as stack:
-        monitor = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
-        stack.push_async_callback(monitor.close)
-        stack.push_async_callback(
-            monitor.execute,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE query = 'SELECT pg_sleep(32)' AND state = 'active'",
-        )
-        saver = await stack.enter_async_context(AsyncPostgresSaver.from_conn_string(pg_dsn))
-        await saver.setup()
+        await _monitor(stack, pg_dsn, sleep="SELECT pg_sleep(32)")
+        saver = await _saver_on(stack, pg_dsn, "connection")
 
         async def interrupted(cur: Any) -> None:
             cur.connection.pgconn.send_query(b"SELECT pg_sleep(32)")  # in flight, unread
