@@ -306,3 +306,88 @@ def test_tool_args_match_a_plain_tool_node(fuzz_backend: str, payload: Any, thre
 
     with new_db(fuzz_backend) as db:
         asyncio.run(check(db))
+
+
+# ----------------------------------------------------------------------------- adoption read
+
+# a small alphabet, so that entries and look-ups collide: a tool with another call's hash,
+# an entry found by both a signature and a spot, another agent's entry at a spot
+TOOLS, DIGESTS, PATHS, SPOTS = (
+    ["send", "charge", "s'q"],
+    ["h1", "h2", "h3"],
+    ["tools", "other"],
+    [None, "p1", "p2"],
+)
+planted_call = st.tuples(
+    st.sampled_from(TOOLS), st.sampled_from(DIGESTS), st.sampled_from(PATHS), st.sampled_from(SPOTS)
+)
+
+
+@FUZZ
+@given(
+    planted=st.lists(planted_call, max_size=12),
+    signatures=st.lists(st.tuples(st.sampled_from(TOOLS), st.sampled_from(DIGESTS)), max_size=6),
+    spots=st.lists(st.tuples(st.sampled_from(SPOTS[1:]), st.sampled_from(TOOLS)), max_size=3),
+)
+# the shapes of the Postgres read (migration 14): a step of several calls whose
+# signatures share tools and hashes pairwise but not as pairs, an entry found both by its
+# signature and at a spot (once), another agent's entry with a signature's pair at a spot
+@example(
+    planted=[
+        ("send", "h2", "tools", "p1"),
+        ("charge", "h1", "tools", None),
+        ("send", "h1", "other", "p1"),
+    ],
+    signatures=[("send", "h1"), ("charge", "h2"), ("send", "h2")],
+    spots=[("p1", "send"), ("p2", "charge")],
+)
+def test_the_adoption_read_of_a_step_finds_what_the_reads_per_call_find(
+    fuzz_backend: str,
+    planted: list[tuple[str, str, str, str | None]],
+    signatures: list[tuple[str, str]],
+    spots: list[tuple[str, str]],
+) -> None:
+    """A step's adoption read (one statement: ``afind_step_candidates``, also the first
+    part of ``aclaim_step``) returns exactly what ``ToolCallLedger``'s default - one
+    ``afind_orphans``/``afind_at_position`` read per signature and spot - returns: every
+    entry once, oldest first, whatever the step's signatures and spots share."""
+    from langgraph_idem_saver.ledger import CallIntent, StepLookup, ToolCallLedger
+
+    signatures, spots = list(dict.fromkeys(signatures)), list(dict.fromkeys(spots))
+
+    async def check(db: Db) -> None:
+        async with db.open() as saver:
+            intents = [
+                CallIntent(
+                    scope="t",
+                    key=f"k{i}",
+                    thread_id="t",
+                    agent_path=path,
+                    tool_name=name,
+                    args_hash=digest,
+                    args=b"{}",
+                    tool_call_id=f"c{i}",
+                    position=at,
+                    branch=None if at is None else "b",
+                    occurrence=i,
+                )
+                for i, (name, digest, path, at) in enumerate(planted)
+            ]
+            await saver.aclaim(intents, owner="someone", lease_seconds=60)
+            one = await saver.afind_step_candidates("t", "tools", signatures, spots)
+            per_call = await ToolCallLedger.afind_step_candidates(
+                saver, "t", "tools", signatures, spots
+            )
+            assert one == per_call
+            if signatures:  # the claim's own read finds the same (and then writes nothing)
+                lookup = StepLookup("t", "tools", signatures, spots)
+                fresh = CallIntent(
+                    scope="t", key="new", thread_id="t", agent_path="tools", tool_name="send",
+                    args_hash="new", args=b"{}", tool_call_id="new",
+                )  # fmt: skip
+                step = await saver.aclaim_step([fresh], lookup, owner="me", lease_seconds=60)
+                assert step.candidates == one
+                assert (step.claimed is None) == one.any()
+
+    with new_db(fuzz_backend) as db:
+        asyncio.run(check(db))

@@ -28,27 +28,26 @@ json_to_recordset(%(rows)s::json) AS u(
 
 # What orphan adoption looks at for a step: the entries of each call signature (the
 # signature index) and those each tool made at each position (the fork-slot index);
-# signatures and spots are JSON arrays of pairs. Each pair is one index probe, and so is
-# the read of each row found (LATERAL subqueries fenced with OFFSET 0: written as joins
-# or IN, the planner hashed every row of the thread, or scanned the table: 8-20 ms a
-# step for a thread with 20k ledger rows).
+# signatures and spots are JSON arrays of pairs. Every query below probes one of those
+# two indexes by equality on its leading columns, so the plan PostgreSQL caches for it
+# (a generic plan, after five calls) is safe however the ledger grows: with sequential
+# scans off, it can only be that index.
 #
-# In a function that plans this read on every call (EXECUTE), for the ledger as it is.
-# Inside the claim statement it was planned once per connection: a connection that
-# prepares statements (prepare_threshold=0, as LangGraph's savers open theirs) caches a
-# generic plan after five executions, and one built while the ledger held a few rows
-# scanned it once per signature from then on (a 50-call claim took 8 ms after a few
-# thousand calls, instead of 1.2) or, with sequential scans off, probed the primary key
-# by thread alone (every row of the thread, per signature). Planning it costs ~0.2 ms a
-# step. ``search_path FROM CURRENT``: the function reads the tables of the schema it
-# was created in (migration 7), whoever calls it.
+# A step of one call (one signature, at most one spot: most agent steps) takes one static
+# query of scalar conditions (migration 8). A row found by both branches comes back once.
 #
-# A step of one call (one signature, at most one spot: most agent steps) takes a static
-# query of scalar conditions instead (migration 8): its cached plan is safe, since each
-# branch is equality on the leading columns of its own index (the signature index, the
-# fork-slot index) and sequential scans are off, and it saves the planning (the lone
-# call's claim: ~0.5 ms -> ~0.3). A row found by both branches comes back once.
-# (Migration 8 also adds FINISH_ONE_FUNCTION, below.)
+# A step of several calls (migration 14) takes one static query per tool of its
+# signatures - a probe of the signature index per args hash (a nested loop over the
+# hashes, the probe fenced with OFFSET 0, all four columns by equality) - then the spot
+# query once per spot (a step has one position). Before, one query for the whole step
+# was planned on every call (EXECUTE: a plan cached while the ledger was small had
+# scanned it once per signature, 8 ms a 50-call claim after a few thousand calls); the
+# planning cost more than the probes: a 50-call claim took ~1.48 ms, now ~1.31
+# (benchmarks/README.md). Not ``args_hash = ANY(hashes)``: the generic plan PostgreSQL
+# caches for it under stale statistics probes by tool alone and filters the hashes
+# (every row the thread made with that tool, per step).
+# ``search_path FROM CURRENT``: the function reads the tables of the schema it was
+# created in (migration 7), whoever calls it.
 STEP_FOUND_FUNCTION = plpgsql_function(
     """idem_step_found(
     p_scope text, p_agent_path text, p_signatures json, p_spots json)""",
@@ -59,6 +58,7 @@ DECLARE
     v_hash text := p_signatures -> 0 ->> 1;
     v_position text := p_spots -> 0 ->> 0;
     v_spot_tool text := p_spots -> 0 ->> 1;
+    v_hashes text[];
 BEGIN
     IF json_array_length(p_signatures) = 1 AND json_array_length(p_spots) <= 1 THEN
         RETURN QUERY
@@ -72,28 +72,28 @@ BEGIN
                 AND c.args_hash = v_hash, false);
         RETURN;
     END IF;
-    RETURN QUERY EXECUTE $q$
-    SELECT e.* FROM (
-        SELECT t.scope AS found_scope, t.key AS found_key
-        FROM json_array_elements($3) AS s
+    FOR v_tool, v_hashes IN
+        SELECT s ->> 0, array_agg(DISTINCT s ->> 1) FROM json_array_elements(p_signatures) AS s
+        GROUP BY 1
+    LOOP
+        RETURN QUERY
+        SELECT c.* FROM unnest(v_hashes) AS h(hash)
         CROSS JOIN LATERAL (
-            SELECT c.scope, c.key FROM idem_tool_calls AS c
-            WHERE c.scope = $1 AND c.agent_path = $2
-                AND c.tool_name = s ->> 0 AND c.args_hash = s ->> 1
-            OFFSET 0) AS t
-        UNION
-        SELECT t.scope, t.key
-        FROM json_array_elements($4) AS s
-        CROSS JOIN LATERAL (
-            SELECT c.scope, c.key FROM idem_tool_calls AS c
-            WHERE c.scope = $1 AND c.position IS NOT NULL
-                AND c.position = s ->> 0 AND c.tool_name = s ->> 1
-            OFFSET 0) AS t
-    ) AS f
-    CROSS JOIN LATERAL (
-        SELECT x.* FROM idem_tool_calls AS x
-        WHERE x.scope = f.found_scope AND x.key = f.found_key OFFSET 0) AS e
-    $q$ USING p_scope, p_agent_path, p_signatures, p_spots;
+            SELECT x.* FROM idem_tool_calls AS x
+            WHERE x.scope = p_scope AND x.agent_path = p_agent_path
+                AND x.tool_name = v_tool AND x.args_hash = h.hash OFFSET 0) AS c;
+    END LOOP;
+    FOR v_position, v_spot_tool IN
+        SELECT DISTINCT s ->> 0, s ->> 1 FROM json_array_elements(p_spots) AS s
+    LOOP
+        RETURN QUERY
+        SELECT c.* FROM idem_tool_calls AS c
+        WHERE c.scope = p_scope AND c.position IS NOT NULL AND c.position = v_position
+            AND c.tool_name = v_spot_tool
+            AND NOT (c.agent_path = p_agent_path AND EXISTS (
+                SELECT 1 FROM json_array_elements(p_signatures) AS s
+                WHERE s ->> 0 = c.tool_name AND s ->> 1 = c.args_hash));
+    END LOOP;
 END
 """,
 )
