@@ -76,6 +76,8 @@ from typing_extensions import TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ledger_floor import postgres_floor_us, sqlite_floor_us
+
 from langgraph_idem_saver import AsyncSqliteSaver as OursSqlite
 from langgraph_idem_saver.postgres import AsyncPostgresSaver as OursPostgres
 from langgraph_idem_saver.postgres import sql as pg_sql
@@ -797,12 +799,51 @@ def print_rows(rows: list[Row], floors: dict[str, float]) -> None:
         )
 
 
+async def ledger_floors_us(
+    config: str, tmp: str, pg_base: str | None, prof: Profile
+) -> dict[int, float]:
+    """The ledger's floor (``ledger_floor.py``) of a step of 1 and of 50 calls, µs a step,
+    on a fresh database (the pool's: one connection of the same settings)."""
+    reps = 40 if prof.name == "quick" else 200
+    out = {}
+    for calls in (1, 50):
+        if config == "sqlite":
+            path = os.path.join(tmp, f"ledger-floor-{calls}.db")
+            out[calls] = await sqlite_floor_us(path, calls, reps)
+        else:
+            dsn = new_schema(cast(str, pg_base), f"ledger_floor_{calls}")
+            out[calls] = await postgres_floor_us(dsn, calls, reps, POOL_KWARGS)
+    return out
+
+
+def print_ledger_floors(rows: list[Row], ledger_floors: dict[str, dict[int, float]]) -> None:
+    """Each tool-step row's ledger against the protocol's floor (see ``ledger_floor.py``)."""
+    for config, floor in ledger_floors.items():
+        print(
+            f"ledger floor ({config}): its writes by hand (claim + synced commit, outcomes + "
+            f"commit): a lone call {floor[1]:,.0f} µs, a 50-call step {floor[50]:,.0f} µs "
+            f"({floor[50] / 50:,.1f} µs a call)"
+        )
+        for r in rows:
+            calls = {"tool_step_1": 1, "tool_step_50": 50}.get(r.key)
+            if r.config != config or calls is None or r.ledger_us is None:
+                continue
+            per_call = floor[calls] / calls
+            best = r.median_us("official") / (r.median_us("ours+stock") + per_call)
+            print(
+                f"  {r.title} ({config}): ledger {r.ledger_us:+,.0f} µs a call, "
+                f"{r.ledger_us - per_call:+,.0f} µs beyond the floor; at the floor the "
+                f"ratio would be {best:.2f}x (now {r.ratio:.2f}x)"
+            )
+
+
 async def main_async(args: argparse.Namespace) -> int:
     prof = PROFILES["quick" if args.quick else "full"]
     only = set(args.only.split(","))
     configs = [c for c in args.configs.split(",") if c]
     rows: list[Row] = []
     floors: dict[str, float] = {}
+    ledger_floors: dict[str, dict[int, float]] = {}
     storage: dict[str, dict[str, int]] = {}
     retained: dict[str, dict[str, int]] = {}
     plans = ""
@@ -852,10 +893,13 @@ async def main_async(args: argparse.Namespace) -> int:
                 os.path.join(tmp, "floor.db") if config == "sqlite" else where[config]["ours"]
             )
             floors[config] = await floor_us(config, floor_at)
+            if "ledger" in only:
+                ledger_floors[config] = await ledger_floors_us(config, tmp, pg_base, prof)
             print(f"[{time.perf_counter() - t0:6.1f}s] {config} done", file=sys.stderr)
         if args.explain and "pg" in where and "reads" in only:
             plans = explain_reads(where["pg"]["ours"], "long")
     print_rows(rows, floors)
+    print_ledger_floors(rows, ledger_floors)
     for config, sizes in storage.items():
         print(
             f"storage ({config}): a {STORAGE_TURNS}-turn chat, one message appended a turn: "
@@ -878,6 +922,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 "env": {**env_base(), "langgraph": package_version("langgraph")},
                 "rows": [r.to_json() for r in rows],
                 "floors_us": floors,
+                "ledger_floors_us": ledger_floors,
                 "pool_gap_us": GAPS,
                 "storage_bytes": storage,
                 "retained_objects": retained,
