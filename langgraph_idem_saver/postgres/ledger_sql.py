@@ -38,7 +38,8 @@ json_to_recordset(%(rows)s::json) AS u(
 #
 # A step of several calls (migration 14) takes one static query per tool of its
 # signatures - a probe of the signature index per args hash (a nested loop over the
-# hashes, the probe fenced with OFFSET 0, all four columns by equality) - then the spot
+# hashes, the probe fenced with OFFSET 0, all four columns by equality: the hash a plain
+# column of ``unnest``, the rest parameters, as in the one-call query) - then the spot
 # query once per spot (a step has one position). Before, one query for the whole step
 # was planned on every call (EXECUTE: a plan cached while the ledger was small had
 # scanned it once per signature, 8 ms a 50-call claim after a few thousand calls); the

@@ -690,10 +690,9 @@ MIGRATIONS: list[list[str]] = [
     [DELTA_HISTORY_FUNCTION],
     # 13: the outcomes of calls that finish together are a function too, prepared like
     # any statement (ledger_sql.FINISH_STEP_FUNCTION)
-    [
-        FINISH_STEP_FUNCTION
-    ],  # 14: a step's adoption read of several calls is static queries, one per tool and
-    # one per position (ledger_sql.STEP_FOUND_FUNCTION), not one planned on each call.
+    [FINISH_STEP_FUNCTION],
+    # 14: a step's adoption read of several calls is static queries, one per tool and
+    # one per spot (ledger_sql.STEP_FOUND_FUNCTION), not one planned on each call.
     # 7, 8 and 14 all run the current definition: a database at any version ends with it.
     [STEP_FOUND_FUNCTION],
 ]
