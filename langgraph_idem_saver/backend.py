@@ -10,6 +10,7 @@ that take these objects, not loose positional lists kept in step by convention.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -112,13 +113,22 @@ class Claims:
         """The entry the claim of ``rows[index]`` inserted, exactly as ``entry_of`` would
         read it back (args in clear): a backend builds the entries it inserted instead of
         reading them. The columns not in the row are the INSERT's ``issued`` defaults."""
-        values = dict(zip(INTENT_COLUMNS, self.rows[index], strict=True))
+        values = dict(self._issued_columns)  # one copy and one update: ~1.5 µs an entry
+        values.update(zip(INTENT_COLUMNS, self.rows[index], strict=True))
         if self.clear_args is not None:
             values["args"] = self.clear_args[index]
-        values.update(_ISSUED_DEFAULTS)
-        values.update(owner=self.owner, issued_at=self.issued_at)
-        values["lease_expires_at"] = self.lease_expires_at
         return LedgerEntry._of(values)
+
+    @functools.cached_property
+    def _issued_columns(self) -> dict[str, Any]:
+        """What every row of this claim has beside its intent: the ``issued`` defaults,
+        the owner and the lease (worked out once per claim, not once per row)."""
+        return {
+            **_ISSUED_DEFAULTS,
+            "owner": self.owner,
+            "issued_at": self.issued_at,
+            "lease_expires_at": self.lease_expires_at,
+        }
 
     def slot(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         """The fork slot ``row`` claims, as ``ledger.slot_of`` gives it for an entry."""

@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar, cast
 
 from langchain_core.callbacks.manager import adispatch_custom_event
@@ -126,6 +126,14 @@ def intent_of(values: dict[str, Any]) -> CallIntent:
     """A call's intent from every one of its fields (:data:`INTENT_FIELDS`), built
     without the frozen dataclass's ``__init__``: ~3 µs a call less, in steps of 50."""
     return CallIntent._of(values)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running loop, or None outside one (a sync front door's thread)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class Running:
@@ -584,9 +592,14 @@ class LedgerEngine:
             if plan.owned and not plan.started:
                 await self.arelease(batch, plan)
 
-    async def lg(self, batch: Batch, coro: Coroutine[Any, Any, T]) -> T:
-        """Await a ledger coroutine on the ledger's own event loop."""
-        return await on_loop(batch.ledger_loop, coro)
+    def lg(self, batch: Batch, coro: Coroutine[Any, Any, T]) -> Awaitable[T]:
+        """``coro`` to await on the ledger's own event loop: ``coro`` itself when that is
+        this loop (no coroutine around it: a wide step awaits two ledger writes a call),
+        else the hop there (``on_loop``)."""
+        loop = batch.ledger_loop
+        if loop is None or loop is _running_loop():
+            return coro
+        return on_loop(loop, coro)
 
     def dumps(self, batch: Batch, result: Any) -> tuple[str | None, bytes | None]:
         return dumps(batch.serde or JsonPlusSerializer(), result, f"a {self.name!r} tool call")

@@ -132,6 +132,7 @@ class PostgresConnection:
     supports_pipeline: bool
 
     if TYPE_CHECKING:
+        is_setup: bool
 
         async def setup(self) -> None: ...
 
@@ -207,7 +208,8 @@ class PostgresConnection:
     async def _run(
         self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
     ) -> T:
-        await self.setup()
+        if not self.is_setup:  # a coroutine less on every write of a set-up saver
+            await self.setup()
         return await self._execute(fn, tx=tx, pipeline=pipeline)
 
     async def _run_steps(self, steps: Steps[T], *, tx: bool = False) -> T:

@@ -126,6 +126,8 @@ class SqliteConnection:
     if TYPE_CHECKING:
         _group: GroupCommit[Write, tuple[bool, Any]]
 
+        is_setup: bool
+
         async def setup(self) -> None: ...
 
     async def _setup_once(self) -> None:
@@ -254,7 +256,8 @@ class SqliteConnection:
         raise exc
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        await self.setup()
+        if not self.is_setup:  # a coroutine less on every write of a set-up saver
+            await self.setup()
         return await self._call(fn)
 
     async def _write(
@@ -290,7 +293,8 @@ class SqliteConnection:
         outcomes included.
         Other writes follow the setting.
         """
-        await self.setup()
+        if not self.is_setup:  # a coroutine less on every write of a set-up saver
+            await self.setup()
         level = CLAIM if before_tool_runs else OUTCOME if outcome else AS_SET
         ok, value = await self._group.submit((body, level, one_statement))
         return cast(T, self._written(ok, value))
