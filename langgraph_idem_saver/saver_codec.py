@@ -12,16 +12,15 @@ from langgraph.checkpoint.base import ChannelVersions, CheckpointMetadata
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import CorruptRecordError, SerializationError
+from langgraph_idem_saver.json_text import encoder_of
 from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair
 
 # ``json.dumps`` with any argument builds a new encoder on every call; these are the very
-# encoders it builds (the same text, byte for byte: tests/test_saver_codec.py), made once.
-# Every ``put`` encodes its metadata and versions: ~4 µs a put less.
-_METADATA = json.JSONEncoder(
-    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
-)
-_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
+# encoders it builds (the same text, byte for byte: tests/test_saver_codec.py), made once,
+# without json's Python frames (json_text). Every ``put`` encodes its metadata and versions.
+_METADATA = encoder_of(ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
+_CANONICAL = encoder_of(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+_COMPACT = encoder_of(separators=(",", ":"))
 
 
 def encode_metadata(metadata: CheckpointMetadata) -> str:
@@ -33,7 +32,7 @@ def encode_metadata(metadata: CheckpointMetadata) -> str:
     before anything is written.
     """
     try:
-        text = _METADATA.encode(metadata)
+        text = _METADATA(metadata)
     except (TypeError, ValueError) as exc:
         raise SerializationError(
             f"checkpoint metadata must be JSON-serializable (str/int/float/bool/None, "
@@ -70,12 +69,12 @@ def has_number(value: Any) -> bool:
 
 def canonical_json(value: Any) -> str:
     """Canonical JSON for equality comparisons inside the database (metadata filters)."""
-    return _CANONICAL.encode(value)
+    return _CANONICAL(value)
 
 
 def encode_versions(versions: ChannelVersions) -> str:
     """``channel_versions`` as a JSON object of strings: the blob keys of a checkpoint."""
-    return _COMPACT.encode({k: str(v) for k, v in versions.items()})
+    return _COMPACT({k: str(v) for k, v in versions.items()})
 
 
 def decode_typed(

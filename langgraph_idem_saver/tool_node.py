@@ -305,12 +305,11 @@ class IdempotentToolNode(ToolNode):
             return None
         node, batch = current
         queue = batch.plans.get(str(call["id"]))
-        if not queue or queue[0].kind is Kind.SKIP:
-            if queue:
-                queue.popleft()
+        if not queue:
             return None
-        plan = batch.take(call)
-        assert plan is not None
+        plan = queue.popleft()
+        if plan.kind is Kind.SKIP:
+            return None
         return batch, node.engine, plan
 
     def _calls_in_state(

@@ -225,10 +225,6 @@ class Batch:
         self.plans.setdefault(str(plan.call["id"]), deque()).append(plan)
         self.all_plans.append(plan)
 
-    def take(self, call: ToolCall) -> Plan | None:
-        queue = self.plans.get(str(call["id"]))
-        return queue.popleft() if queue else None
-
 
 def live(entry: LedgerEntry) -> bool:
     """Issued and still within its lease: someone may be running it right now."""
