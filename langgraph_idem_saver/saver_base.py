@@ -56,7 +56,7 @@ from langgraph_idem_saver.saver_checkpoints import CheckpointMethods
 from langgraph_idem_saver.saver_codec import *  # noqa: F403  (re-exported, see __all__)
 from langgraph_idem_saver.saver_codec import decode_typed
 from langgraph_idem_saver.saver_config import *  # noqa: F403
-from langgraph_idem_saver.surrogates import lossless
+from langgraph_idem_saver.surrogates import LosslessJsonPlusSerializer, lossless
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.import_langgraph import ImportReport
@@ -90,6 +90,10 @@ class SyncCallOnEventLoopError(IdemSaverError, asyncio.InvalidStateError):
     Blocking that thread would deadlock (the result can only be produced by the loop
     we would be blocking). Use the ``a``-prefixed method, or ``await graph.ainvoke``.
     """
+
+
+# serializer classes that are not ``EncryptedSerializer``s (``_encrypts``' fast path)
+_PLAIN_SERDES = (LosslessJsonPlusSerializer, JsonPlusSerializer)
 
 
 class _LosslessSerde:
@@ -163,7 +167,11 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
     # --- what the ledger keeps in clear --------------------------------------------
 
     def _encrypts(self) -> bool:
-        return isinstance(self.serde, EncryptedSerializer)
+        serde = self.serde
+        # asked once a call; ``isinstance`` of ``EncryptedSerializer`` (a subclass of a
+        # ``typing.Protocol``) runs ~45 bytecodes of typing's and abc's checks, and the
+        # default serializer, by far the most used, is never one
+        return type(serde) not in _PLAIN_SERDES and isinstance(serde, EncryptedSerializer)
 
     def seal_args(self, args: bytes) -> bytes:
         """Tool args as stored: in clear (canonical JSON), or encrypted by the saver's

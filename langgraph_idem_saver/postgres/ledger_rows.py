@@ -14,12 +14,14 @@ UTF-8 on the client, as before.
 
 from __future__ import annotations
 
-import base64
-import json
+import binascii
 from collections.abc import Sequence
 from typing import Any
 
 from langgraph_idem_saver.backend import INTENT_COLUMNS
+from langgraph_idem_saver.json_text import encoder_of
+
+_JSON = encoder_of(ensure_ascii=False, allow_nan=False)  # json.dumps(rows, these options)
 
 # INTENT_COLUMNS, in order, plus the row's place in the batch (inserted in that order)
 _CLAIM_FIELDS = (*INTENT_COLUMNS, "ord")
@@ -32,7 +34,8 @@ _RESULT = _FINISH_FIELDS.index("result")
 
 
 def _b64(data: bytes | None) -> str | None:
-    return None if data is None else base64.b64encode(data).decode("ascii")
+    # what base64.b64encode returns, without its Python frame (two a call of a step)
+    return None if data is None else binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
 def claim_rows(rows: Sequence[tuple[Any, ...]]) -> str:
@@ -43,7 +46,7 @@ def claim_rows(rows: Sequence[tuple[Any, ...]]) -> str:
         values[_ARGS] = _b64(values[_ARGS])
         values.append(ord_)
         out.append(dict(zip(_CLAIM_FIELDS, values, strict=True)))
-    return json.dumps(out, ensure_ascii=False, allow_nan=False)
+    return _JSON(out)
 
 
 def finish_rows(batch: Sequence[tuple[Any, ...]]) -> str:
@@ -53,4 +56,4 @@ def finish_rows(batch: Sequence[tuple[Any, ...]]) -> str:
         values = list(params)
         values[_RESULT] = _b64(values[_RESULT])
         out.append(dict(zip(_FINISH_FIELDS, values, strict=True)))
-    return json.dumps(out, ensure_ascii=False, allow_nan=False)
+    return _JSON(out)

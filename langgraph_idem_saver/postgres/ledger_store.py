@@ -81,6 +81,10 @@ class PostgresLedgerStore:
                 return [self.entry_of(r[2:]) for r in found], None
             query = sql.CLAIM_STEP  # decided: claim what is still missing
             inserted = {(r[2], r[3]) for r in rows if r[0] == "i"}  # scope, key
+            if len(inserted) == len(pending):  # all inserted (a fresh step): nothing to match
+                for pos, _ in pending:
+                    outcomes[pos] = ClaimOutcome(claimed=True, entry=claims.issued_entry(pos))
+                return [], [outcomes[p] for p in range(len(claims.rows))]
             # the rows inserted are built (Claims.issued_entry), the others read
             entries = {(r[2], r[3]): self.entry_of(r[2:]) for r in rows if r[0] != "i"}
             holders = {slot_of(e): e for e in entries.values() if e.position is not None}
