@@ -76,6 +76,7 @@ from typing_extensions import TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ledger_bytecodes import ledger_bytecodes
 from ledger_floor import postgres_floor_us, sqlite_floor_us
 
 from langgraph_idem_saver import AsyncSqliteSaver as OursSqlite
@@ -837,6 +838,19 @@ def print_ledger_floors(rows: list[Row], ledger_floors: dict[str, dict[int, floa
             )
 
 
+def print_bytecodes(bytecodes: dict[str, dict[int, dict[str, float]]]) -> None:
+    """The ledger's own Python a call, counted (``ledger_bytecodes.py``): deterministic,
+    unlike the rows' times on a noisy host."""
+    for config, sizes in bytecodes.items():
+        parts = [
+            f"{calls} call{'s' if calls > 1 else ''}: stock stack {c['stock']:,.0f}, "
+            f"ours {c['ours']:,.0f}, ledger +{c['ledger']:,.0f} "
+            f"({c['ledger_calls']:+.1f} Python calls)"
+            for calls, c in sizes.items()
+        ]
+        print(f"bytecodes a tool call on the loop's thread ({config}): " + "; ".join(parts))
+
+
 async def main_async(args: argparse.Namespace) -> int:
     prof = PROFILES["quick" if args.quick else "full"]
     only = set(args.only.split(","))
@@ -844,6 +858,7 @@ async def main_async(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     floors: dict[str, float] = {}
     ledger_floors: dict[str, dict[int, float]] = {}
+    bytecodes: dict[str, dict[int, dict[str, float]]] = {}
     storage: dict[str, dict[str, int]] = {}
     retained: dict[str, dict[str, int]] = {}
     plans = ""
@@ -895,11 +910,16 @@ async def main_async(args: argparse.Namespace) -> int:
             floors[config] = await floor_us(config, floor_at)
             if "ledger" in only:
                 ledger_floors[config] = await ledger_floors_us(config, tmp, pg_base, prof)
+            if "bytecodes" in only:
+                async with AsyncExitStack() as stack:
+                    ours = (await open_savers(stack, config, where[config]))["ours"]
+                    bytecodes[config] = await ledger_bytecodes(ours)
             print(f"[{time.perf_counter() - t0:6.1f}s] {config} done", file=sys.stderr)
         if args.explain and "pg" in where and "reads" in only:
             plans = explain_reads(where["pg"]["ours"], "long")
     print_rows(rows, floors)
     print_ledger_floors(rows, ledger_floors)
+    print_bytecodes(bytecodes)
     for config, sizes in storage.items():
         print(
             f"storage ({config}): a {STORAGE_TURNS}-turn chat, one message appended a turn: "
@@ -923,6 +943,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 "rows": [r.to_json() for r in rows],
                 "floors_us": floors,
                 "ledger_floors_us": ledger_floors,
+                "ledger_bytecodes": bytecodes,
                 "pool_gap_us": GAPS,
                 "storage_bytes": storage,
                 "retained_objects": retained,
@@ -936,7 +957,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the < 1 minute profile")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="sqlite,pg,pg-pool")
-    parser.add_argument("--only", default="aput,reads,graph,ledger,sync,delta,storage")
+    parser.add_argument("--only", default="aput,reads,graph,ledger,sync,delta,storage,bytecodes")
     parser.add_argument("--dsn", help="a PostgreSQL server to use (else a throwaway one)")
     parser.add_argument("--explain", action="store_true", help="print our reads' plans")
     parser.add_argument("--json", help="also write the numbers here")
