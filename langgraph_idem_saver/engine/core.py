@@ -46,7 +46,7 @@ from langgraph_idem_saver.engine.adoption import (
     step_lookup,
 )
 from langgraph_idem_saver.engine.forks import SlotCounter, fork_point, siblings_refused
-from langgraph_idem_saver.engine.loops import on_loop
+from langgraph_idem_saver.engine.loops import on_loop, running_loop
 from langgraph_idem_saver.engine.options import LedgerOptions
 from langgraph_idem_saver.engine.results import dumps, replayed_result, retarget, text_of
 from langgraph_idem_saver.engine.types import (
@@ -126,14 +126,6 @@ def intent_of(values: dict[str, Any]) -> CallIntent:
     """A call's intent from every one of its fields (:data:`INTENT_FIELDS`), built
     without the frozen dataclass's ``__init__``: ~3 µs a call less, in steps of 50."""
     return CallIntent._of(values)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    """The running loop, or None outside one (a sync front door's thread)."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 class Running:
@@ -597,7 +589,7 @@ class LedgerEngine:
         this loop (no coroutine around it: a wide step awaits two ledger writes a call),
         else the hop there (``on_loop``)."""
         loop = batch.ledger_loop
-        if loop is None or loop is _running_loop():
+        if loop is None or loop is running_loop():
             return coro
         return on_loop(loop, coro)
 

@@ -18,6 +18,14 @@ from langgraph_idem_saver.errors import ConfigError
 T = TypeVar("T")
 
 
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running loop, or None outside one (a sync front door's thread)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 async def on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on ``loop`` (the loop its saver/ledger lives on), or here if None."""
     if loop is None or loop is asyncio.get_running_loop():
