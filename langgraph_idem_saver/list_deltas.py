@@ -77,10 +77,11 @@ class EncodedBlob:
     serde: SerializerProtocol | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)
 class _Written:
     """A remembered list version: ``held`` is its items, or weak references to them
-    (``weak``)."""
+    (``weak``). Never changed once made (not frozen only because one is made on every
+    resume, and a frozen dataclass's ``__init__`` costs a ``__setattr__`` call a field)."""
 
     version: str
     held: list[Any]
@@ -223,25 +224,38 @@ class ListDeltaEncoder:
                 small = data is not None and len(data) <= KEEP_ROW_BYTES
                 if base is not None and data is not None and serde is not None and small:
                     row = (blob.type, data, base, serde)  # a delta row: kept to store again
-                self._recent[key] = _Written(blob.version, *held, blob.depth, row)
-                self._recent.move_to_end(key)
-            while len(self._recent) > self._max:
-                self._recent.popitem(last=False)
-            # the least recently written entries first: drop the dead ones (a few at a
-            # time, so a put never walks the whole cache)
-            for key in list(itertools.islice(self._recent, 4)):
-                if self._recent[key].dead():
-                    del self._recent[key]
+                self._keep(key, _Written(blob.version, *held, blob.depth, row))
+            self._trim()
 
     def loaded(
         self, thread_id: str, ns: str, channel: str, version: str, value: Any, depth: int
     ) -> None:
         """A list version was read to resume from: LangGraph's channel will hold these
-        very objects, so the next version it writes can be stored as a delta of this one."""
-        if type(value) is list:
-            self.remember(
-                thread_id, ns, [EncodedBlob(channel, version, "", None, None, list(value), depth)]
-            )
+        very objects, so the next version it writes can be stored as a delta of this one.
+        (``remember`` of its row, without building one: a read of every graph's resume.)"""
+        if type(value) is not list:
+            return
+        key = (thread_id, ns, channel)
+        with self._lock:
+            if value:
+                self._keep(key, _Written(version, *_held(value), depth))
+            else:  # an empty list: as remember() drops it
+                self._recent.pop(key, None)
+            self._trim()
+
+    def _keep(self, key: ChannelKey, written: _Written) -> None:
+        """Remember ``written`` as the newest entry (the lock held)."""
+        self._recent[key] = written
+        self._recent.move_to_end(key)
+
+    def _trim(self) -> None:
+        """Bound the cache (the lock held): the least recently written entries first, and
+        the dead ones among the oldest few (so a put never walks the whole cache)."""
+        while len(self._recent) > self._max:
+            self._recent.popitem(last=False)
+        for key in list(itertools.islice(self._recent, 4)):
+            if self._recent[key].dead():
+                del self._recent[key]
 
     def forget(self, thread_ids: Any = None) -> None:
         """Drop remembered versions (all, or of these threads) after deletions."""

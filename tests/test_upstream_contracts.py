@@ -80,6 +80,7 @@ async def test_aiosqlite_runs_a_function_on_its_worker_with_the_sqlite3_connecti
     assert not runner.is_started(conn) and not runner.was_closed(conn), changed(
         AIOSQLITE, "_thread/_connection/_running before the connection opens", "runner"
     )
+    assert not runner.is_open(conn), changed(AIOSQLITE, "_connection before it opens", "runner")
     found = runner.connect_arguments(conn)
     assert found is not None and found[0] == str(tmp_path / "x.db"), changed(
         AIOSQLITE, "the arguments connect() closes over (_connector)", "runner"
@@ -87,6 +88,7 @@ async def test_aiosqlite_runs_a_function_on_its_worker_with_the_sqlite3_connecti
     await conn
     try:
         assert runner.is_started(conn), changed(AIOSQLITE, "_thread/_connection", "runner")
+        assert runner.is_open(conn), changed(AIOSQLITE, "_connection once open", "runner")
         here = threading.get_ident()
 
         def probe(c: sqlite3.Connection) -> tuple[bool, int, Any]:
@@ -105,6 +107,7 @@ async def test_aiosqlite_runs_a_function_on_its_worker_with_the_sqlite3_connecti
     assert runner.was_closed(conn) and not runner.is_started(conn), changed(
         AIOSQLITE, "_running/_connection after close()", "runner"
     )
+    assert not runner.is_open(conn), changed(AIOSQLITE, "_connection after close()", "runner")
     with pytest.raises(ValueError):  # the saver turns it into ConnectionClosedError
         await runner.run_in_worker(conn, lambda c: None)
 

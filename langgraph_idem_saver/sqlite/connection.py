@@ -240,7 +240,7 @@ class SqliteConnection:
                     "the saver is closed (close() was called or its `with` block ended); "
                     "open a new one"
                 )
-            if not runner.is_started(self.conn):
+            if not runner.is_open(self.conn):  # the worker itself is not needed here
                 raise _not_started()
             try:
                 return fn(runner.raw_connection(self.conn))

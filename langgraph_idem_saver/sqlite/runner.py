@@ -62,6 +62,12 @@ def is_started(conn: aiosqlite.Connection) -> bool:
     return bool(thread is not None and thread.is_alive() and getattr(conn, "_connection", None))
 
 
+def is_open(conn: aiosqlite.Connection) -> bool:
+    """Whether ``conn`` holds an open ``sqlite3`` connection (its worker thread aside:
+    for code that runs on the connection from another thread, ``_call_here``)."""
+    return getattr(conn, "_connection", None) is not None
+
+
 def was_closed(conn: aiosqlite.Connection) -> bool:
     """Whether ``close()`` was called on ``conn`` (as opposed to never opened)."""
     return not getattr(conn, "_running", True)

@@ -235,7 +235,8 @@ class AsyncSqliteSaver(
         """Build a CheckpointTuple from a row; ``loading`` when a graph resumes from it."""
         (thread_id, ns, checkpoint_id, parent_id, type_, data, metadata, versions) = row
         where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-        checkpoint = decode_checkpoint(self.serde, type_, data, **where)
+        serde = self.serde  # a descriptor (saver_base._LosslessSerde): read once
+        checkpoint = decode_checkpoint(serde, type_, data, **where)
         values: dict[str, Any] = {}
         own_versions = checkpoint.get("channel_versions") or {}
         for channel, btype, blob, base_version, version in conn.execute(
@@ -250,22 +251,28 @@ class AsyncSqliteSaver(
                         f"{channel!r}, which its row references"
                     ),
                 )
-            if btype != "empty":
+            if btype == "empty":
+                continue
+            if base_version is None:  # stored whole: resolve_value's trivial case, inline
+                value = decode_typed(serde, btype, blob, "channel value", channel=channel, **where)
+                depth = 0
+            else:
 
                 def fetch_base(version: str, ch: str = channel) -> Any:
                     return conn.execute(sql.SELECT_BLOB, (thread_id, ns, ch, version)).fetchone()
 
-                values[channel], depth = resolve_value(
-                    self.serde, btype, blob, base_version, fetch_base, channel=channel, **where
+                value, depth = resolve_value(
+                    serde, btype, blob, base_version, fetch_base, channel=channel, **where
                 )
-                if loading:
-                    self._deltas.loaded(thread_id, ns, channel, version, values[channel], depth)
+            values[channel] = value
+            if loading:
+                self._deltas.loaded(thread_id, ns, channel, version, value, depth)
         writes = [
             (
                 task_id,
                 channel,
                 decode_typed(
-                    self.serde,
+                    serde,
                     wtype,
                     value,
                     "pending write",
