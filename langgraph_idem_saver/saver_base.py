@@ -307,9 +307,15 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
         if status is CallStatus.ISSUED:
             raise ValueError("afinish records an outcome: status must be completed or failed")
         return (
-            status.value, result_type, result, self.ledger_error(error), time.time(), scope,
-            key, owner,
-        )  # fmt: skip
+            status._value_,
+            result_type,
+            result,
+            self.ledger_error(error),
+            time.time(),
+            scope,
+            key,
+            owner,
+        )  # fmt: skip  (_value_: .value is a property of Enum's, a call an outcome)
 
     async def _not_finished(self, scope: str, key: str, owner: str) -> LedgerStateError:
         """Why an outcome was refused: the entry as it is now."""

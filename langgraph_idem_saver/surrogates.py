@@ -183,7 +183,7 @@ class LosslessJsonPlusSerializer(JsonPlusSerializer):
             return super().dumps_typed(obj)
         try:
             # the hot path: LangGraph's encoder, with surrogates refused instead of replaced
-            return "msgpack", cast(bytes, _STRICT._msgpack_enc(obj))
+            return "msgpack", _STRICT._msgpack_enc(obj)
         except Exception:  # decided below, by the other encoders
             pass
         if not _custom_hook(self):  # else we could not read it back exactly

@@ -58,12 +58,14 @@ from langgraph_idem_saver.engine.types import (
     NotAppliedError,
     Plan,
     ToolCallInProgress,
+    intents_of,
     live,
 )
 from langgraph_idem_saver.engine.unknown import aapply, adecide
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.keys import (
     KeyContext,
+    KeyPolicy,
     agent_path_of,
     args_hash,
     builtin_key,
@@ -219,12 +221,20 @@ class LedgerEngine:
         """Plan one call: ledgered, or skipped (read-only, or a tool nobody registered -
         which never runs: the front door answers with an error)."""
         plan = Plan(call=call)
-        if known and self.options.is_read_only(call["name"], tool):
+        if known and self._read_only(batch, call["name"], tool):
             self.counters.bump("read_only")
         elif known:
             plan.kind = Kind.PENDING
         batch.add(plan)
         return plan
+
+    def _read_only(self, batch: Batch, name: str, tool: Any) -> bool:
+        """``options.is_read_only``, asked once per tool of a step (a wide step repeats
+        one tool 50 times; its options and metadata do not change within the step)."""
+        found = batch.read_only.get(name)
+        if found is None:
+            found = batch.read_only[name] = self.options.is_read_only(name, tool)
+        return found
 
     def note_state(self, batch: Batch, pairs: list[tuple[str, str]] | None) -> None:
         """What the run's state shows: every (tool call id, message id) of its messages,
@@ -259,6 +269,7 @@ class LedgerEngine:
         thread_id = str(raw_thread_id)
         scope = scope_of(thread_id, self.options.namespace)
         batch.scope = scope
+        batch.owner = self.owner
         agent_path = agent_path_of(str(configurable.get("checkpoint_ns", "")))
         raw_run_id = config.get("run_id") or config.get("metadata", {}).get("run_id")
         run_id = None if raw_run_id is None else str(raw_run_id)
@@ -266,13 +277,16 @@ class LedgerEngine:
         # Keys first, for every call: a bad argument or key_fn fails before any claim.
         leaders: dict[str, Plan] = {}
         slots = SlotCounter(fork_point(config, thread_id))
+        policies: dict[str, KeyPolicy] = {}  # per tool, asked once a step
         for plan in pending:
             call = plan.call
             name, call_id = call["name"], str(call["id"])
             canon = canonical_args(call["args"], tool_name=name, tool_call_id=call_id)
             storable_call_id(call_id, name)
             digest = args_hash(canon)
-            policy = self.options.policy_for(name)
+            policy = policies.get(name)
+            if policy is None:
+                policy = policies[name] = self.options.policy_for(name)
             origin = batch.origins.get(call_id, "")
             if callable(policy):  # a key_fn looks at the call in its context
                 ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest, origin)
@@ -331,9 +345,9 @@ class LedgerEngine:
             claim = await self.lg(
                 batch,
                 ledger.aclaim_step(
-                    [cast(CallIntent, p.intent) for p in step],
+                    intents_of(step),
                     lookup,
-                    owner=self.owner,
+                    owner=batch.owner,
                     lease_seconds=self.options.lease_seconds,
                 ),
             )
@@ -356,8 +370,8 @@ class LedgerEngine:
         outcomes = await self.lg(
             batch,
             batch.ledger.aclaim(
-                [cast(CallIntent, p.intent) for p in plans],
-                owner=self.owner,
+                intents_of(plans),
+                owner=batch.owner,
                 lease_seconds=self.options.lease_seconds,
             ),
         )
@@ -375,8 +389,8 @@ class LedgerEngine:
         # held by another branch: that is this call (see ``forks``), settled below
         again = siblings_refused(plans)
         for plan in plans:
-            entry = plan.entry
-            if entry is not None and entry.key != cast(CallIntent, plan.intent).key:
+            entry, intent = plan.entry, plan.intent
+            if entry is not None and intent is not None and entry.key != intent.key:
                 self.counters.bump("adopted")
         if again:
             await self.aclaim(batch, again)
@@ -496,15 +510,16 @@ class LedgerEngine:
         again on retry/resume. Cancellation releases nothing: the effect may have
         happened, so after the lease the call is an unknown outcome.
         """
-        ledger = cast(ToolCallLedger, batch.ledger)
+        ledger: ToolCallLedger = batch.ledger  # type: ignore[assignment]  # set: claimed
+        key: str = plan.ledger_key  # type: ignore[assignment]  # (no cast(): a call a call)
         failed = isinstance(result, ToolMessage) and result.status == "error"
         result_type, data = self.dumps(batch, result)
         await self.lg(
             batch,
             ledger.arecord_outcome(
                 batch.scope,
-                cast(str, plan.ledger_key),
-                owner=self.owner,
+                key,
+                owner=batch.owner,
                 status=CallStatus.FAILED if failed else CallStatus.COMPLETED,
                 result_type=result_type,
                 result=data,
@@ -562,7 +577,9 @@ class LedgerEngine:
         plan.owned = False
         await self.lg(
             batch,
-            batch.ledger.aabandon(batch.scope, plan.ledger_key, owner=self.owner, error=error),
+            batch.ledger.aabandon(
+                batch.scope, plan.ledger_key, owner=batch.owner or self.owner, error=error
+            ),
         )
         self.counters.bump("abandoned")
 
@@ -575,7 +592,8 @@ class LedgerEngine:
         release = getattr(batch.ledger, "arelease", None)
         if release is None:  # pragma: no cover - ledgers predating arelease
             return  # safe default: the claim lapses into an unknown outcome
-        if await self.lg(batch, release(batch.scope, plan.ledger_key, owner=self.owner)):
+        owner = batch.owner or self.owner  # the owner it claimed with
+        if await self.lg(batch, release(batch.scope, plan.ledger_key, owner=owner)):
             self.counters.bump("released")
 
     async def arelease_unstarted(self, batch: Batch) -> None:

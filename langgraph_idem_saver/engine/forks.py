@@ -30,7 +30,6 @@ LangGraph stops providing it.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -71,7 +70,7 @@ class SlotCounter:
 
     def __init__(self, point: ForkPoint | None) -> None:
         self.point = point
-        self.seen: Counter[tuple[str, str]] = Counter()
+        self.seen: dict[tuple[str, str], int] = {}
 
     def slot(self, policy: object, tool_name: str, args_hash: str) -> dict[str, Any]:
         """``CallIntent`` keyword arguments for the next such call: none when it has no
@@ -79,7 +78,7 @@ class SlotCounter:
         if self.point is None or policy != "tool_call":
             return {}
         signature = (tool_name, args_hash)
-        occurrence = self.seen[signature]
+        occurrence = self.seen.get(signature, 0)
         self.seen[signature] = occurrence + 1
         return {
             "position": self.point.position,

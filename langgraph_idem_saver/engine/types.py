@@ -220,10 +220,19 @@ class Batch:
     origins: dict[str, str] = field(default_factory=dict)
     reused_ids: set[str] = field(default_factory=set)  # ids found in several messages
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (call id, message id)
+    # the engine's owner id, read once when the run is prepared (``LedgerEngine.owner``)
+    owner: str = ""
+    read_only: dict[str, bool] = field(default_factory=dict)  # per tool name, this run
 
     def add(self, plan: Plan) -> None:
         self.plans.setdefault(str(plan.call["id"]), deque()).append(plan)
         self.all_plans.append(plan)
+
+
+def intents_of(plans: list[Plan]) -> list[CallIntent]:
+    """The intents of planned calls (``LedgerEngine.aprepare`` sets one on every plan
+    it claims; no ``cast()`` per plan: a wide step builds this list for 50)."""
+    return [p.intent for p in plans]  # type: ignore[misc]
 
 
 def live(entry: LedgerEntry) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 from langgraph_idem_saver.errors import (
     ConnectionClosedError,
@@ -297,7 +297,7 @@ class SqliteConnection:
             await self.setup()
         level = CLAIM if before_tool_runs else OUTCOME if outcome else AS_SET
         ok, value = await self._group.submit((body, level, one_statement))
-        return cast(T, self._written(ok, value))
+        return self._written(ok, value)  # type: ignore[no-any-return]  # T: body's
 
     def _write_here(self, body: Callable[[sqlite3.Connection], T]) -> T:
         """``_write`` from the calling thread (``_call_here``): ``body`` alone in its
