@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -22,6 +21,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
+from langgraph_idem_saver.json_text import encoder_of
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, StepLookup
 
 __all__ = [
@@ -163,8 +163,11 @@ class ListPage:
     tuples: Iterable[CheckpointTuple]
 
 
+_JSON = encoder_of()  # json.dumps's text (json_text.py: without its Python frames)
+
+
 def step_params(lookup: StepLookup) -> tuple[Any, ...]:
     """``SELECT_STEP_CANDIDATES``' parameters: the signatures and spots go as JSON arrays,
     the one list parameter both dialects can bind."""
-    signatures, spots = json.dumps(lookup.signatures), json.dumps(lookup.spots)
+    signatures, spots = _JSON(lookup.signatures), _JSON(lookup.spots)
     return (lookup.scope, lookup.agent_path, signatures, lookup.scope, spots)

@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 
 from langgraph_idem_saver.json_text import encoder_of
 
-# every option set the package encodes with (keys.py, saver_codec.py), and json's defaults
+# every option set the package encodes with (keys.py, saver_codec.py,
+# postgres/ledger_rows.py), and json's defaults (backend.step_params)
 OPTIONS: list[dict[str, Any]] = [
+    {"ensure_ascii": False, "allow_nan": False},
     {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False, "allow_nan": False},
     {"separators": (",", ":"), "ensure_ascii": False},
     {"ensure_ascii": False, "sort_keys": True, "separators": (",", ":")},
