@@ -36,6 +36,18 @@ def encoder_of(**options: Any) -> Callable[[Any], str]:
     default, key_sep, item_sep = encoder.default, encoder.key_separator, encoder.item_separator
     sort_keys, skipkeys, allow_nan = encoder.sort_keys, encoder.skipkeys, encoder.allow_nan
     check_circular = encoder.check_circular
+    if not check_circular:
+        # no markers, no state: one C encoder serves every call, from any thread
+        stateless = make(
+            None, default, string, None, key_sep, item_sep, sort_keys, skipkeys, allow_nan
+        )
+
+        def encode_unchecked(value: Any) -> str:
+            if isinstance(value, str):
+                return string(value)
+            return "".join(stateless(value, 0))
+
+        return encode_unchecked
 
     def encode(value: Any) -> str:
         if isinstance(value, str):

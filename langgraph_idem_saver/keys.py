@@ -61,9 +61,10 @@ class KeyContext:
 
 
 # json.dumps with these arguments, made once and without json's Python frames (the same
-# text, byte for byte: json_text); two a tool call
+# text, byte for byte: json_text); two a tool call. The key's parts are a list of our own
+# strings, never circular: no check for cycles (the same text; a C encoder made once)
 _CANONICAL = encoder_of(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_PARTS = encoder_of(separators=(",", ":"), ensure_ascii=False)
+_PARTS = encoder_of(separators=(",", ":"), ensure_ascii=False, check_circular=False)
 
 KeyFn = Callable[[Mapping[str, Any], KeyContext], str]
 """``key_fn(tool_call, ctx) -> str``: a stable identity for the call (any string)."""

@@ -22,6 +22,7 @@ OPTIONS: list[dict[str, Any]] = [
     {"ensure_ascii": False, "allow_nan": False},
     {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False, "allow_nan": False},
     {"separators": (",", ":"), "ensure_ascii": False},
+    {"separators": (",", ":"), "ensure_ascii": False, "check_circular": False},
     {"ensure_ascii": False, "sort_keys": True, "separators": (",", ":")},
     {"separators": (",", ":")},
     {},

@@ -317,7 +317,9 @@ class LedgerEngine:
                 "occurrence": 0,
             }
             if leader is None:  # a leader (the first call of its key) takes the next fork slot
-                intent.update(slots.slot(policy, name, digest))
+                spot = slots.slot(policy, name, digest)
+                if spot is not None:
+                    intent["position"], intent["branch"], intent["occurrence"] = spot
             plan.intent = intent_of(intent)
             if leader is None:
                 leaders[key] = plan

@@ -30,7 +30,6 @@ LangGraph stops providing it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_CHECKPOINT_MAP
@@ -72,19 +71,16 @@ class SlotCounter:
         self.point = point
         self.seen: dict[tuple[str, str], int] = {}
 
-    def slot(self, policy: object, tool_name: str, args_hash: str) -> dict[str, Any]:
-        """``CallIntent`` keyword arguments for the next such call: none when it has no
-        slot (outside a graph step, or a key policy that forks share anyway)."""
-        if self.point is None or policy != "tool_call":
-            return {}
+    def slot(self, policy: object, tool_name: str, args_hash: str) -> tuple[str, str, int] | None:
+        """The next such call's ``CallIntent`` position, branch and occurrence: None when
+        it has no slot (outside a graph step, or a key policy that forks share anyway)."""
+        point = self.point
+        if point is None or policy != "tool_call":
+            return None
         signature = (tool_name, args_hash)
         occurrence = self.seen.get(signature, 0)
         self.seen[signature] = occurrence + 1
-        return {
-            "position": self.point.position,
-            "branch": self.point.branch,
-            "occurrence": occurrence,
-        }
+        return point.position, point.branch, occurrence
 
 
 def siblings_refused(plans: list[Plan]) -> list[Plan]:
