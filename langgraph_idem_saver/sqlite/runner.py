@@ -63,9 +63,10 @@ def is_started(conn: aiosqlite.Connection) -> bool:
 
 
 def is_open(conn: aiosqlite.Connection) -> bool:
-    """Whether ``conn`` holds an open ``sqlite3`` connection (its worker thread aside:
-    for code that runs on the connection from another thread, ``_call_here``)."""
-    return getattr(conn, "_connection", None) is not None
+    """Whether ``conn`` holds an open ``sqlite3`` connection and was not told to close
+    (aiosqlite's own test before it queues a call), its worker thread aside: for code
+    that runs on the connection from another thread (``_call_here``)."""
+    return bool(getattr(conn, "_running", False) and getattr(conn, "_connection", None))
 
 
 def was_closed(conn: aiosqlite.Connection) -> bool:
