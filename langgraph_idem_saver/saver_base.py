@@ -306,16 +306,11 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
         """An outcome's parameters, as ``_finish_entry`` takes them."""
         if status is CallStatus.ISSUED:
             raise ValueError("afinish records an outcome: status must be completed or failed")
+        # status._value_, not .value: Enum's .value is a property, a Python call an outcome
         return (
-            status._value_,
-            result_type,
-            result,
-            self.ledger_error(error),
-            time.time(),
-            scope,
-            key,
-            owner,
-        )  # fmt: skip  (_value_: .value is a property of Enum's, a call an outcome)
+            status._value_, result_type, result, self.ledger_error(error), time.time(), scope,
+            key, owner,
+        )  # fmt: skip
 
     async def _not_finished(self, scope: str, key: str, owner: str) -> LedgerStateError:
         """Why an outcome was refused: the entry as it is now."""
