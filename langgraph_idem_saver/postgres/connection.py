@@ -208,7 +208,7 @@ class PostgresConnection:
     async def _run(
         self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
     ) -> T:
-        if not self.is_setup:  # a coroutine less on every write of a set-up saver
+        if not self.is_setup:  # a coroutine less on every call of a set-up saver
             await self.setup()
         return await self._execute(fn, tx=tx, pipeline=pipeline)
 

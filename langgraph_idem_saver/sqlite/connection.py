@@ -256,7 +256,7 @@ class SqliteConnection:
         raise exc
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if not self.is_setup:  # a coroutine less on every write of a set-up saver
+        if not self.is_setup:  # a coroutine less on every read of a set-up saver
             await self.setup()
         return await self._call(fn)
 
