@@ -6,9 +6,11 @@ tool calls of one model message) each record their outcome as they finish, and o
 autocommit statement per outcome would be one WAL flush per call. A
 :class:`GroupCommit` collects what is submitted in the same event-loop iteration, and
 what arrives while a batch is being committed, and hands each batch to one function
-that writes it in one transaction. Each caller still returns only after *its* write is
-committed, so what ``docs/guarantees.md`` says of outcomes (committed before the node
-returns) and of claims (synced before any tool runs) stays true.
+that writes it in one transaction. Each caller of ``submit`` returns only after *its*
+write is committed; ``submit_nowait`` hands back the future instead (a ``ToolNode`` step
+awaits its outcomes together, before the node returns). So what ``docs/guarantees.md``
+says of outcomes (committed before the node returns) and of claims (synced before any
+tool runs) stays true.
 """
 
 from __future__ import annotations
@@ -35,13 +37,17 @@ class GroupCommit(Generic[In, Out]):
 
     async def submit(self, item: In) -> Out:
         """Commit ``item`` with whatever else is submitted now; its result once committed."""
+        return await self.submit_nowait(item)
+
+    def submit_nowait(self, item: In) -> asyncio.Future[Out]:
+        """:meth:`submit` without waiting: the future of ``item``'s result."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Out] = loop.create_future()
         self._pending.append((item, future))
         if not self._busy:
             self._busy = True
             loop.call_soon(self._flush)  # one loop iteration: siblings finishing now join
-        return await future
+        return future
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []

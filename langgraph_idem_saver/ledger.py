@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, TypeVar
@@ -400,6 +400,41 @@ class ToolCallLedger(ABC):
             result_type=result_type,
             result=result,
             error=error,
+        )
+
+    def record_outcome_soon(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> Awaitable[None]:
+        """:meth:`arecord_outcome` started now and awaited later, on this ledger's loop
+        (``loop``, or any when it is None).
+
+        ``IdempotentToolNode`` records a step's outcomes this way: each call starts its
+        write as its tool returns, and the node awaits them all once, before it returns,
+        instead of each call waiting for its own (a wakeup of the call's task per
+        outcome, in steps of 50). The write must be under way before this returns - not
+        a coroutine that starts when awaited - so that an outcome is committed as soon
+        as its call finished, whatever the other calls do. Same guard, same error, raised
+        when the result is awaited. This default runs :meth:`arecord_outcome` in a task;
+        the savers of this package submit to their group commit directly.
+        """
+        return asyncio.ensure_future(
+            self.arecord_outcome(
+                scope,
+                key,
+                owner=owner,
+                status=status,
+                result_type=result_type,
+                result=result,
+                error=error,
+            )
         )
 
     @abstractmethod

@@ -19,7 +19,7 @@ import operator
 import random
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from langgraph.checkpoint.base import (
@@ -185,6 +185,8 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
     def ledger_error(self, error: str | None) -> str | None:
         """The error text kept beside a failed call's result: none when encrypting (the
         encrypted result, the error ToolMessage, holds it)."""
+        if error is None:  # most outcomes: no serializer asked
+            return None
         return None if self._encrypts() else error
 
     def entry_of(self, row: Sequence[Any]) -> LedgerEntry:
@@ -288,9 +290,36 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
         result: bytes | None,
         error: str | None = None,
     ) -> None:
+        await self.record_outcome_soon(
+            scope,
+            key,
+            owner=owner,
+            status=status,
+            result_type=result_type,
+            result=result,
+            error=error,
+        )
+
+    def record_outcome_soon(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> Awaitable[None]:
+        # no task of its own: the write is submitted to the backend's group commit now,
+        # and its answer checked when the caller awaits (one coroutine, nothing else)
         params = self._outcome(scope, key, owner, status, result_type, result, error)
-        done, _ = await self._finish_entry(params, read_back=False)
-        if not done:
+        return self._recorded(self._finish_soon(params), scope, key, owner)
+
+    async def _recorded(
+        self, finishing: asyncio.Future[Any], scope: str, key: str, owner: str
+    ) -> None:
+        if not self._finish_matched(await finishing):
             raise await self._not_finished(scope, key, owner)
 
     def _outcome(
@@ -330,6 +359,15 @@ class IdemSaverBase(CheckpointMethods, ToolCallLedger):
         to ``owner``. Returns whether that guard matched, and (``read_back`` only) the
         entry after it. Backends batch the outcomes of calls that finish together (one
         commit for all), and read back only the entries asked for."""
+
+    @abstractmethod
+    def _finish_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[Any]:
+        """``_finish_entry`` without the read back, submitted now (``record_outcome_soon``):
+        the future of its answer, which ``_finish_matched`` reads."""
+
+    @abstractmethod
+    def _finish_matched(self, answer: Any) -> bool:
+        """Whether ``_finish_soon``'s answer says the guard matched (or its error, raised)."""
 
     async def areclaim(
         self,

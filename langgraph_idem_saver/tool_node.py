@@ -220,7 +220,8 @@ class IdempotentToolNode(ToolNode):
         with self._step(input, config, sync=False) as batch:
             try:
                 await self.engine.aprepare(batch, config)
-                return await ToolNode._afunc(self, input, config, runtime)
+                async with self.engine.outcomes_at_end(batch):
+                    return await ToolNode._afunc(self, input, config, runtime)
             finally:
                 await self.engine.arelease_unstarted(batch)
 

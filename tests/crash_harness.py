@@ -173,6 +173,18 @@ class _Crashing:
         if self.crash_at == "after_completed":
             die()
 
+    def record_outcome_soon(self, *args: Any, **kwargs: Any) -> Any:
+        """A ToolNode step's outcome (committed when its answer is awaited, before the
+        node returns): die right after the first one is."""
+        written = super().record_outcome_soon(*args, **kwargs)  # type: ignore[misc]
+
+        async def then_die() -> None:
+            await written
+            if self.crash_at == "after_completed":
+                die()
+
+        return then_die()
+
 
 class CrashingSqliteSaver(_Crashing, AsyncSqliteSaver):
     pass

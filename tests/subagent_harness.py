@@ -544,6 +544,17 @@ def crashing(cls: type) -> type:
             if self.faults is not None:
                 self.faults.die("after_completed", self.items.get(key, ""))
 
+        def record_outcome_soon(self, scope: str, key: str, **kwargs: Any) -> Any:
+            """A ToolNode step's outcome: committed once its answer is awaited."""
+            written = super().record_outcome_soon(scope, key, **kwargs)
+
+            async def then_die() -> None:
+                await written
+                if self.faults is not None:
+                    self.faults.die("after_completed", self.items.get(key, ""))
+
+            return then_die()
+
     return CrashingSaver
 
 

@@ -214,17 +214,24 @@ async def test_outcomes_recorded_without_read_back_share_a_batch_with_afinish(
 async def test_the_engine_records_outcomes_without_reading_the_rows_back(
     saver_factory: Any, backend: str
 ) -> None:
-    """A 50-call step asks the backend for no entry back (the engine has no use for it)."""
+    """A 50-call step asks the backend for no entry back (the engine has no use for it):
+    its outcomes go through ``_finish_soon`` (written at once, awaited at the node's end),
+    never the ``_finish_entry`` that can read a row back."""
     async with saver_factory() as saver:
         graph = tool_graph(IdempotentToolNode([send]), saver)
         asked: list[bool] = []
-        original = saver._finish_entry
+        soon: list[str] = []
+        original, original_soon = saver._finish_entry, saver._finish_soon
 
         async def spied(outcome: tuple[Any, ...], *, read_back: bool) -> Any:
             asked.append(read_back)
             return await original(outcome, read_back=read_back)
 
-        saver._finish_entry = spied
+        def spied_soon(outcome: tuple[Any, ...]) -> Any:
+            soon.append(outcome[6])  # the key
+            return original_soon(outcome)
+
+        saver._finish_entry, saver._finish_soon = spied, spied_soon
         await step_trips(graph, saver, backend, "t", 50, "a")
-        assert asked == [False] * 50
+        assert asked == [] and len(set(soon)) == 50
         assert all(e.status is CallStatus.COMPLETED for e in await saver.alist_entries("t"))

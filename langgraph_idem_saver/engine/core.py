@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import inspect
 import threading
 import time
 from collections.abc import Awaitable, Coroutine
@@ -152,6 +153,58 @@ class Running:
             await self.engine.araised(self.batch, self.plan, exc)
         elif isinstance(exc, asyncio.CancelledError):
             await self.engine.acancelled(self.batch, self.plan)
+
+
+class StepOutcomes:
+    """``LedgerEngine.outcomes_at_end``'s context manager.
+
+    A wide step's calls each record an outcome; awaited by the call that made it, every
+    outcome is a wakeup of its call's task and a future for the group commit to resolve
+    (~170 bytecodes a call of a 50-call step, 11% of the ledger's Python). Inside this
+    block :meth:`LedgerEngine.afinish` starts the write (``record_outcome_soon``: submitted
+    to the group commit at once, so each outcome is still committed as soon as its call
+    finished) and returns; the block's end awaits them all, so the front door still
+    returns only once every outcome of the step is committed (``docs/guarantees.md``).
+
+    Only when the ledger's coroutines run on this loop (not through a hop to another).
+    At the block's end collecting stops first: a call that finishes later (the block
+    left by an exception while siblings still run) awaits its own outcome. The first
+    outcome error is raised after all were awaited; when the block itself raised, its
+    exception wins.
+    """
+
+    __slots__ = ("batch", "engine")
+
+    def __init__(self, engine: LedgerEngine, batch: Batch) -> None:
+        self.engine, self.batch = engine, batch
+
+    async def __aenter__(self) -> None:
+        batch = self.batch
+        loop = batch.ledger_loop
+        if batch.ledger is not None and (loop is None or loop is running_loop()):
+            batch.outcomes = []
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        outcomes, self.batch.outcomes = self.batch.outcomes, None
+        if outcomes:
+            await self.engine.aoutcomes(outcomes, raising=exc is None)
+
+
+def forget(written: Awaitable[None]) -> None:
+    """Drop an outcome nobody will await (its caller was cancelled): the write goes on
+    (the group commit's own task), and neither an unawaited coroutine nor an
+    unretrieved error is reported for it."""
+    if inspect.iscoroutine(written):
+        written.close()
+    elif isinstance(written, asyncio.Future):
+        written.add_done_callback(_retrieved)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class LedgerEngine:
@@ -516,21 +569,74 @@ class LedgerEngine:
         key: str = plan.ledger_key  # type: ignore[assignment]  # (no cast(): a call a call)
         failed = isinstance(result, ToolMessage) and result.status == "error"
         result_type, data = self.dumps(batch, result)
+        status = CallStatus.FAILED if failed else CallStatus.COMPLETED
+        error = text_of(result.content) if failed else None
+        outcomes = batch.outcomes
+        if outcomes is not None:  # written now, awaited with the step's (outcomes_at_end)
+            written = ledger.record_outcome_soon(
+                batch.scope,
+                key,
+                owner=batch.owner,
+                status=status,
+                result_type=result_type,
+                result=data,
+                error=error,
+            )
+            outcomes.append((plan, written))
+            return result
         await self.lg(
             batch,
             ledger.arecord_outcome(
                 batch.scope,
                 key,
                 owner=batch.owner,
-                status=CallStatus.FAILED if failed else CallStatus.COMPLETED,
+                status=status,
                 result_type=result_type,
                 result=data,
-                error=text_of(result.content) if failed else None,
+                error=error,
             ),
         )
+        self.recorded(plan)
+        return result
+
+    def recorded(self, plan: Plan) -> None:
+        """``plan``'s outcome is committed: its claim is no longer this run's to release."""
         plan.owned = False
         self.counters.bump("executed")
-        return result
+
+    def outcomes_at_end(self, batch: Batch) -> StepOutcomes:
+        """Around a front door's run of a whole step's calls: each :meth:`afinish` starts
+        its outcome's write and returns, and the block's end awaits them all (see
+        :class:`StepOutcomes`)."""
+        return StepOutcomes(self, batch)
+
+    async def aoutcomes(
+        self, outcomes: list[tuple[Plan, Awaitable[None]]], *, raising: bool
+    ) -> None:
+        """Await every outcome written by :meth:`afinish` in a block of
+        :meth:`outcomes_at_end`: each is committed, or its error is raised - the first
+        one, after all were awaited - when ``raising``."""
+        first: Exception | None = None
+        executed = 0
+        try:
+            for at, (plan, written) in enumerate(outcomes):
+                try:
+                    await written
+                except Exception as exc:
+                    if first is None:
+                        first = exc
+                    continue
+                except BaseException:  # cancelled: the rest stay unawaited
+                    for _, left in outcomes[at + 1 :]:
+                        forget(left)
+                    raise
+                plan.owned = False  # as ``recorded``, counted once a step
+                executed += 1
+        finally:
+            if executed:
+                self.counters.bump("executed", executed)
+        if first is not None and raising:
+            raise first
 
     def running(self, batch: Batch, plan: Plan) -> Running:
         """Around a front door's run of a ``Kind.RUN`` call's tool: marks it started, and

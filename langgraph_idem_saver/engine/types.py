@@ -13,7 +13,7 @@ import enum
 import inspect
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -223,6 +223,9 @@ class Batch:
     # the engine's owner id, read once when the run is prepared (``LedgerEngine.owner``)
     owner: str = ""
     read_only: dict[str, bool] = field(default_factory=dict)  # per tool name, this run
+    # outcomes written and not yet awaited (``LedgerEngine.outcomes_at_end``); None: each
+    # call awaits its own
+    outcomes: list[tuple[Plan, Awaitable[None]]] | None = None
 
     def add(self, plan: Plan) -> None:
         self.plans.setdefault(str(plan.call["id"]), deque()).append(plan)

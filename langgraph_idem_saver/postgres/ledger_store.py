@@ -6,6 +6,7 @@ policy over them lives in :class:`~langgraph_idem_saver.saver_base.IdemSaverBase
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -119,6 +120,13 @@ class PostgresLedgerStore:
         """Outcomes of calls that finish together share one statement (_finish_all)."""
         done, row = await self._finishes.submit((outcome, read_back))
         return done, (self.entry_of(row) if read_back and row is not None else None)
+
+    def _finish_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[Any]:
+        """``_finish_entry(read_back=False)`` submitted to the group commit now."""
+        return self._finishes.submit_nowait((outcome, False))
+
+    def _finish_matched(self, answer: tuple[bool, TupleRow | None]) -> bool:
+        return answer[0]
 
     async def _finish_all(
         self, batch: list[tuple[tuple[Any, ...], bool]]

@@ -5,6 +5,7 @@ policy over them lives in :class:`~langgraph_idem_saver.saver_base.IdemSaverBase
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -12,6 +13,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup
 from langgraph_idem_saver.sqlite import sql
+from langgraph_idem_saver.sqlite.connection import OUTCOME, Write
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.group_commit import GroupCommit
 
 T = TypeVar("T")
 
@@ -33,6 +38,13 @@ class SqliteLedgerStore:
             outcome: bool = False,
             one_statement: bool = False,
         ) -> T: ...
+
+        _group: GroupCommit[Write, tuple[bool, Any]]
+        is_setup: bool
+
+        async def setup(self) -> None: ...
+
+        def _written(self, ok: bool, value: Any) -> Any: ...
 
     def _claim_rows(self, conn: sqlite3.Connection, claims: Claims) -> list[ClaimOutcome]:
         """Insert every claim row whose key and slot are free. An inserted row's entry is
@@ -92,6 +104,13 @@ class SqliteLedgerStore:
 
         Outcomes of calls that finish together share one transaction (the group commit),
         each its own statement: no savepoint between them."""
+        finish = self._finish_body(outcome, read_back=read_back)
+        return await self._write(finish, outcome=True, one_statement=not read_back)
+
+    def _finish_body(
+        self, outcome: tuple[Any, ...], *, read_back: bool
+    ) -> Callable[[sqlite3.Connection], tuple[bool, LedgerEntry | None]]:
+        """An outcome's ``UPDATE`` as a write body (``_finish_entry``, ``_finish_soon``)."""
 
         def finish(conn: sqlite3.Connection) -> tuple[bool, LedgerEntry | None]:
             if conn.execute(sql.FINISH_ENTRY, outcome).rowcount != 1:
@@ -100,7 +119,24 @@ class SqliteLedgerStore:
                 return True, None
             return True, self.entry_of(conn.execute(sql.SELECT_ENTRY, outcome[5:7]).fetchone())
 
-        return await self._write(finish, outcome=True, one_statement=not read_back)
+        return finish
+
+    def _finish_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[Any]:
+        """``_finish_entry(read_back=False)``'s write submitted to the group commit now:
+        ``_write`` split in two, its answer read by ``_finish_matched``."""
+        finish = self._finish_body(outcome, read_back=False)
+        if not self.is_setup:  # a claim sets the saver up: only an outcome sent alone
+            return asyncio.ensure_future(self._set_up_then(finish))
+        return self._group.submit_nowait((finish, OUTCOME, True))
+
+    async def _set_up_then(self, finish: Callable[[sqlite3.Connection], Any]) -> tuple[bool, Any]:
+        await self.setup()
+        return await self._group.submit((finish, OUTCOME, True))
+
+    def _finish_matched(self, answer: tuple[bool, Any]) -> bool:
+        ok, value = answer
+        done, _ = value if ok else self._written(ok, value)  # which raises its error
+        return bool(done)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 
