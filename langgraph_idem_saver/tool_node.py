@@ -22,7 +22,9 @@ caller, not the model. So the node overrides the two levels of ``ToolNode``:
   stable - and then hand over to ``ToolNode`` unchanged;
 * ``_arun_one``/``_run_one`` (one call): replay, or run the unchanged ``ToolNode`` path -
   the user's ``wrap_tool_call``/``awrap_tool_call``, injection, ``handle_tool_errors``,
-  ``Command`` validation - and record its outcome.
+  ``Command`` validation - and record its outcome: in an async step the write starts as
+  the call finishes, and ``_afunc`` awaits every outcome of the step before it returns
+  (``LedgerEngine.outcomes_at_end``).
 
 So the user's wrappers run *inside* ours, and on replay they do not run at all.
 
