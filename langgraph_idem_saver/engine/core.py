@@ -436,11 +436,16 @@ class LedgerEngine:
     async def aclaimed(self, batch: Batch, plans: list[Plan], outcomes: list[ClaimOutcome]) -> None:
         """Take the claim's outcome for each plan; claim again the calls a sibling's fork
         slot refused (at their next occurrence)."""
+        refused = False
         for plan, outcome in zip(plans, outcomes, strict=True):
             plan.entry = outcome.entry
             plan.ledger_key = outcome.entry.key
             if outcome.claimed:
                 plan.kind, plan.owned = Kind.RUN, True
+            else:
+                refused = True
+        if not refused:  # a fresh step: each entry is its own claim, nothing to look at
+            return
         # a fork slot held by an identical call of this branch: claim the next occurrence;
         # held by another branch: that is this call (see ``forks``), settled below
         again = siblings_refused(plans)
