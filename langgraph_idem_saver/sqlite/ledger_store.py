@@ -134,8 +134,7 @@ class SqliteLedgerStore:
         return await self._group.submit((finish, OUTCOME, True))
 
     def _finish_matched(self, answer: tuple[bool, Any]) -> bool:
-        ok, value = answer
-        done, _ = value if ok else self._written(ok, value)  # which raises its error
+        done, _ = self._written(*answer)  # the body's (done, None), or its error raised
         return bool(done)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
