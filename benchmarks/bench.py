@@ -23,6 +23,8 @@ Usage::
     python benchmarks/bench.py --quick             # < 1 min
     python benchmarks/bench.py                     # full run (~5 min)
     python benchmarks/bench.py --configs sqlite --only aput,reads --json out.json
+    python benchmarks/bench.py --only ledger --repeat 7   # 7 fresh processes, each
+                                                          # ratio's median and range
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ledger_bytecodes import ledger_bytecodes
 from ledger_floor import postgres_floor_us, sqlite_floor_us
+from repeat import run_repeated
 
 from langgraph_idem_saver import AsyncSqliteSaver as OursSqlite
 from langgraph_idem_saver.postgres import AsyncPostgresSaver as OursPostgres
@@ -961,7 +964,13 @@ def main() -> int:
     parser.add_argument("--dsn", help="a PostgreSQL server to use (else a throwaway one)")
     parser.add_argument("--explain", action="store_true", help="print our reads' plans")
     parser.add_argument("--json", help="also write the numbers here")
-    return asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="N runs, each in a fresh process (repeat.py)"
+    )
+    args = parser.parse_args()
+    if args.repeat > 1:
+        return run_repeated(__file__, sys.argv[1:], args.repeat, args.json)
+    return asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
