@@ -79,7 +79,7 @@ from typing_extensions import TypedDict
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ledger_bytecodes import ledger_bytecodes
-from ledger_floor import postgres_floor_us, sqlite_floor_us
+from ledger_floor import TOOL_STEP_CALLS, postgres_floor_us, ratio_at_floor, sqlite_floor_us
 from repeat import run_repeated
 
 from langgraph_idem_saver import AsyncSqliteSaver as OursSqlite
@@ -829,11 +829,13 @@ def print_ledger_floors(rows: list[Row], ledger_floors: dict[str, dict[int, floa
             f"({floor[50] / 50:,.1f} µs a call)"
         )
         for r in rows:
-            calls = {"tool_step_1": 1, "tool_step_50": 50}.get(r.key)
+            calls = TOOL_STEP_CALLS.get(r.key)
             if r.config != config or calls is None or r.ledger_us is None:
                 continue
             per_call = floor[calls] / calls
-            best = r.median_us("official") / (r.median_us("ours+stock") + per_call)
+            best = ratio_at_floor(
+                r.median_us("official"), r.median_us("ours+stock"), floor[calls], calls
+            )
             print(
                 f"  {r.title} ({config}): ledger {r.ledger_us:+,.0f} µs a call, "
                 f"{r.ledger_us - per_call:+,.0f} µs beyond the floor; at the floor the "

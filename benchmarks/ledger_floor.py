@@ -39,6 +39,8 @@ from langgraph_idem_saver.postgres.ledger_rows import claim_rows, finish_rows
 from langgraph_idem_saver.sqlite import sql as sqlite_sql
 
 OWNER = "bench-host:1:0123abcd-0123456789ab"
+# the tool-step rows (``bench.tool_step``) and their calls a step
+TOOL_STEP_CALLS = {"tool_step_1": 1, "tool_step_50": 50}
 RESULT = b"\x84" + b"r" * 199  # a serialized ToolMessage is ~200 bytes
 
 
@@ -137,3 +139,11 @@ async def postgres_floor_us(dsn: str, calls: int, reps: int, kwargs: dict[str, A
             await (await conn.execute(finish, outcome)).fetchall()
             ts.append(time.perf_counter_ns() - t0)
     return statistics.median(ts[reps // 10 :]) / 1000.0
+
+
+def ratio_at_floor(
+    official_us: float, ours_stock_us: float, floor_step_us: float, calls: int
+) -> float:
+    """The ratio official / ours a tool-step row would have with a ledger costing only its
+    floor: our saver with the stock node, plus the floor's share a call."""
+    return official_us / (ours_stock_us + floor_step_us / calls)

@@ -21,10 +21,11 @@ import sys
 import tempfile
 from typing import Any
 
+from ledger_floor import TOOL_STEP_CALLS, ratio_at_floor
+
 # options each child run must not get: the repeat itself, and the JSON file (each child
 # writes its own, read back here)
 _OWN_OPTIONS = ("--repeat", "--json")
-_CALLS = {"tool_step_1": 1, "tool_step_50": 50}
 
 
 def child_argv(argv: list[str]) -> list[str]:
@@ -81,11 +82,11 @@ def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
         for row in run["rows"]:
             where = (row["config"], row["title"])
             by_row.setdefault(where, []).append(row)
-            calls = _CALLS.get(row["key"])
-            floor = floors.get(row["config"], {}).get(str(calls))
+            calls = TOOL_STEP_CALLS.get(row["key"])
+            floor = floors.get(row["config"], {}).get(str(calls))  # JSON: keys are text
             if calls is not None and floor is not None:
                 medians = row["median_us"]
-                best = medians["official"] / (medians["ours+stock"] + floor / calls)
+                best = ratio_at_floor(medians["official"], medians["ours+stock"], floor, calls)
                 at_floor.setdefault(where, []).append(best)
     if not by_row:
         return ["no timed rows in these runs"]
