@@ -25,6 +25,17 @@ from process_guard import postgres_processes
 TESTS_DIR = Path(__file__).resolve().parent
 DEADLINE = 60  # seconds for a server to start, or for anything to be gone
 
+# The inner pytest, started with Python's own Ctrl-C handler. A process started in the
+# background of a shell without job control (`nohup cmd &`, `cmd &` in a script: how some
+# CI runners start a job) inherits SIGINT *ignored*, and Python then leaves it ignored, so
+# the SIGINT case below would send a Ctrl-C that nothing hears. An interactive terminal,
+# where Ctrl-C happens, always delivers it; the case needs that precondition whatever
+# started the outer run.
+INNER_PYTEST = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "import pytest; sys.exit(pytest.main(sys.argv[1:]))"
+)
+
 
 def wait_for(predicate: Callable[[], object], what: str) -> None:
     deadline = time.monotonic() + DEADLINE
@@ -41,22 +52,58 @@ def ended(pid: int) -> bool:
         return True
 
 
-def run_pytest(where: Path, test_source: str) -> subprocess.Popen[str]:
+def ignore_sigint() -> None:
+    """What a shell without job control does to a command it starts in the background."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_pytest(
+    where: Path, test_source: str, *, started_in_background: bool = False
+) -> subprocess.Popen[str]:
     """Start pytest on one test file, with tests/pg_server.py loaded as a plugin (its
     fixtures and exit hooks, as tests/conftest.py loads them), in and with TMPDIR
-    ``where``."""
+    ``where``; ``started_in_background``: with SIGINT ignored, as `nohup cmd &` starts it."""
     (where / "test_inner.py").write_text(textwrap.dedent(test_source))
     env = {**os.environ, "TMPDIR": str(where), "PYTHONPATH": str(TESTS_DIR)}
     env.pop("IDEM_SAVER_PG_DSN", None)  # the inner run starts its own throwaway server
     plugins = ["-p", "pg_server", "-p", "no:cacheprovider"]
     return subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", *plugins, str(where / "test_inner.py")],
+        [sys.executable, "-c", INNER_PYTEST, "-q", *plugins, str(where / "test_inner.py")],
         cwd=where,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=ignore_sigint if started_in_background else None,
     )
+
+
+def test_a_process_started_in_the_background_ignores_ctrl_c_unless_told_otherwise(
+    tmp_path: Path,
+) -> None:
+    """Why INNER_PYTEST restores Python's Ctrl-C handler: started as `nohup cmd &`
+    starts it, a plain Python keeps SIGINT ignored (the SIGINT case below would then wait
+    for a pytest that never hears it), and the inner pytest of these cases does not."""
+    plain = subprocess.run(
+        [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT))"],
+        capture_output=True,
+        text=True,
+        preexec_fn=ignore_sigint,
+        check=True,
+    )
+    assert plain.stdout.strip() == str(signal.SIG_IGN)
+    proc = run_pytest(
+        tmp_path,
+        """
+        import signal
+
+        def test_ctrl_c_raises_keyboard_interrupt():
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        """,
+        started_in_background=True,
+    )
+    out, _ = proc.communicate(timeout=DEADLINE)
+    assert proc.returncode == 0, out
 
 
 @pytest.mark.parametrize(
@@ -84,7 +131,9 @@ def test_the_session_server_stops_when_pytest_is_interrupted_or_killed(
         assert started, "the server runs from a data directory under TMPDIR"
         assert all("idem-" in " ".join(p.cmdline()) for p in started), "named idem-*"
         proc.send_signal(sig)
-        proc.wait(DEADLINE)
+        # Ctrl-C: pytest's own "interrupted" exit (2); SIGTERM and SIGKILL end it outright
+        returncode = proc.wait(DEADLINE)
+        assert returncode == (2 if sig is signal.SIGINT else -sig), proc.communicate()[0]
         wait_for(lambda: not postgres_processes(server_tmp_dir), f"the server outlived {sig.name}")
         wait_for(
             lambda: not list(server_tmp_dir.glob("idem-saver-pg-*")),
