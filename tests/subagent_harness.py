@@ -573,7 +573,7 @@ async def open_saver(scenario: dict[str, Any]) -> AsyncIterator[Any]:
 
 
 async def main(scenario: dict[str, Any]) -> dict[str, Any]:
-    config = {"configurable": {"thread_id": scenario.get("thread_id", "session-1")}}
+    config = {"configurable": {"thread_id": scenario.get("thread_id", "chat-1")}}
     async with open_saver(scenario) as saver:
         graph, nodes, effects = build(scenario, saver)
         faults = nodes["researcher"]._faults

@@ -4,8 +4,8 @@ A call claimed by one release and resumed by the next (a crash, then an upgrade,
 resume) must be found under the same key, or it would run again. These are the keys and
 texts this release computes for one call under every policy, pinned; a change to how
 keys are derived (the JSON of the arguments, the digest's parts) fails here first. The
-values were computed by the release that built keys with ``json.dumps`` (session 7) and
-are unchanged by the encoders made once (session 8).
+values were computed when keys were built with ``json.dumps`` per call and are unchanged
+by the encoders made once (``a51d8f5``, 2026-11-26).
 """
 
 from __future__ import annotations
