@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from langgraph_idem_saver.postgres import AsyncPostgresSaver, PostgresSaver
     from langgraph_idem_saver.retention import SweepReport, TTLConfig
     from langgraph_idem_saver.sqlite import AsyncSqliteSaver, SqliteSaver
+    from langgraph_idem_saver.standalone_ledger import ToolLedger
     from langgraph_idem_saver.task import RecordedFailureError, idempotent_task
     from langgraph_idem_saver.tool_node import (
         NOT_APPLIED,
@@ -65,6 +66,7 @@ _LAZY = {
     "RecordedFailureError": "langgraph_idem_saver.task",
     "TTLConfig": "langgraph_idem_saver.retention",
     "SweepReport": "langgraph_idem_saver.retention",
+    "ToolLedger": "langgraph_idem_saver.standalone_ledger",
 }
 
 
@@ -147,6 +149,7 @@ __all__ = [
     "TTLConfig",
     "ToolCallInProgress",
     "ToolCallLedger",
+    "ToolLedger",
     "UnknownToolOutcome",
     "idempotent_task",
 ]

@@ -296,8 +296,12 @@ async def awarn_if_unimported(saver: IdemSaverBase) -> None:
     """Log one warning when LangGraph's tables beside ours hold threads ours lacks.
 
     Called once by each saver's ``setup()``. Tables named like LangGraph's that are not
-    LangGraph's (another program's ``checkpoints``) are not ours to mention.
+    LangGraph's (another program's ``checkpoints``) are not ours to mention, nor are
+    LangGraph's tables beside a ``ToolLedger``'s (``ledger_only``): its graph's
+    checkpointer reads them itself.
     """
+    if getattr(saver, "ledger_only", False):
+        return
     tables = tables_of(saver)
     try:
         layout = await tables.alayout()

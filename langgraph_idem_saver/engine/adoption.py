@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
 
+from langgraph_idem_saver.engine.history import alist_saved
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.results import collect_tool_calls
 from langgraph_idem_saver.engine.types import Batch, Plan
@@ -305,7 +306,8 @@ async def adurable_calls(
         # sub-agent that leaves through a handoff saves its own checkpoint, while the
         # root's is never written - a branch of history nobody will continue
         anchored: list[tuple[dict[str, str], set[str]]] = []
-        async for tup in alist({"configurable": {"thread_id": thread_id}}):
+        # alist, or a sync-only saver's list in a thread (a ToolLedger beside it)
+        async for tup in alist_saved(checkpointer, {"configurable": {"thread_id": thread_id}}):
             configurable = tup.config["configurable"]
             saved.add((str(configurable.get("checkpoint_ns", "")), configurable["checkpoint_id"]))
             pairs: set[tuple[str, str]] = set()

@@ -1,0 +1,441 @@
+"""``ToolLedger``: the tool-call ledger alone, on a database of its own, beside any
+checkpointer (LangGraph's ``InMemorySaver`` or official savers, a Redis or Mongo saver,
+the Agent Server's own persistence).
+
+Why it looks like this:
+
+* **The savers' ledger, reused.** Our savers *are* ledgers (``ToolCallLedger``), and a
+  saver opened on a database of its own and passed as ``ledger=`` already works. This
+  object opens that saver from a path or a DSN, runs ``setup()``, and exposes only the
+  ledger: no checkpoint method (it is never a graph's checkpointer by mistake) and no
+  retention, whose rule "nothing can replay an entry" reads checkpoints this database
+  never holds (see ``docs/guarantees.md``, "A ledger beside any checkpointer").
+* **One owner of one connection.** ``async with ToolLedger(...)`` opens the connection on
+  the running loop and closes it at the block's end; ``with ToolLedger(...)`` opens it on a
+  private loop thread (what a sync ``graph.invoke`` needs) and closes it the same way. A
+  ledger used before either is opened on first use, on such a thread, and is closed by
+  ``close()``/``aclose()`` or at interpreter exit: a graph module can build its front door
+  at import time, as the Agent Server loads it.
+* **Outcomes durable on their own.** Beside our saver, an outcome reaches the disk with
+  the step's synced checkpoint write; here no checkpoint write shares the database, so a
+  SQLite ledger syncs every commit (``synchronous="EXTRA"``) by default.
+* **Closed is final.** Every call after ``close()`` raises ``ConnectionClosedError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from langgraph_idem_saver.engine.loops import on_loop, running_loop
+from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
+from langgraph_idem_saver.ledger import CallStatus, ToolCallLedger
+from langgraph_idem_saver.saver_base import IdemSaverBase
+from langgraph_idem_saver.sqlite.connection import Synchronous
+from langgraph_idem_saver.sqlite.files import parse_target
+from langgraph_idem_saver.surrogates import lossless
+from langgraph_idem_saver.sync_bridge import _Runtime
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["ToolLedger"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_POSTGRES_SCHEMES = ("postgres", "postgresql")
+# libpq's keyword/value form: ``host=... dbname=...`` (each word a ``key=value``)
+_KEYWORD_VALUE = re.compile(r"^\s*(\w+\s*=\s*('([^'\\]|\\.)*'|\S+)\s*)+$")
+
+
+def backend_of(conn_string: object) -> str:
+    """``"sqlite"`` or ``"postgres"`` for a connection string; :class:`ConfigError` for
+    anything that is neither a SQLite path (or ``file:`` URI) nor a PostgreSQL DSN, and
+    for a SQLite database that lives in memory (it forgets every claim at exit)."""
+    if not isinstance(conn_string, str):
+        raise ConfigError(
+            "ToolLedger needs a SQLite path or a PostgreSQL DSN (a str), got "
+            f"{type(conn_string).__name__}"
+        )
+    if not conn_string.strip():
+        raise ConfigError("ToolLedger needs a SQLite path or a PostgreSQL DSN, got ''")
+    if "\x00" in conn_string:
+        raise ConfigError("a ToolLedger connection string cannot hold a NUL character")
+    scheme = _URI_SCHEME.match(conn_string)
+    if scheme is not None:
+        if scheme.group(1).lower() in _POSTGRES_SCHEMES:
+            return "postgres"
+        raise ConfigError(
+            f"ToolLedger stores its entries in SQLite or PostgreSQL; a {scheme.group(1)}:// "
+            "URL is neither (give a SQLite path, a file: URI or a postgresql:// DSN)"
+        )
+    if not conn_string.startswith("file:") and _KEYWORD_VALUE.match(conn_string):
+        return "postgres"
+    if parse_target(conn_string, conn_string.startswith("file:")).path is None:
+        raise ConfigError(
+            f"a ToolLedger in memory ({conn_string!r}) forgets every claim when the process "
+            "ends, which is when it is needed: give it a file"
+        )
+    return "sqlite"
+
+
+class _LedgerMethod(Generic[P, R]):
+    """A ledger method of :class:`ToolLedger`: the inner saver's method of the same name,
+    awaited where that saver lives, once it is open (opened on first use)."""
+
+    def __init__(self, method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> None:
+        self.name = method.__name__
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _LedgerMethod[P, R]: ...
+
+    @overload
+    def __get__(
+        self, obj: ToolLedger, owner: type | None = None
+    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    def __get__(self, obj: ToolLedger | None, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        name = self.name
+
+        async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            saver = await obj._aready()
+            result: R = await obj._hop(getattr(saver, name)(*args, **kwargs))
+            return result
+
+        call.__name__ = call.__qualname__ = name
+        call.__doc__ = self.__doc__
+        return call
+
+
+S = TypeVar("S", bound=IdemSaverBase)
+_LEDGER_ONLY: dict[type[Any], type[Any]] = {}
+
+
+def _ledger_only(saver_class: type[S]) -> type[S]:
+    """``saver_class`` marked ``ledger_only``: its ``setup()`` does not offer to import
+    LangGraph's checkpoint tables found beside it (they belong to the checkpointer this
+    ledger sits beside, which reads them itself)."""
+    found = _LEDGER_ONLY.get(saver_class)
+    if found is None:
+        found = type(f"LedgerOnly{saver_class.__name__}", (saver_class,), {"ledger_only": True})
+        _LEDGER_ONLY[saver_class] = found
+    return found
+
+
+def _closed_error() -> ConnectionClosedError:
+    return ConnectionClosedError(
+        "the ToolLedger is closed (close()/aclose() was called or its `with` block ended); "
+        "open a new one"
+    )
+
+
+class ToolLedger(ToolCallLedger):
+    """A tool-call ledger on a database of its own, for a graph whose checkpointer is not
+    one of our savers: pass it as ``ledger=`` to ``IdempotentToolNode``,
+    ``IdempotencyMiddleware`` or ``idempotent_task``.
+
+    Args:
+        conn_string: a SQLite path (or ``file:`` URI) or a PostgreSQL DSN
+            (``postgresql://...`` or ``host=... dbname=...``); anything else, and a SQLite
+            database in memory, is refused with :class:`ConfigError`. Nothing is opened
+            here: bad paths and unreachable servers are reported when it opens (the
+            savers' typed errors).
+        serde: the serializer of recorded results (``EncryptedSerializer`` encrypts them
+            and the arguments, as with our savers).
+        synchronous: SQLite only; ``"EXTRA"`` (default) syncs every commit, outcomes
+            included (no checkpoint write shares this database to sync them).
+        busy_timeout: SQLite only; seconds to wait for another process's write lock.
+
+    ``async with ToolLedger(...) as ledger`` opens it on the running loop; ``with``
+    opens it on a private loop thread (for ``graph.invoke``; works for ``ainvoke`` too);
+    unopened, it opens itself that way on first use. ``close()``/``aclose()`` end it.
+    """
+
+    def __init__(
+        self,
+        conn_string: str,
+        *,
+        serde: SerializerProtocol | None = None,
+        synchronous: Synchronous = "EXTRA",
+        busy_timeout: float = 5.0,
+    ) -> None:
+        self.backend = backend_of(conn_string)
+        if synchronous not in ("FULL", "NORMAL", "EXTRA"):
+            raise ConfigError(f"synchronous must be FULL, NORMAL or EXTRA, got {synchronous!r}")
+        self._conn_string = conn_string
+        self._synchronous: Synchronous = synchronous
+        self._busy_timeout = busy_timeout
+        self.serde = lossless(serde if serde is not None else JsonPlusSerializer())
+        self._lock = threading.Lock()
+        self._saver: IdemSaverBase | None = None
+        self._runtime: _Runtime | None = None  # opened on a private loop thread
+        self._stack: AsyncExitStack | None = None  # opened on the caller's loop
+        self._closed = False
+
+    @classmethod
+    def from_conn_string(
+        cls,
+        conn_string: str,
+        *,
+        serde: SerializerProtocol | None = None,
+        synchronous: Synchronous = "EXTRA",
+        busy_timeout: float = 5.0,
+    ) -> ToolLedger:
+        """``ToolLedger(conn_string, ...)``, named as LangGraph's savers name theirs; use it
+        as is, or with ``async with`` / ``with`` to choose where it opens and when it
+        closes."""
+        return cls(conn_string, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open" if self._saver is not None else "not open"
+        return f"ToolLedger({self.backend}, {state})"
+
+    # --- where it lives ----------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:  # type: ignore[override]
+        """The loop the ledger's connection belongs to (None before it is opened: its
+        calls then open it and hop there themselves)."""
+        if self._runtime is not None:
+            return self._runtime.loop
+        saver = self._saver
+        return None if saver is None else saver.loop
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close`/:meth:`aclose` was called."""
+        return self._closed
+
+    def _opener(self) -> AbstractAsyncContextManager[IdemSaverBase]:
+        """The saver behind this ledger, as an async context manager (``setup()`` run)."""
+        if self.backend == "postgres":
+            from langgraph_idem_saver import AsyncPostgresSaver  # ImportError names the extra
+
+            pg = _ledger_only(AsyncPostgresSaver)
+            return pg.from_conn_string(self._conn_string, serde=self.serde)
+        from langgraph_idem_saver.sqlite import AsyncSqliteSaver
+
+        return _ledger_only(AsyncSqliteSaver).from_conn_string(
+            self._conn_string,
+            serde=self.serde,
+            synchronous=self._synchronous,
+            busy_timeout=self._busy_timeout,
+        )
+
+    async def _open_on(self, stack: AsyncExitStack) -> IdemSaverBase:
+        return await stack.enter_async_context(self._opener())
+
+    def _check_unopened(self) -> None:
+        if self._closed:
+            raise _closed_error()
+        if self._saver is not None:
+            raise ConfigError("this ToolLedger is already open; open it once")
+
+    async def aopen(self) -> ToolLedger:
+        """Open the connection on the running loop (``async with`` does this)."""
+        with self._lock:
+            self._check_unopened()
+        stack = AsyncExitStack()
+        try:
+            saver = await self._open_on(stack)
+        except BaseException:
+            await stack.aclose()
+            raise
+        with self._lock:
+            if self._closed or self._saver is not None:  # closed or opened meanwhile
+                opened_elsewhere = not self._closed
+            else:
+                self._stack, self._saver = stack, saver
+                return self
+        await stack.aclose()
+        if opened_elsewhere:
+            raise ConfigError("this ToolLedger is already open; open it once")
+        raise _closed_error()
+
+    def open(self) -> ToolLedger:
+        """Open the connection on a private loop thread (``with`` does this)."""
+        with self._lock:
+            self._check_unopened()
+            self._open_on_thread()
+        return self
+
+    def _open_on_thread(self) -> None:
+        """Under the lock: the saver, opened on a new private loop thread."""
+        runtime = _Runtime("idem-tool-ledger")
+        try:
+            saver = runtime.call(self._open_on(runtime.stack))
+        except BaseException:
+            runtime.close()
+            raise
+        self._runtime, self._saver = runtime, saver
+
+    def _open_on_first_use(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise _closed_error()
+            if self._saver is None:
+                self._open_on_thread()
+
+    async def _aready(self) -> IdemSaverBase:
+        """The open saver; opened on first use (in a worker thread: the loop never waits)."""
+        saver = self._saver
+        if saver is not None and not self._closed:
+            return saver
+        if self._closed:
+            raise _closed_error()
+        await asyncio.to_thread(self._open_on_first_use)
+        saver = self._saver
+        if saver is None:  # closed while opening
+            raise _closed_error()
+        return saver
+
+    async def _hop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` where the saver lives."""
+        runtime = self._runtime
+        if runtime is not None:
+            return await runtime.hop(coro)
+        saver = self._saver
+        if saver is None:
+            coro.close()
+            raise _closed_error()
+        return await on_loop(saver.loop, coro)
+
+    # --- lifetime ----------------------------------------------------------------------
+
+    def _take(self) -> tuple[_Runtime | None, AsyncExitStack | None, IdemSaverBase | None]:
+        with self._lock:
+            if self._closed:
+                return None, None, None
+            self._closed = True
+            taken = self._runtime, self._stack, self._saver
+            self._runtime = self._stack = self._saver = None
+            return taken
+
+    async def aclose(self) -> None:
+        """Close the connection (idempotent); every later call raises
+        :class:`ConnectionClosedError`."""
+        runtime, stack, saver = self._take()
+        if runtime is not None:
+            await asyncio.to_thread(runtime.close)
+        elif stack is not None and saver is not None:
+            await on_loop(saver.loop, stack.aclose())
+
+    def close(self) -> None:
+        """:meth:`aclose` from synchronous code. A ledger opened with ``async with`` /
+        :meth:`aopen` closes on its own loop: from that loop's thread, ``await aclose()``."""
+        if self._stack is not None and not self._closed:
+            loop = self.loop
+            if loop is None or loop is running_loop() or not loop.is_running():
+                raise ConfigError(
+                    "this ToolLedger was opened on an event loop: close it there with "
+                    "`await ledger.aclose()` (or leave its `async with` block)"
+                )
+        runtime, stack, saver = self._take()
+        if runtime is not None:
+            runtime.close()
+        elif stack is not None and saver is not None and saver.loop is not None:
+            asyncio.run_coroutine_threadsafe(stack.aclose(), saver.loop).result()
+
+    async def __aenter__(self) -> Self:
+        await self.aopen()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> Self:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- the ledger (ToolCallLedger), the inner saver's -----------------------------------
+
+    aclaim = _LedgerMethod(IdemSaverBase.aclaim)
+    aclaim_step = _LedgerMethod(IdemSaverBase.aclaim_step)
+    afinish = _LedgerMethod(IdemSaverBase.afinish)
+    arecord_outcome = _LedgerMethod(IdemSaverBase.arecord_outcome)
+    areclaim = _LedgerMethod(IdemSaverBase.areclaim)
+    arelease = _LedgerMethod(IdemSaverBase.arelease)
+    aabandon = _LedgerMethod(IdemSaverBase.aabandon)
+    aadopt = _LedgerMethod(IdemSaverBase.aadopt)
+    aget_entry = _LedgerMethod(IdemSaverBase.aget_entry)
+    afind_orphans = _LedgerMethod(IdemSaverBase.afind_orphans)
+    afind_at_position = _LedgerMethod(IdemSaverBase.afind_at_position)
+    afind_step_candidates = _LedgerMethod(IdemSaverBase.afind_step_candidates)
+    alist_entries = _LedgerMethod(IdemSaverBase.alist_entries)
+    alist_issued = _LedgerMethod(IdemSaverBase.alist_issued)
+    alist_unknown = _LedgerMethod(IdemSaverBase.alist_unknown)
+    aresolve = _LedgerMethod(IdemSaverBase.aresolve)
+    aoperator_update = _LedgerMethod(IdemSaverBase.aoperator_update)
+    anote_replay = _LedgerMethod(IdemSaverBase.anote_replay)
+
+    # the thread's ledger rows, for a thread the checkpointer copied or deleted (it does
+    # not know this database): the saver's own methods, over a database with no checkpoint
+    acopy_thread = _LedgerMethod(IdemSaverBase.acopy_thread)
+    adelete_thread = _LedgerMethod(IdemSaverBase.adelete_thread)
+
+    def record_outcome_soon(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> Awaitable[None]:
+        """The saver's own (its group commit) when called on its loop; else its
+        ``arecord_outcome``, started now in a task that hops there."""
+        saver = self._saver
+        if saver is None:  # a claim came first, so it was open: closed since
+            raise _closed_error()
+        if running_loop() is self.loop:
+            return saver.record_outcome_soon(
+                scope,
+                key,
+                owner=owner,
+                status=status,
+                result_type=result_type,
+                result=result,
+                error=error,
+            )
+        return asyncio.ensure_future(
+            self._hop(
+                saver.arecord_outcome(
+                    scope,
+                    key,
+                    owner=owner,
+                    status=status,
+                    result_type=result_type,
+                    result=result,
+                    error=error,
+                )
+            )
+        )
