@@ -12,9 +12,13 @@ Where it goes in the list (the first middleware is the outermost):
 * after ``ToolRetryMiddleware`` (so inside it): each retry then passes through the
   ledger as the next attempt of the same call - the failed attempt is an unknown outcome
   that ``verify`` (or ``NotAppliedError``) settles - instead of re-running the tool
-  unseen within one claim;
-* anywhere relative to ``HumanInTheLoopMiddleware``, which interrupts after the model,
-  before any tool call reaches a ``wrap_tool_call`` hook (tested in both orders);
+  unseen within one claim. The other order is refused at the first call
+  (``MiddlewareOrderError``, ``middleware_order.py``);
+* after ``HumanInTheLoopMiddleware(interrupt_mode="per_call")`` (its approval
+  ``interrupt()`` and ours must not share answer positions; the other order is refused);
+  the default ``batched`` mode may sit on either side: a reviewer's edit is read from the
+  state, so the ledger records, verifies and asks about the arguments that run
+  (``middleware_calls.py``), with the edit in the entry's history;
 * after middlewares that rewrite a call's arguments, so the ledger records what runs.
 
 Needs the ``[agents]`` extra (``pip install 'langgraph-idem-saver[agents]'``).
@@ -38,6 +42,8 @@ from langgraph_idem_saver.engine import (
 from langgraph_idem_saver.engine.loops import run_private
 from langgraph_idem_saver.engine.options import LedgerKwargs
 from langgraph_idem_saver.engine.results import calls_in_messages
+from langgraph_idem_saver.middleware_calls import Executed, anote_edit, executed_call
+from langgraph_idem_saver.middleware_order import check_order
 
 try:
     from langchain.agents.middleware import AgentMiddleware
@@ -81,20 +87,29 @@ class IdempotencyMiddleware(AgentMiddleware):
     def name(self) -> str:
         return "IdempotencyMiddleware"
 
-    def _plan(self, request: ToolCallRequest) -> tuple[Batch, Plan]:
+    def _plan(self, request: ToolCallRequest, handler: Any) -> tuple[Batch, Plan, Executed]:
+        check_order(handler)  # refuse an order that defeats the ledger, before any tool runs
         self._check_tools(request)
         batch = Batch(sync=False)
-        plan = self.engine.add_call(
-            batch, request.tool_call, tool=request.tool, known=request.tool is not None
-        )
         state = request.state
         messages = (
             state.get(self.engine.messages_key)
             if isinstance(state, dict)
             else getattr(state, self.engine.messages_key, None)
         )
+        # the call that runs (a reviewer's edit swapped in), keyed as the model's call
+        executed = executed_call(
+            request.tool_call,
+            request.tool,
+            state,
+            messages,
+            getattr(request.runtime, "tools", None),
+        )
+        plan = self.engine.add_call(
+            batch, executed.call, tool=executed.tool, known=executed.tool is not None
+        )
         self.engine.note_state(batch, calls_in_messages(messages))
-        return batch, plan
+        return batch, plan, executed
 
     def _check_tools(self, request: ToolCallRequest) -> None:
         """Per-tool options must name the agent's tools (checked once, at the first call)."""
@@ -106,12 +121,13 @@ class IdempotencyMiddleware(AgentMiddleware):
         self._checked_tools = names
 
     async def awrap_tool_call(self, request: ToolCallRequest, handler: AsyncHandler) -> Any:
-        batch, plan = self._plan(request)
+        batch, plan, executed = self._plan(request, handler)
         if plan.kind is Kind.SKIP:
             return await handler(request)
         config = request.runtime.config
         try:
             await self.engine.aprepare(batch, config)
+            await anote_edit(self.engine, batch, plan, executed)
             if plan.kind is not Kind.RUN:
                 return await self.engine.aanswer(batch, plan)
             async with self.engine.running(batch, plan):
@@ -121,13 +137,14 @@ class IdempotencyMiddleware(AgentMiddleware):
             await self.engine.arelease_unstarted(batch)
 
     def wrap_tool_call(self, request: ToolCallRequest, handler: Handler) -> Any:
-        batch, plan = self._plan(request)
+        batch, plan, executed = self._plan(request, handler)
         if plan.kind is Kind.SKIP:
             return handler(request)
         batch.sync = True
         config = request.runtime.config
         try:
             run_private(self.engine.aprepare(batch, config))
+            run_private(anote_edit(self.engine, batch, plan, executed))
             if plan.kind is not Kind.RUN:
                 return run_private(self.engine.aanswer(batch, plan))
             plan.started = True

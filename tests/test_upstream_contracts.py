@@ -19,6 +19,11 @@ upgrade that changes one fails here, naming it, instead of somewhere deep in a s
   caller.
 * psycopg_pool's ``ConnectionPool._configure``/``_check``: read by the sync Postgres
   saver to rebuild a user's pool as an async one.
+* ``langchain.agents.factory``'s composed ``wrap_tool_call`` chain (``call_inner`` with
+  the free variables ``inner``/``execute``, ``composed`` with ``outer``/``inner``, each
+  hook ``traceable``-wrapped around the bound method) and ``HumanInTheLoopMiddleware``'s
+  state key ``hitl_edited_tool_calls``: read by ``middleware_order.py`` to refuse the
+  middleware orders that defeat the ledger and to ledger the call a reviewer's edit runs.
 """
 
 from __future__ import annotations
@@ -270,4 +275,61 @@ def test_connection_pool_keeps_configure_and_check_where_the_sync_saver_reads_th
     )
     assert plain._configure is None and plain._check is None, changed(
         "psycopg_pool", "the defaults of _configure/_check", where
+    )
+
+
+# --- langchain's middleware chain (middleware_order.py) -----------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_tool_call_chain_shows_the_middlewares_inside_a_hook(mode: str) -> None:
+    """``inner_middlewares(handler)`` reads the hooks listed after the calling one, and
+    HITL keeps a reviewer's edit under the state key ``reviewer_edit`` reads."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import (
+        AgentMiddleware,
+        HumanInTheLoopMiddleware,
+        ToolRetryMiddleware,
+    )
+    from langchain.agents.middleware import human_in_the_loop as hitl_module
+    from langgraph.checkpoint.memory import InMemorySaver
+    from tool_node_helpers import scripted_model
+
+    from langgraph_idem_saver.middleware_order import HITL_EDITS_KEY, inner_middlewares
+
+    seen: dict[str, Any] = {}
+
+    class Probe(AgentMiddleware):
+        def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+            seen.setdefault("inner", inner_middlewares(handler))
+            return handler(request)
+
+        async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+            seen.setdefault("inner", inner_middlewares(handler))
+            return await handler(request)
+
+    @tool
+    def charge(invoice: str) -> str:
+        """Charge an invoice."""
+        return "ok"
+
+    retry, hitl = ToolRetryMiddleware(), HumanInTheLoopMiddleware({"charge": False})
+    for middleware, expected in (([Probe(), retry, hitl], [retry, hitl]), ([Probe()], [])):
+        seen.clear()
+        agent = create_agent(
+            scripted_model(ai_calls(("charge", {"invoice": "i"}, "c1")), AIMessage("done")),
+            tools=[charge],
+            middleware=middleware,
+            checkpointer=InMemorySaver(),
+        )
+        config: Any = {"configurable": {"thread_id": "t"}}
+        if mode == "sync":
+            agent.invoke({"messages": [("user", "pay")]}, config)
+        else:
+            asyncio.run(agent.ainvoke({"messages": [("user", "pay")]}, config))
+        assert seen["inner"] == expected, changed(
+            "langchain", "how create_agent composes wrap_tool_call hooks", "middleware_order.py"
+        )
+    assert hitl_module._EDITED_TOOL_CALLS_KEY == HITL_EDITS_KEY, changed(
+        "langchain", "HumanInTheLoopMiddleware's edited-calls state key", "middleware_order.py"
     )

@@ -40,6 +40,7 @@ __all__ = [
     "IdempotencyConflict",
     "IdempotencyCounters",
     "Kind",
+    "MiddlewareOrderError",
     "NoLedgerError",
     "NotAppliedError",
     "OnUnknown",
@@ -80,6 +81,17 @@ class UnknownToolOutcome(IdemSaverError):
 
 class NoLedgerError(ConfigError):
     """The node found no ``ToolCallLedger``: neither ``ledger=`` nor the checkpointer."""
+
+
+class MiddlewareOrderError(ConfigError):
+    """``IdempotencyMiddleware`` is listed in an order where another middleware would
+    defeat it: one that re-runs the tool inside our single claim (``ToolRetryMiddleware``
+    listed after ours), or one that raises its own ``interrupt()`` inside our call
+    (``HumanInTheLoopMiddleware(interrupt_mode="per_call")`` listed after ours: LangGraph
+    hands a task's answers back by position, so after a crash our question would take
+    its answer). Raised at the first tool call, before any tool runs; the message says
+    which order to use.
+    """
 
 
 class NotAppliedError(Exception):
