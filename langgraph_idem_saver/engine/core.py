@@ -42,10 +42,17 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
+from langgraph_idem_saver.checkpointer_unwrap import describe, ledger_in
 from langgraph_idem_saver.engine.adoption import (
     aadopt_orphans,
     aadopt_superseded,
     step_lookup,
+)
+from langgraph_idem_saver.engine.earlier import (
+    adecide_earlier,
+    areopen,
+    closed_superseded,
+    raise_changed,
 )
 from langgraph_idem_saver.engine.forks import SlotCounter, fork_point, siblings_refused
 from langgraph_idem_saver.engine.loops import on_loop, running_loop
@@ -254,13 +261,15 @@ class LedgerEngine:
         return isinstance(exc, safe + self.options.not_applied_for(tool_name))
 
     def find_ledger(self, config: RunnableConfig) -> ToolCallLedger:
-        """``ledger=`` if given, else the graph's checkpointer when it is a ledger."""
+        """``ledger=`` if given, else the graph's checkpointer when it is a ledger or wraps
+        one (LangGraph's Agent Server wraps it: ``checkpointer_unwrap``)."""
         if self.options.ledger is not None:
             return self.options.ledger
         checkpointer = config.get("configurable", {}).get(CONFIG_KEY_CHECKPOINTER)
-        if isinstance(checkpointer, ToolCallLedger):
-            return checkpointer
-        found = "no checkpointer" if checkpointer is None else type(checkpointer).__name__
+        found_ledger = ledger_in(checkpointer)
+        if found_ledger is not None:
+            return found_ledger
+        found = describe(checkpointer)
         raise NoLedgerError(
             f"{self.name!r} needs a ToolCallLedger, found {found}: compile the graph with a "
             "checkpointer that implements it (e.g. langgraph_idem_saver.AsyncSqliteSaver) "
@@ -500,6 +509,11 @@ class LedgerEngine:
                         f"within {self.options.wait_seconds}s. Retry later."
                     )
                 unknown.append(plan)
+            elif closed_superseded(entry) and not plan.superseded:
+                # a lost call that did not happen answers nothing: this call (its very
+                # arguments) runs it as its next attempt (engine/earlier.py)
+                if not await areopen(self, batch, plan, "not applied; superseded"):
+                    raise_changed(plan)
             else:
                 self.set_replay(batch, plan, entry)
 
@@ -507,8 +521,12 @@ class LedgerEngine:
         decisions = [(plan, await adecide(self, batch, plan, sole=sole)) for plan in unknown]
         for plan, decision in decisions:
             await aapply(self, batch, plan, decision)
+        # a settled entry not proven to be the call (reworded, or of an ended
+        # conversation): on_earlier_call decides, never a guess (engine/earlier.py)
+        fresh = await adecide_earlier(self, batch, plans, sole=sole)
         # replaced a lost call that did not happen: now a call of its own
-        fresh = [p for p in unknown if p.kind is Kind.PENDING and p.entry is None]
+        fresh += [p for p in unknown if p.kind is Kind.PENDING and p.entry is None]
+        fresh = list(dict.fromkeys(fresh))  # a reworded call decided "run" is in both
         if fresh:
             await self.aclaim(batch, fresh)
             await self.asettle(batch, [p for p in fresh if p.kind is Kind.PENDING])
