@@ -2,8 +2,9 @@
 
 Part 1 drives real graph runs (the scripted agent of ``resume_worker``) and then
 ``adelete_thread``, ``adelete_for_runs``, ``acopy_thread`` and ``aprune``: the ledger rows
-must go with their thread / run, come along with a fork (a fork replays, it does not
-charge again), and survive pruning (pruning checkpoints must never cause a re-run).
+go with their thread (its unknown outcomes excepted), stay when a run is deleted (the
+server's rollback: its effects happened), come along with a fork (a fork replays, it does
+not charge again), and survive pruning (pruning checkpoints must never cause a re-run).
 Rows of a named namespace are shared by every thread that uses it, so no single thread's
 maintenance may copy or delete them.
 
@@ -26,10 +27,11 @@ from typing import Any
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
+from langgraph.prebuilt import ToolNode
 from resume_worker import InvoiceModel, build_graph
 from tool_node_helpers import cfg
 
-from langgraph_idem_saver import IdempotentToolNode
+from langgraph_idem_saver import NOT_APPLIED, IdempotentToolNode
 from langgraph_idem_saver.errors import LedgerStateError
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, owner_is_dead
 
@@ -95,9 +97,12 @@ async def test_delete_thread_takes_its_ledger_rows_and_only_those(saver: Any) ->
 
 
 @pytest.mark.parametrize("carrier", ["metadata", "configurable"])
-async def test_delete_for_runs_takes_the_runs_ledger_rows(saver: Any, carrier: str) -> None:
+async def test_delete_for_runs_takes_the_runs_checkpoints_and_keeps_their_ledger_rows(
+    saver: Any, carrier: str
+) -> None:
     """``run_id`` set by the caller (LangGraph Platform puts it in the config's metadata
-    and configurable) tags both the checkpoints and the ledger rows of that run."""
+    and configurable) tags both the checkpoints and the ledger rows of that run. Deleting
+    the run takes its checkpoints; its ledger rows stay (the effects happened)."""
     fx = Effects()
     graph = agent(saver, fx)
     r1, r2, r3 = (str(uuid.uuid4()) for _ in range(3))
@@ -116,12 +121,100 @@ async def test_delete_for_runs_takes_the_runs_ledger_rows(saver: Any, carrier: s
 
     await saver.adelete_for_runs([r2])
 
-    assert [(e.run_id, e.tool_call_id) for e in await saver.alist_entries("T")] == [
-        (r1, entries[0].tool_call_id)
-    ]
+    assert await saver.alist_entries("T") == entries, "a deleted run's calls happened"
     assert {t.metadata.get("run_id") for t in await checkpoints(saver, "T")} == {r1}
     assert [e.run_id for e in await saver.alist_entries("U")] == [r3]
     assert fx.charged == ["t1", "t2a", "t2b", "u"]
+
+
+class LostReply:
+    """A ``charge`` tool whose first charge of ``flaky`` lands and then raises (a timeout
+    after the provider took the money), and a ``verify`` hook asking the "provider"."""
+
+    def __init__(self, flaky: str) -> None:
+        self.charged: list[str] = []
+        self.flaky = flaky
+
+    def tools(self) -> list[Any]:
+        @tool
+        async def charge(invoice: str, amount: int) -> str:
+            """Charge an invoice."""
+            self.charged.append(invoice)
+            if invoice == self.flaky and self.charged.count(invoice) == 1:
+                raise TimeoutError("the provider did not answer in time")
+            return f"charged {invoice} ${amount}"
+
+        return [charge]
+
+    def verify(self, args: dict[str, Any]) -> Any:
+        if args["invoice"] in self.charged:
+            return f"charged {args['invoice']} ${args['amount']}"
+        return NOT_APPLIED
+
+
+@pytest.mark.parametrize("node", ["ours", "stock"])
+async def test_a_rolled_back_runs_calls_are_replayed_or_asked_never_run_again(
+    saver: Any, node: str
+) -> None:
+    """What LangGraph's server does on ``multitask_strategy="rollback"``: the run is cut
+    off and ``adelete_for_runs`` deletes it; the user's next message asks again. The rolled
+    back run charged ``b`` (its reply was lost: an unknown outcome) and ``c`` (completed);
+    the redo's model, with new call ids, asks for both again: ``b`` is verified, ``c``
+    replayed, neither charged twice. The stock ``ToolNode`` (the control) charges both
+    again."""
+    fx = LostReply(flaky="b")
+    if node == "ours":
+        tool_node: Any = IdempotentToolNode(fx.tools(), verify={"charge": fx.verify})
+    else:
+        tool_node = ToolNode(fx.tools())
+    graph = build_graph(InvoiceModel(), tool_node, saver)
+    r1, r2, r3 = (str(uuid.uuid4()) for _ in range(3))
+    await graph.ainvoke(pay("a"), cfg("T", metadata={"run_id": r1}))
+    with pytest.raises(TimeoutError):
+        await graph.ainvoke(pay("c", "b"), cfg("T", metadata={"run_id": r2}))
+    assert sorted(fx.charged) == ["a", "b", "c"]
+
+    await saver.adelete_for_runs([r2])
+
+    state = await graph.aget_state(cfg("T"))
+    assert tool_contents(state.values) == ["charged a $10"], "back to before the run"
+    out = await graph.ainvoke(pay("c", "b"), cfg("T", metadata={"run_id": r3}))
+    if node == "stock":
+        assert sorted(fx.charged) == ["a", "b", "b", "c", "c"], "the control charges again"
+        return
+    assert sorted(fx.charged) == ["a", "b", "c"], "each charge happened once"
+    assert tool_contents(out)[-2:] == ["charged c $10", "charged b $20"]
+    entries = {e.args: e for e in await saver.alist_entries("T")}
+    assert all(e.status is CallStatus.COMPLETED for e in entries.values())
+
+
+async def test_delete_thread_keeps_its_unknown_outcomes_and_a_later_call_asks(
+    saver: Any,
+) -> None:
+    """Deleting a thread takes its settled entries; an ``issued`` one (an unknown outcome)
+    stays, so the same call made later on a thread of that id is verified, not re-run
+    (while a settled call asked again is a new call: the control that the redo does
+    reach the tool)."""
+    fx = LostReply(flaky="b")
+    # on_earlier_call="replay": the user lets a kept entry answer a new conversation once
+    # verified (the default asks first: tests/test_ended_conversations.py)
+    node = IdempotentToolNode(fx.tools(), verify={"charge": fx.verify}, on_earlier_call="replay")
+    graph = build_graph(InvoiceModel(), node, saver)
+    with pytest.raises(TimeoutError):
+        await graph.ainvoke(pay("c", "b"), cfg("T"))
+    before = {e.args: e.status for e in await saver.alist_entries("T")}
+    assert sorted(before.values()) == [CallStatus.COMPLETED, CallStatus.ISSUED]
+
+    await saver.adelete_thread("T")
+
+    assert await checkpoints(saver, "T") == []
+    [kept] = await saver.alist_entries("T")
+    assert kept.status is CallStatus.ISSUED and b'"b"' in kept.args
+    await graph.ainvoke(pay("c", "b"), cfg("T"))
+    # c's entry went with the thread: asked again, it is a new call; b was verified
+    assert sorted(fx.charged) == ["b", "c", "c"], "b asked (verified), not charged again"
+    entries = await saver.alist_entries("T")
+    assert [e.status for e in entries] == [CallStatus.COMPLETED] * 2
 
 
 async def test_time_travel_on_the_same_thread_replays(saver: Any) -> None:

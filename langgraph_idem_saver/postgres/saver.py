@@ -56,18 +56,16 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
-import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, AsyncPipeline, Capabilities
-from psycopg.rows import TupleRow, dict_row
+from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
-from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
@@ -79,7 +77,6 @@ from langgraph_idem_saver.postgres.connection import (
     PostgresConnection,
     Statement,
     Steps,
-    connect_error,
     migrate,
     single,
 )
@@ -87,7 +84,8 @@ from langgraph_idem_saver.postgres.delta_history import PostgresDeltaHistory
 from langgraph_idem_saver.postgres.inspect import PostgresInspection
 from langgraph_idem_saver.postgres.jsonb import as_text, metadata_columns, metadata_filter
 from langgraph_idem_saver.postgres.ledger_store import CLAIM_RETRIES, PostgresLedgerStore
-from langgraph_idem_saver.postgres.retention import PostgresRetention
+from langgraph_idem_saver.postgres.reconnect import OwnedConnection
+from langgraph_idem_saver.postgres.retention import PostgresRetention, mark_ended
 from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
 from langgraph_idem_saver.saver_checkpoints import ListQuery, PageReader
@@ -167,26 +165,24 @@ class AsyncPostgresSaver(
     ) -> AsyncIterator[AsyncPostgresSaver]:
         """Connect to ``conn_string`` for the block (autocommit, prepared statements).
 
-        ``pipeline=True`` runs the connection in pipeline mode, as LangGraph's does.
+        ``pipeline=True`` runs the connection in pipeline mode, as LangGraph's does. The
+        saver owns this connection: one lost (a server restart) is replaced by a new one
+        at the next call (``postgres/reconnect.py``), and the block's end writes the
+        outcomes it still holds (``held_outcomes.py``) before closing it.
         """
         ttl = TTLConfig.of(ttl)  # refused before connecting
+        owned = OwnedConnection(conn_string, pipeline=pipeline)
+        conn, pipe = await owned.open()
         try:
-            conn = await AsyncConnection.connect(
-                conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
-            )
-        except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
-            error = connect_error(exc, conn_string)
-            raise error from (None if isinstance(error, ConfigError) else exc)
-        async with conn:
-            if pipeline:
-                async with conn.pipeline() as pipe:
-                    saver = cls(conn, pipe=pipe, serde=serde, ttl=ttl)
-                    await saver.setup()
-                    yield saver
-            else:
-                saver = cls(conn, serde=serde, ttl=ttl)
-                await saver.setup()
+            saver = cls(conn, pipe=pipe, serde=serde, ttl=ttl)
+            saver._owned = owned
+            await saver.setup()
+            try:
                 yield saver
+            finally:
+                await saver._write_held_at_close()
+        finally:
+            await owned.aclose()
 
     # --- plumbing -------------------------------------------------------------------
 
@@ -377,20 +373,27 @@ class AsyncPostgresSaver(
     # the per-step calls get the same safety from functions (sql.py, migrations 7-12).
 
     async def adelete_thread(self, thread_id: str) -> None:
-        """Delete a thread's checkpoints, writes, blobs and ledger entries: one statement,
-        under the thread's lock (so an aput writing a delta at the same time either
+        """Delete a thread's checkpoints, writes, blobs and settled ledger entries (its
+        ``issued`` ones stay: docs/guarantees.md, "Lifecycle"): one statement, under the
+        thread's lock (so an aput writing a delta at the same time either
         committed before and is deleted too, or finds its base gone and writes whole)."""
         tid = str(thread_id)
 
         async def delete(cur: Cursor) -> None:
             await cur.execute(sql.LOCK_THREADS, {"threads": [tid]}, prepare=False)
             await cur.execute(sql.DELETE_THREAD, {"t": tid}, prepare=False)
+            await mark_ended(cur, [tid], "adelete_thread")  # what it kept: retention.ENDED
 
         await self._run(delete, tx=True, pipeline=True)
         self._deltas.forget([tid])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints (with their writes) and ledger entries of these runs."""
+        """Delete the checkpoints (with their writes) of these runs; never a ledger entry.
+
+        The server's ``multitask_strategy="rollback"`` calls it on a run it cancelled: the
+        run's effects happened (or may have), so its entries stay for a later identical
+        call to replay or ask about (docs/guarantees.md, "Lifecycle").
+        """
         ids = [str(r) for r in run_ids]
         if not ids:
             return

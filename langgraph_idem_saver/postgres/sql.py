@@ -352,22 +352,22 @@ WITH c AS (DELETE FROM idem_checkpoints WHERE thread_id = %(t)s),
      b AS (DELETE FROM idem_blobs WHERE thread_id = %(t)s),
      w AS (DELETE FROM idem_writes WHERE thread_id = %(t)s)
 -- only thread-scoped entries: a named namespace's entries are shared with other
--- threads, which would re-run those calls if the rows went
-DELETE FROM idem_tool_calls WHERE thread_id = %(t)s AND scope = %(t)s
+-- threads, which would re-run those calls if the rows went; and only settled ones:
+-- an `issued` entry (an unknown outcome, or a call running now) is never forgotten
+DELETE FROM idem_tool_calls WHERE thread_id = %(t)s AND scope = %(t)s AND status <> 'issued'
 """
 
-# The threads that hold checkpoints or thread-scoped ledger entries of these runs: the
-# ones adelete_for_runs locks (LOCK_THREADS) before DELETE_RUNS.
+# The threads that hold checkpoints of these runs: the ones adelete_for_runs locks
+# (LOCK_THREADS) before DELETE_RUNS.
 SELECT_THREADS_OF_RUNS = """
-SELECT thread_id FROM idem_checkpoints WHERE run_id = ANY(%(runs)s)
-UNION
-SELECT thread_id FROM idem_tool_calls WHERE run_id = ANY(%(runs)s) AND scope = thread_id
+SELECT DISTINCT thread_id FROM idem_checkpoints WHERE run_id = ANY(%(runs)s)
 """
 
-# The checkpoints of the runs, with their writes, and the runs' ledger entries, in the
-# (locked) threads found by SELECT_THREADS_OF_RUNS: a run's first checkpoint in another
-# thread committed since then counts as written after the delete. Returns the threads
-# touched (whose unreferenced blobs are then collected).
+# The checkpoints of the runs, with their writes, in the (locked) threads found by
+# SELECT_THREADS_OF_RUNS: a run's first checkpoint in another thread committed since
+# then counts as written after the delete. The runs' ledger entries stay (their effects
+# may have happened: docs/guarantees.md, "Lifecycle"). Returns the threads touched
+# (whose unreferenced blobs are then collected).
 DELETE_RUNS = """
 WITH gone AS (
     DELETE FROM idem_checkpoints
@@ -377,9 +377,6 @@ WITH gone AS (
     DELETE FROM idem_writes AS w USING gone AS g
     WHERE w.thread_id = g.thread_id AND w.checkpoint_ns = g.checkpoint_ns
       AND w.checkpoint_id = g.checkpoint_id
-), gone_calls AS (
-    DELETE FROM idem_tool_calls
-    WHERE run_id = ANY(%(runs)s) AND scope = thread_id AND thread_id = ANY(%(threads)s)
 )
 SELECT DISTINCT thread_id FROM gone
 """

@@ -82,7 +82,7 @@ from langgraph_idem_saver.sqlite.files import (
 )
 from langgraph_idem_saver.sqlite.inspect import SqliteInspection
 from langgraph_idem_saver.sqlite.ledger_store import SqliteLedgerStore
-from langgraph_idem_saver.sqlite.retention import SqliteRetention
+from langgraph_idem_saver.sqlite.retention import SqliteRetention, mark_ended
 from langgraph_idem_saver.surrogates import utf8_ok
 
 T = TypeVar("T")
@@ -436,18 +436,25 @@ class AsyncSqliteSaver(
     # --- thread maintenance ----------------------------------------------------------
 
     async def adelete_thread(self, thread_id: str) -> None:
-        """Delete a thread's checkpoints, writes, blobs and ledger entries."""
+        """Delete a thread's checkpoints, writes, blobs and settled ledger entries (its
+        ``issued`` ones stay: docs/guarantees.md, "Lifecycle")."""
         tid = str(thread_id)
 
         def delete(conn: sqlite3.Connection) -> None:
             for statement in sql.DELETE_THREAD:
                 conn.execute(statement, (tid,))
+            mark_ended(conn, [tid], "adelete_thread")  # what it kept: retention.ENDED
 
         await self._write(delete)
         self._deltas.forget([tid])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints (with their writes) and ledger entries of these runs."""
+        """Delete the checkpoints (with their writes) of these runs; never a ledger entry.
+
+        The server's ``multitask_strategy="rollback"`` calls it on a run it cancelled: the
+        run's effects happened (or may have), so its entries stay for a later identical
+        call to replay or ask about (docs/guarantees.md, "Lifecycle").
+        """
         ids = [str(r) for r in run_ids]
         if not ids:
             return
@@ -461,7 +468,6 @@ class AsyncSqliteSaver(
                     threads.add(thread_id)
                     conn.execute(sql.DELETE_WRITES_OF_CHECKPOINT, (thread_id, ns, checkpoint_id))
                     conn.execute(sql.DELETE_CHECKPOINT, (thread_id, ns, checkpoint_id))
-                conn.execute(sql.DELETE_TOOL_CALLS_OF_RUN, (run_id,))
             for thread_id in threads:
                 _collect_blobs(conn, thread_id)
 

@@ -206,8 +206,9 @@ DELETE_THREAD = [
     "DELETE FROM idem_blobs WHERE thread_id = ?",
     "DELETE FROM idem_writes WHERE thread_id = ?",
     # only thread-scoped entries: a named namespace's entries are shared with other
-    # threads, which would re-run those calls if the rows went
-    "DELETE FROM idem_tool_calls WHERE thread_id = ?1 AND scope = ?1",
+    # threads, which would re-run those calls if the rows went; and only settled ones:
+    # an `issued` entry (an unknown outcome, or a call running now) is never forgotten
+    "DELETE FROM idem_tool_calls WHERE thread_id = ?1 AND scope = ?1 AND status <> 'issued'",
 ]
 
 SELECT_CHECKPOINTS_OF_RUN = (
@@ -219,7 +220,6 @@ DELETE_CHECKPOINT = (
 DELETE_WRITES_OF_CHECKPOINT = (
     "DELETE FROM idem_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
 )
-DELETE_TOOL_CALLS_OF_RUN = "DELETE FROM idem_tool_calls WHERE run_id = ? AND scope = thread_id"
 
 SELECT_LIVE_VERSIONS = (
     "SELECT checkpoint_ns, channel_versions FROM idem_checkpoints WHERE thread_id = ?"
