@@ -1,8 +1,10 @@
 """Copying one of LangGraph's checkpoints into our saver, and checking the copy.
 
 Used by :func:`langgraph_idem_saver.import_langgraph.aimport_langgraph`, which reads the
-rows; here each row goes through the saver's own ``aput_writes`` / ``aput`` with what a
-live run would have passed, and is read back and compared with its source.
+rows; here each checkpoint goes through the saver's own ``aput`` with what a live run
+would have passed (so our storage format is what a live run writes), its pending writes
+are stored as LangGraph's saver stored them (each at its index, values re-serialized by
+ours), and the copy is read back and compared with its source.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ from langgraph_idem_saver.errors import ImportLayoutError, ImportVerificationErr
 from langgraph_idem_saver.saver_base import decode_typed, make_config
 
 if TYPE_CHECKING:
-    from langgraph_idem_saver.import_langgraph import ImportReport, SourceRow, SourceWrite
+    from langgraph_idem_saver.import_langgraph import ImportReport, SourceRow
     from langgraph_idem_saver.saver_base import IdemSaverBase
+
+
+# one pending write to store: task id, task path, index, channel, decoded value
+Write = tuple[str, str, int, str, Any]
 
 
 class Copier:
@@ -39,7 +45,9 @@ class Copier:
         self._versions: dict[str, dict[str, Any]] = {}
         self._lists: dict[str, list[Any]] = {}
 
-    async def acopy(self, row: SourceRow, *, present: bool) -> None:
+    async def acopy(self, row: SourceRow, *, present: bool, into: str) -> None:
+        """Copy ``row`` under thread id ``into`` (the staging id of its thread, renamed to
+        its own once the whole thread is in: :mod:`langgraph_idem_saver.import_langgraph`)."""
         report = self.report
         report.checkpoints_found += 1
         report.count_thread(row.thread_id)
@@ -53,16 +61,20 @@ class Copier:
         values = self._share_prefixes(dict(row.checkpoint.get("channel_values") or {}))
         parent_versions = self._versions.get(row.parent_id or "")
         self._versions[row.checkpoint_id] = versions
-        config = make_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
         writes = self._decoded_writes(row)
-        for (task_id, task_path), items in writes.items():
-            await self.saver.aput_writes(config, items, task_id, task_path)
+        if writes:
+            await self.saver._insert_writes(
+                [
+                    (into, row.checkpoint_ns, row.checkpoint_id, *w[:4], *self.saver._dump(w[4]))
+                    for w in writes
+                ]
+            )
         new_versions = (
             {ch: v for ch, v in versions.items() if ch in values}
             if parent_versions is None
             else {ch: v for ch, v in versions.items() if parent_versions.get(ch) != v}
         )
-        parent: dict[str, Any] = {"thread_id": row.thread_id, "checkpoint_ns": row.checkpoint_ns}
+        parent: dict[str, Any] = {"thread_id": into, "checkpoint_ns": row.checkpoint_ns}
         if row.parent_id is not None:
             parent["checkpoint_id"] = row.parent_id
         checkpoint = cast(Checkpoint, {**row.checkpoint, "channel_values": values})
@@ -74,10 +86,9 @@ class Copier:
         )
         report.checkpoints_imported += 1
         report.values_written += len(new_versions)
-        report.writes_imported += sum(len(items) for items in writes.values())
-        report.count_thread(row.thread_id, imported=True)
+        report.writes_imported += len(writes)
         if self.verify:
-            got = await self._averify(row, writes, new_versions)
+            got = await self._averify(row, into, writes, new_versions)
             report.verified += 1
             # reading it back made the saver remember the objects it read as the base of
             # the next delta (as when a graph resumes): build the next lists from those
@@ -104,72 +115,61 @@ class Copier:
                 self._lists.pop(channel, None)
         return values
 
-    def _decoded_writes(self, row: SourceRow) -> dict[tuple[str, str], list[tuple[str, Any]]]:
-        """Each task's writes in the order ``aput_writes`` gives them their indexes."""
-        tasks: dict[tuple[str, str], list[SourceWrite]] = {}
+    def _decoded_writes(self, row: SourceRow) -> list[Write]:
+        """The checkpoint's pending writes, each at the index LangGraph's saver stored it
+        at, in the order both savers read them back (task path, task id, index).
+
+        Kept as stored, not replayed through ``aput_writes``: one task's writes come from
+        several ``put_writes`` calls (an interrupt, then its answer, then the task's
+        result), so its ordinary indexes need not start at 0 nor follow each other, and
+        the special ones (``WRITES_IDX_MAP``: error, scheduled, interrupt, resume) sit
+        beside them. What LangGraph's ``put_writes`` never writes - a special channel at
+        another index, an ordinary one at a negative index - is refused."""
         for w in row.writes:
-            tasks.setdefault((w.task_id, w.task_path), []).append(w)
-        out: dict[tuple[str, str], list[tuple[str, Any]]] = {}
-        for task, ws in sorted(tasks.items()):
-            ordinary = sorted((w for w in ws if w.idx >= 0), key=lambda w: w.idx)
-            special = sorted((w for w in ws if w.idx < 0), key=lambda w: -w.idx)
-            if [w.idx for w in ordinary] != list(range(len(ordinary))) or any(
-                WRITES_IDX_MAP.get(w.channel) != w.idx for w in special
-            ):
+            special = WRITES_IDX_MAP.get(w.channel)
+            if (special is not None and w.idx != special) or (special is None and w.idx < 0):
+                ws = [x for x in row.writes if (x.task_id, x.task_path) == (w.task_id, w.task_path)]
                 raise ImportLayoutError(
-                    f"pending writes of task {task[0]!r} at {row.where} have indexes "
-                    f"{sorted(w.idx for w in ws)} for channels "
-                    f"{[w.channel for w in ws]}, which LangGraph's put_writes never "
-                    "writes; nothing of that checkpoint was imported"
+                    f"pending writes of task {w.task_id!r} at {row.where} have indexes "
+                    f"{[x.idx for x in ws]} for channels {[x.channel for x in ws]}: "
+                    f"{w.channel!r} at index {w.idx}, where LangGraph's put_writes never "
+                    "writes it; nothing of that thread was imported"
                 )
-            out[task] = [
-                (
-                    w.channel,
-                    decode_typed(
-                        self.saver.serde,
-                        w.type or "",
-                        w.value,
-                        "pending write",
-                        task_id=w.task_id,
-                        channel=w.channel,
-                        **row.where,
-                    ),
-                )
-                for w in ordinary + special
-            ]
-        return out
+        ordered = sorted(row.writes, key=lambda w: (w.task_path, w.task_id, w.idx))
+        return [
+            (
+                w.task_id,
+                w.task_path,
+                w.idx,
+                w.channel,
+                decode_typed(
+                    self.saver.serde,
+                    w.type or "",
+                    w.value,
+                    "pending write",
+                    task_id=w.task_id,
+                    channel=w.channel,
+                    **row.where,
+                ),
+            )
+            for w in ordered
+        ]
 
     async def _averify(
-        self,
-        row: SourceRow,
-        writes: dict[tuple[str, str], list[tuple[str, Any]]],
-        new_versions: dict[str, Any],
+        self, row: SourceRow, into: str, writes: list[Write], new_versions: dict[str, Any]
     ) -> CheckpointTuple:
-        got = await self.saver.aget_tuple(
-            make_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id)
-        )
+        got = await self.saver.aget_tuple(make_config(into, row.checkpoint_ns, row.checkpoint_id))
         expected = _as_stored(row.checkpoint, got, new_versions)
-        differs = _difference(row, expected, got, _ordered_writes(writes), self.saver.serde)
+        pending = [(task_id, channel, value) for task_id, _, _, channel, value in writes]
+        differs = _difference(row, expected, got, pending, self.saver.serde)
         if differs:
             raise ImportVerificationError(
                 f"checkpoint {row.where} read back from our tables differs from LangGraph's "
-                f"row in its {differs}; the import stopped there"
+                f"row in its {differs}; the import stopped there, and nothing of that "
+                "thread was imported"
             )
         assert got is not None  # _difference said so
         return got
-
-
-def _ordered_writes(
-    writes: dict[tuple[str, str], list[tuple[str, Any]]],
-) -> list[tuple[str, str, Any]]:
-    """Pending writes in the order both savers return them: task path, task id, index."""
-    keyed = []
-    for (task_id, task_path), items in writes.items():
-        for position, (channel, value) in enumerate(items):
-            idx = WRITES_IDX_MAP.get(channel, position)
-            keyed.append(((task_path, task_id, idx), (task_id, channel, value)))
-    keyed.sort(key=lambda kv: kv[0])
-    return [item for _, item in keyed]
 
 
 def _as_stored(

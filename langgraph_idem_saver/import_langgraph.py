@@ -15,13 +15,22 @@ How, and why so:
   the parent's): our storage format stays exactly what a live run writes (list deltas
   included), never a byte copy of another format. Ids, parent ids, metadata, versions
   and task ids/paths are kept.
-* **Idempotent and resumable.** A checkpoint's writes go in before the checkpoint, so a
-  checkpoint present in our tables is complete; those are skipped. A killed import
-  re-run continues where it stopped; a finished one changes nothing.
+* **A thread is imported whole or not at all.** Its checkpoints are written under a
+  staging thread id (``STAGING_PREFIX`` + its id), then renamed to its own id in one
+  transaction once every checkpoint of it is in (and read back): an import that fails or
+  is killed midway leaves none of that thread visible under its id (so ``setup()`` still
+  warns about it), never a few of its checkpoints. Staged rows left by a killed run are
+  deleted by the next run, which imports the thread again.
+* **Idempotent and resumable.** A thread in our tables is complete (see above); its
+  checkpoints are skipped. A killed import re-run continues with the thread it was on; a
+  finished one changes nothing. (Checkpoints LangGraph's saver added to an imported
+  thread later are imported by a re-run, as a whole too.)
 * **Verified.** Each imported checkpoint is read back through our ``aget_tuple`` and
   compared with the source (checkpoint, metadata, parent, pending writes);
   :class:`~langgraph_idem_saver.errors.ImportVerificationError` stops the import at the
   first difference.
+* Pending writes are kept as LangGraph's saver stored them, special ones included
+  (``WRITES_IDX_MAP``: an error, a scheduled write, an interrupt, its answer).
 * Layouts: ``langgraph-checkpoint-sqlite`` / ``-postgres`` current (3.x) and the previous
   major (2.x, whose ``writes`` table may lack ``task_path``), told apart by the columns.
 
@@ -47,6 +56,9 @@ LOG = logging.getLogger("langgraph_idem_saver.import")
 
 DEFAULT_BATCH_SIZE = 200
 CLI_COMMAND = "idem-saver import-langgraph"
+# the thread ids a thread is written under while it is imported (reserved: a thread of
+# ours whose id starts with it is deleted by the next import)
+STAGING_PREFIX = "idem-saver:importing:"
 
 Key = tuple[str, str, str]  # thread_id, checkpoint_ns, checkpoint_id
 
@@ -55,6 +67,7 @@ SELECT_IMPORTED = """
 SELECT thread_id, checkpoint_ns, checkpoint_id FROM idem_checkpoints
 WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN ({p}, {p}, {p}) AND ({p}, {p}, {p})
 """
+COUNT_CHECKPOINTS = "SELECT count(*) FROM checkpoints"
 # One index seek per thread, not one per checkpoint (it runs at every setup() while
 # LangGraph's tables are there): a loose index scan over their primary key.
 SELECT_UNIMPORTED_THREAD = """
@@ -69,6 +82,23 @@ WHERE t.thread_id IS NOT NULL
     AND NOT EXISTS (SELECT 1 FROM idem_checkpoints AS i WHERE i.thread_id = t.thread_id)
 LIMIT 1
 """
+# A staged thread becomes the real one, in one transaction (each statement's parameters:
+# the real id, the staged id). A blob the real thread already has (the same channel
+# version, written by an earlier import of the thread) is kept; the staged copy dropped.
+PUBLISH = (
+    "UPDATE idem_checkpoints SET thread_id = {p} WHERE thread_id = {p}",
+    "UPDATE idem_writes SET thread_id = {p} WHERE thread_id = {p}",
+    """DELETE FROM idem_blobs WHERE EXISTS (
+        SELECT 1 FROM idem_blobs AS b WHERE b.thread_id = {p}
+            AND b.checkpoint_ns = idem_blobs.checkpoint_ns AND b.channel = idem_blobs.channel
+            AND b.version = idem_blobs.version) AND thread_id = {p}""",
+    "UPDATE idem_blobs SET thread_id = {p} WHERE thread_id = {p}",
+)
+# the staged rows of a failed or killed import (parameters: ``staged_range()``)
+DISCARD_STAGED = tuple(
+    f"DELETE FROM {table} WHERE thread_id >= {{p}} AND thread_id < {{p}}"
+    for table in ("idem_checkpoints", "idem_writes", "idem_blobs")
+)
 
 
 @dataclass(frozen=True)
@@ -174,12 +204,35 @@ class LangGraphTables(Protocol):
         """Whether LangGraph's tables hold a thread ours does not have."""
         ...
 
+    async def acount(self) -> int:
+        """How many checkpoints LangGraph's tables hold (the total a progress bar shows)."""
+        ...
+
+    async def apublish(self, staged: str, thread_id: str) -> None:
+        """In one transaction: the rows of thread ``staged`` become ``thread_id``'s."""
+        ...
+
+    async def adiscard_staged(self) -> None:
+        """Delete every staged row (of a failed or killed import)."""
+        ...
+
+
+def staged_id(thread_id: str) -> str:
+    """The thread id ``thread_id``'s checkpoints are written under until it is whole."""
+    return STAGING_PREFIX + thread_id
+
+
+def staged_range() -> tuple[str, str]:
+    """Bounds of the staging ids, ``low <= id < high`` (binary / "C" order)."""
+    return STAGING_PREFIX, STAGING_PREFIX[:-1] + chr(ord(STAGING_PREFIX[-1]) + 1)
+
 
 @dataclass
 class ImportReport:
     """What an import did; ``str(report)`` is a short table for the CLI."""
 
     source: str = "none"
+    checkpoints_total: int = 0  # in LangGraph's tables when the import started
     checkpoints_found: int = 0
     checkpoints_imported: int = 0
     checkpoints_present: int = 0
@@ -261,10 +314,13 @@ async def aimport_langgraph(
             ``EncryptedSerializer`` key, if one was used).
         batch_size: checkpoints read per round trip (memory is bounded by it).
         verify: read each imported checkpoint back and compare it with the source.
-        progress: called with the report so far after each batch.
+        progress: called with the report so far after each batch (``checkpoints_found``
+            of ``checkpoints_total``).
 
-    Returns the counts. Idempotent (a re-run imports nothing) and resumable (a killed run,
-    re-run, finishes). Raises (from :mod:`langgraph_idem_saver.errors`)
+    Returns the counts. A thread is imported whole or not at all: one that fails (or an
+    import killed on it) leaves none of its checkpoints under its id. Idempotent (a re-run
+    imports nothing) and resumable (a killed run, re-run, finishes). Raises (from
+    :mod:`langgraph_idem_saver.errors`)
     ``ImportLayoutError`` for tables it cannot read, ``CorruptRecordError`` for a row that
     does not decode, ``ImportVerificationError`` for a copy that does not read back equal.
     """
@@ -277,17 +333,44 @@ async def aimport_langgraph(
     if layout is None:
         return report
     report.source = layout.name
+    report.checkpoints_total = await tables.acount()
     copier = Copier(saver, report, verify)
-    after: Key | None = None
-    while rows := await tables.apage(layout, after, batch_size):
-        present = await tables.aimported(rows[0].key, rows[-1].key)
-        for row in rows:
-            await copier.acopy(row, present=row.key in present)
-        after = rows[-1].key
-        report.batches += 1
-        report.seconds = time.monotonic() - started
-        if progress is not None:
-            progress(report)
+    await tables.adiscard_staged()  # what a killed run left: imported again below
+    thread: str | None = None
+    imported_before = 0  # checkpoints imported before the current thread
+
+    async def publish() -> None:
+        if thread is not None and report.checkpoints_imported > imported_before:
+            await tables.apublish(staged_id(thread), thread)
+            report.count_thread(thread, imported=True)
+
+    try:
+        after: Key | None = None
+        while rows := await tables.apage(layout, after, batch_size):
+            present = await tables.aimported(rows[0].key, rows[-1].key)
+            for row in rows:
+                if row.thread_id != thread:
+                    await publish()
+                    thread, imported_before = row.thread_id, report.checkpoints_imported
+                into = staged_id(row.thread_id)
+                await copier.acopy(row, present=row.key in present, into=into)
+            after = rows[-1].key
+            report.batches += 1
+            report.seconds = time.monotonic() - started
+            if progress is not None:
+                progress(report)
+        published = report.threads_imported
+        await publish()
+        if progress is not None and report.threads_imported != published:
+            progress(report)  # the last thread is in
+    except BaseException:
+        # the thread in progress: none of it becomes visible (a killed run's rows are
+        # deleted by the next run)
+        try:
+            await tables.adiscard_staged()
+        except Exception:  # the first error is the one to report
+            LOG.debug("deleting the staged rows of a failed import failed", exc_info=True)
+        raise
     report.seconds = time.monotonic() - started
     return report
 

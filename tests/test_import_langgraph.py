@@ -41,7 +41,7 @@ from langgraph_idem_saver.errors import (
     CorruptRecordError,
     ImportLayoutError,
 )
-from langgraph_idem_saver.import_langgraph import ImportReport
+from langgraph_idem_saver.import_langgraph import STAGING_PREFIX, ImportReport
 
 WORKER = Path(__file__).with_name("import_worker.py")
 THREADS = ("approval", "chat", "nested")
@@ -297,23 +297,35 @@ async def test_reimport_changes_nothing(db: Db) -> None:
         await assert_all_read_back_equal(ours, theirs)
 
 
-async def test_killed_import_finishes_on_rerun(db: Db) -> None:
+async def test_killed_import_finishes_on_rerun(db: Db, caplog: pytest.LogCaptureFixture) -> None:
+    """Killed in the middle of a thread: the threads before it are in, whole; of that
+    thread nothing is visible under its id (its staged rows are not a thread of its
+    own for long: the re-run deletes them), and the re-run imports it whole."""
     theirs = await filled(db)
+    first = sum(1 for k in theirs if k[0] == THREADS[0])  # 'approval', whole
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, str(WORKER), db.backend, db.where, "4"],
+        [sys.executable, str(WORKER), db.backend, db.where, str(first + 2)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert db.sql("SELECT count(*) FROM idem_checkpoints")[0][0] == 4
+    counts = dict(db.sql("SELECT thread_id, count(*) FROM idem_checkpoints GROUP BY thread_id"))
+    assert counts.pop(THREADS[0]) == first
+    assert list(counts) == [STAGING_PREFIX + THREADS[1]]  # 'chat': staged only
+    caplog.set_level(logging.WARNING, logger=LOGGER)
     async with db.ours() as ours:
+        assert await ours.aget_tuple(cfg(THREADS[1])) is None
+        # setup() still says there is something to import
+        assert len([r for r in caplog.records if r.name == LOGGER]) == 1
         report = await ours.aimport_langgraph()
-        assert report.checkpoints_present == 4
-        assert report.checkpoints_imported == len(theirs) - 4
+        assert report.checkpoints_present == first
+        assert report.checkpoints_imported == len(theirs) - first
         await assert_all_read_back_equal(ours, theirs)
         assert not (await ours.aimport_langgraph()).changed
+    threads = {r[0] for r in db.sql("SELECT DISTINCT thread_id FROM idem_checkpoints")}
+    assert threads == set(THREADS)
 
 
 async def test_previous_major_layout_without_task_path(db: Db) -> None:
@@ -521,15 +533,17 @@ async def test_a_corrupt_row_is_a_typed_error_naming_it(db: Db) -> None:
 
 
 async def test_write_indexes_langgraph_never_writes_are_a_typed_error(db: Db) -> None:
+    """An ordinary channel at a negative index (LangGraph's put_writes gives those to
+    its special channels only): refused, and nothing of that thread is imported."""
     await filled(db)
     changed = db.sql(
-        f"UPDATE {db.writes_table()} SET idx = idx + 5 WHERE idx >= 0 AND thread_id = 'chat'"
+        f"UPDATE {db.writes_table()} SET idx = -5 - idx WHERE idx >= 0 AND thread_id = 'chat'"
     )
     assert changed[0][0] > 0
     async with db.ours() as ours:
         with pytest.raises(ImportLayoutError, match="put_writes never writes"):
             await ours.aimport_langgraph()
-        # what came before the bad row ('approval' sorts first) is in, and stays correct
+        # what came before the bad thread ('approval' sorts first) is in, and stays correct
         assert await ours.aget_tuple(cfg("approval")) is not None
         assert await ours.aget_tuple(cfg("chat")) is None
 
@@ -570,3 +584,65 @@ def test_the_import_command_refuses_a_missing_file_and_a_bad_batch_size(
     assert code == 2 and "no such database file" in err and not missing.exists()
     code, _, err = run_cli(capsys, "import-langgraph", "--db", str(missing), "--batch-size", "0")
     assert code == 2 and "--batch-size must be >= 1" in err
+
+
+def test_the_import_command_takes_the_database_as_the_warning_names_it(
+    db: Db, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``idem-saver import-langgraph <path>`` (as setup()'s warning says), ``--db`` (as
+    every other command), or both when they agree; with --json, a line of counts per
+    batch on stderr, stdout keeping the one report."""
+    theirs = asyncio.run(filled(db))
+    code, out, err = run_cli(capsys, "import-langgraph", db.where, "--json", "--batch-size", "4")
+    assert code == 0, err
+    assert json.loads(out)["checkpoints_imported"] == len(theirs)
+    lines = [json.loads(line)["progress"] for line in err.splitlines()]
+    batches = -(-len(theirs) // 4)
+    # one line per batch, and one when the last thread is in
+    assert [p["batches"] for p in lines] == [*range(1, batches + 1), batches]
+    assert [p["checkpoints_found"] for p in lines[:-1]] == [
+        min(4 * (i + 1), len(theirs)) for i in range(batches)
+    ]
+    assert {p["checkpoints_total"] for p in lines} == {len(theirs)}
+    assert [p["threads_imported"] for p in lines[-2:]] == [len(THREADS) - 1, len(THREADS)]
+    code, out, err = run_cli(capsys, "import-langgraph", db.where, "--db", db.where)
+    assert code == 0 and "nothing new" in out, err
+    code, _, err = run_cli(capsys, "import-langgraph", db.where, "--db", db.where + "x")
+    assert code == 2 and "two databases given" in err
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_the_import_command_shows_a_bar_on_a_terminal(db: Db) -> None:
+    """On a terminal (stderr a tty) the import draws a progress bar there."""
+    import os
+    import pty
+
+    asyncio.run(filled(db))
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "langgraph_idem_saver", "import-langgraph", db.where],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"},
+        )
+        os.close(follower)
+        follower = -1
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        if follower != -1:
+            os.close(follower)
+        os.close(leader)
+    assert proc.returncode == 0, drawn
+    assert b"importing checkpoints" in drawn
+    assert "imported of 3" in proc.stdout

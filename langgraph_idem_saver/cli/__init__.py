@@ -20,7 +20,8 @@ Commands
 ``resolve ENTRY (--completed --result TEXT | --failed [--error TEXT] | --rerun)``
 ``prune (--keep-latest | --before DATE | --older-than AGE [--strategy S]) [--thread T ...]
 [--apply]``  (dry run by default)
-``import-langgraph [--batch-size N] [--no-verify]``  (LangGraph's tables in the same database)
+``import-langgraph [PATH_OR_DSN] [--batch-size N] [--no-verify]``  (LangGraph's tables in the same
+                                database; the database as argument or --db)
 ``stats``                       row counts, ledger entries by state, size on disk
 
 Checkpoint ids and ledger keys may be abbreviated to a unique prefix (keys: 6+ characters,
@@ -142,7 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE if args_list else EXIT_OK
-        target = args.db or os.environ.get(ENV_DB)
+        # import-langgraph also takes it as its argument (as setup()'s warning names it)
+        named = getattr(args, "database", None)
+        if named and args.db and named != args.db:
+            raise CliError(f"two databases given: {named} and --db {args.db}", EXIT_USAGE)
+        target = named or args.db or os.environ.get(ENV_DB)
         if not target:
             raise CliError(f"no database: pass --db PATH_OR_DSN or set ${ENV_DB}", EXIT_USAGE)
         if args.command == "resolve":

@@ -160,7 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Copy every thread, checkpoint and pending write from LangGraph's own "
         "checkpoint tables (langgraph-checkpoint-sqlite / -postgres) in the same SQLite file "
         "or Postgres schema into langgraph-idem-saver's tables. Idempotent and resumable: "
-        "re-run it after an interruption. Stop the application that writes them first.",
+        "re-run it after an interruption; a thread is imported whole or not at all. Stop the "
+        "application that writes them first. Progress goes to stderr: a bar on a terminal, "
+        "a JSON line of counts per batch with --json.",
+    )
+    p.add_argument(
+        "database",
+        nargs="?",
+        metavar="PATH_OR_DSN",
+        help="SQLite file or PostgreSQL DSN (or --db, or $" + ENV_DB + ")",
     )
     p.add_argument("--batch-size", type=int, default=200, help="checkpoints read per round trip")
     p.add_argument(

@@ -19,7 +19,13 @@ from psycopg.rows import TupleRow
 
 from langgraph_idem_saver import import_langgraph
 from langgraph_idem_saver.errors import CorruptRecordError, ImportLayoutError
-from langgraph_idem_saver.import_langgraph import Key, Layout, SourceRow, with_writes
+from langgraph_idem_saver.import_langgraph import (
+    Key,
+    Layout,
+    SourceRow,
+    staged_range,
+    with_writes,
+)
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 from langgraph_idem_saver.saver_base import decode_typed
 
@@ -80,6 +86,8 @@ WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN (%s, %s, %s) AND (%s, %s
 """
 
 SELECT_IMPORTED = import_langgraph.SELECT_IMPORTED.format(p="%s")
+PUBLISH = tuple(q.format(p="%s") for q in import_langgraph.PUBLISH)
+DISCARD_STAGED = tuple(q.format(p="%s") for q in import_langgraph.DISCARD_STAGED)
 
 
 class PostgresTables:
@@ -193,3 +201,27 @@ class PostgresTables:
             return await cur.fetchone() is not None
 
         return await self.saver._run(read)
+
+    async def acount(self) -> int:
+        async def read(cur: Cursor) -> int:
+            await cur.execute(import_langgraph.COUNT_CHECKPOINTS)
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+        return await self.saver._run(read)
+
+    async def apublish(self, staged: str, thread_id: str) -> None:
+        async def publish(cur: Cursor) -> None:
+            for statement in PUBLISH:
+                await cur.execute(statement, (thread_id, staged))
+
+        await self.saver._run(publish, tx=True)
+        self.saver._deltas.forget([staged])
+
+    async def adiscard_staged(self) -> None:
+        async def discard(cur: Cursor) -> None:
+            for statement in DISCARD_STAGED:
+                await cur.execute(statement, staged_range())
+
+        await self.saver._run(discard, tx=True)
+        self.saver._deltas.forget()

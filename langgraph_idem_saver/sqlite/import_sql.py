@@ -15,7 +15,13 @@ from typing import Any
 
 from langgraph_idem_saver import import_langgraph
 from langgraph_idem_saver.errors import CorruptRecordError, ImportLayoutError
-from langgraph_idem_saver.import_langgraph import Key, Layout, SourceRow, with_writes
+from langgraph_idem_saver.import_langgraph import (
+    Key,
+    Layout,
+    SourceRow,
+    staged_range,
+    with_writes,
+)
 from langgraph_idem_saver.saver_base import decode_checkpoint, decode_json
 from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver
 
@@ -43,6 +49,8 @@ WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN (?, ?, ?) AND (?, ?, ?)
 """
 
 SELECT_IMPORTED = import_langgraph.SELECT_IMPORTED.format(p="?")
+PUBLISH = tuple(q.format(p="?") for q in import_langgraph.PUBLISH)
+DISCARD_STAGED = tuple(q.format(p="?") for q in import_langgraph.DISCARD_STAGED)
 
 
 class SqliteTables:
@@ -119,3 +127,27 @@ class SqliteTables:
             return conn.execute(import_langgraph.SELECT_UNIMPORTED_THREAD).fetchone() is not None
 
         return await self.saver._run(read)
+
+    async def acount(self) -> int:
+        def read(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(import_langgraph.COUNT_CHECKPOINTS).fetchone()[0])
+
+        return await self.saver._run(read)
+
+    async def apublish(self, staged: str, thread_id: str) -> None:
+        def publish(conn: sqlite3.Connection) -> None:
+            for statement in PUBLISH:
+                conn.execute(statement, (thread_id, staged))
+
+        await self.saver._write(publish)
+        self.saver._deltas.forget([staged])
+
+    async def adiscard_staged(self) -> None:
+        low, high = staged_range()
+
+        def discard(conn: sqlite3.Connection) -> None:
+            for statement in DISCARD_STAGED:
+                conn.execute(statement, (low, high))
+
+        await self.saver._write(discard)
+        self.saver._deltas.forget()
