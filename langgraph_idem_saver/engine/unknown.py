@@ -108,6 +108,7 @@ def ask(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool) -> Any:
     }
     if plan.superseded:  # the lost call is asked about; this one waits on the answer
         payload["superseded_by"] = {"tool_call_id": call["id"], "args": call["args"]}
+    payload.update(answer_instructions(entry, sole=sole))
     while True:
         if INTERRUPT_HAS_SCHEMA:
             answer = interrupt(payload, response_schema=cast(Any, UnknownOutcomeResume))
@@ -261,12 +262,37 @@ async def asettle_entry(
     )
 
 
+def answer_instructions(entry: LedgerEntry, *, sole: bool) -> dict[str, Any]:
+    """What the payload says to send: ``answer_with`` (the ``key`` and ``attempt`` to copy
+    into the answer) and ``how_to_answer``, one sentence, so an answer by interrupt id that
+    copies it is applied at once, whatever else is pending in the task."""
+    needed = "" if sole and entry.attempts == 1 else " (required here)"
+    return {
+        "answer_with": {"key": entry.key, "attempt": entry.attempts},
+        "how_to_answer": (
+            "Command(resume={interrupt.id: {'action': 'completed', 'result': ...} | "
+            "{'action': 'rerun'} | {'action': 'failed', 'error': '...'}, plus this "
+            f"payload's answer_with{needed}}})"
+        ),
+    }
+
+
 def answer_mismatch(value: Mapping[str, Any], entry: LedgerEntry, *, sole: bool) -> str | None:
-    """Why an interrupt answer cannot be applied to ``entry`` (None: it can)."""
+    """Why an interrupt answer cannot be applied to ``entry`` (None: it can).
+
+    An answer that names no ``attempt`` is applied only to a first attempt: on a later
+    one it may be the answer to an earlier attempt, stored in the task and handed back
+    again after a crash (a stale ``rerun`` would run the call once more)."""
     if "key" in value and value["key"] != entry.key:
         return f"it answered key {value['key']!r}, not {entry.key!r}"
     if "attempt" in value and value["attempt"] != entry.attempts:
         return f"it answered attempt {value['attempt']}, this is attempt {entry.attempts}"
     if "key" not in value and not (sole and entry.attempts == 1):
-        return "answers must name the interrupt's 'key' and 'attempt' here"
+        return "answers must name the interrupt's 'key' and 'attempt' here (see answer_with)"
+    if "attempt" not in value and entry.attempts > 1:
+        return (
+            f"it names key {entry.key!r} but no 'attempt'; this is attempt "
+            f"{entry.attempts}, and an answer to a later attempt must name it (an "
+            "earlier attempt's answer is not applied again)"
+        )
     return None
