@@ -33,7 +33,7 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.errors import ConfigError
@@ -339,6 +339,15 @@ class RetentionBase:
         """Issued entries last claimed before ``since`` (kept: unknown outcomes)."""
         raise NotImplementedError
 
+    # marks a ToolLedger's database (standalone_ledger.py): it holds no checkpoint, so
+    # the ledger safety rule would find every thread gone and remove entries that a
+    # checkpointer elsewhere can still replay; ``asweep`` refuses it
+    LEDGER_ONLY_TABLE: ClassVar[str] = "idem_ledger_only"
+
+    async def _ledger_only(self) -> bool:
+        """Whether this database is a ``ToolLedger``'s (it has ``LEDGER_ONLY_TABLE``)."""
+        return False
+
     async def asweep(
         self,
         now: float | datetime | None = None,
@@ -357,6 +366,11 @@ class RetentionBase:
         config = TTLConfig.of(ttl) if ttl is not None else self.ttl
         if config is None:
             raise ConfigError("no retention configured: pass ttl=TTLConfig(...) to the saver")
+        if await self._ledger_only():
+            raise ConfigError(
+                "this database is a ToolLedger's: its checkpoints are in another store, so "
+                "no sweep here can tell which entries nothing can replay; nothing was removed"
+            )
         cut = Cutoffs.at(config, sweep_time(now), dry_run=dry_run)
         report = SweepReport(dry_run=dry_run)
         await self._sweep_all_threads(cut, report)

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
@@ -38,6 +38,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph_idem_saver.engine.loops import on_loop, running_loop
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.ledger import CallStatus, ToolCallLedger
+from langgraph_idem_saver.retention import RetentionBase
 from langgraph_idem_saver.saver_base import IdemSaverBase
 from langgraph_idem_saver.sqlite.connection import Synchronous
 from langgraph_idem_saver.sqlite.files import parse_target
@@ -46,6 +47,8 @@ from langgraph_idem_saver.sync_bridge import _Runtime
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+    from langgraph_idem_saver.postgres import AsyncPostgresSaver
 
 __all__ = ["ToolLedger"]
 
@@ -134,6 +137,34 @@ def _ledger_only(saver_class: type[S]) -> type[S]:
         found = type(f"LedgerOnly{saver_class.__name__}", (saver_class,), {"ledger_only": True})
         _LEDGER_ONLY[saver_class] = found
     return found
+
+
+MARKER_DDL = f"CREATE TABLE IF NOT EXISTS {RetentionBase.LEDGER_ONLY_TABLE} (marked_at REAL)"
+
+
+async def _amark_ledger_only(saver: IdemSaverBase) -> None:
+    """Mark the database as a ledger's (an empty table): a retention sweep run on it later
+    (``asweep``, ``idem-saver prune --older-than``) refuses, since it cannot see the
+    checkpoints that still replay its entries. Workers starting together on a fresh
+    PostgreSQL database may race on ``CREATE TABLE``: the loser finds the table."""
+    from langgraph_idem_saver.sqlite import AsyncSqliteSaver
+
+    retention = cast(RetentionBase, saver)
+    if await retention._ledger_only():
+        return
+    try:
+        if isinstance(saver, AsyncSqliteSaver):
+            await saver._write(lambda conn: conn.execute(MARKER_DDL))
+        else:
+            postgres = cast("AsyncPostgresSaver", saver)
+
+            async def create(cur: Any) -> None:
+                await cur.execute(MARKER_DDL, prepare=False)
+
+            await postgres._run(create)
+    except Exception:
+        if not await retention._ledger_only():
+            raise
 
 
 def _closed_error() -> ConnectionClosedError:
@@ -237,7 +268,9 @@ class ToolLedger(ToolCallLedger):
         )
 
     async def _open_on(self, stack: AsyncExitStack) -> IdemSaverBase:
-        return await stack.enter_async_context(self._opener())
+        saver = await stack.enter_async_context(self._opener())
+        await _amark_ledger_only(saver)
+        return saver
 
     def _check_unopened(self) -> None:
         if self._closed:

@@ -20,7 +20,9 @@ import logging
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.prebuilt import ToolNode
 from pg_server import fresh_dsn
 from tool_node_helpers import ai_calls, tool_graph
 
@@ -416,3 +419,167 @@ def test_a_closed_ledger_refuses_a_node(tmp_path: Path) -> None:
     with pytest.raises(ConnectionClosedError):
         graph.invoke({"messages": [message]}, {"configurable": {"thread_id": "t"}})
     assert ran == []
+
+
+# --- what needs our checkpointer is refused -----------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_sweep_on_the_ledgers_database_is_refused(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
+    """Retention removes an entry once no checkpoint of its thread remains; a ledger's
+    database holds none (they are in the other store), so a sweep there is refused and
+    removes nothing, even run by a saver opened on that database by hand."""
+    from langgraph_idem_saver import AsyncSqliteSaver, TTLConfig
+
+    target = ledger_target(backend, tmp_path, request)
+    async with ToolLedger(target) as ledger:
+        await send_graph(ledger).ainvoke(send_input(), {"configurable": {"thread_id": "t"}})
+    opener: Any = AsyncSqliteSaver
+    if backend == "postgres":
+        from langgraph_idem_saver import AsyncPostgresSaver
+
+        opener = AsyncPostgresSaver
+    ttl = TTLConfig(after=timedelta(seconds=1))
+    async with opener.from_conn_string(target) as saver:
+        for dry_run in (True, False):
+            with pytest.raises(ConfigError, match="ToolLedger"):
+                await saver.asweep(time.time() + 86_400, ttl=ttl, dry_run=dry_run)
+        assert len(await saver.alist_entries("t")) == 1
+    if backend == "postgres":
+        return
+    other = str(tmp_path / "ours.db")
+    async with AsyncSqliteSaver.from_conn_string(other) as saver:
+        await send_graph_on(saver).ainvoke(send_input(), {"configurable": {"thread_id": "t"}})
+        await saver.aprune(["t"], strategy="delete")  # checkpoints gone, entries kept
+        assert len(await saver.alist_entries("t")) == 1
+        report = await saver.asweep(time.time() + 86_400, ttl=ttl)
+        assert report.ledger_entries_deleted == 1, "the control: a saver's own sweep removes it"
+
+
+def send_graph_on(saver: Any) -> Any:
+    return tool_graph(IdempotentToolNode([send]), saver)
+
+
+def test_cli_prune_older_than_on_a_ledger_database_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from langgraph_idem_saver.cli import main
+
+    path = str(tmp_path / "ledger.db")
+    with ToolLedger(path) as ledger:
+        send_graph(ledger).invoke(send_input(), {"configurable": {"thread_id": "t"}})
+    code = main(["--db", path, "prune", "--older-than", "1s", "--apply"])
+    err = capsys.readouterr().err
+    assert code != 0 and "ToolLedger" in err
+    with ToolLedger(path) as ledger:
+        assert len(asyncio.run(ledger.alist_entries("t"))) == 1
+
+
+async def test_cli_pending_lists_the_ledgers_unknown_outcomes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator's tools read a ledger's database as any of ours."""
+    from langgraph_idem_saver.cli import main
+
+    scenario = {**scenario_for(tmp_path, "tool_node", "ours"), "phase": "run", "fail": "raise"}
+    with pytest.raises(ConnectionResetError):
+        await worker.arun(scenario)
+    code = await asyncio.to_thread(main, ["--db", scenario["ledger"], "pending", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    pending = json.loads(out)
+    rows = pending if isinstance(pending, list) else pending.get("entries", pending)
+    assert "inv-1" in json.dumps(rows) and "ConnectionResetError" in json.dumps(rows)
+
+
+def test_a_foreign_checkpointer_without_ledger_still_refuses(tmp_path: Path) -> None:
+    from langgraph_idem_saver import NoLedgerError
+
+    graph = tool_graph(IdempotentToolNode([send]), InMemorySaver())
+    with pytest.raises(NoLedgerError):
+        graph.invoke(send_input(), {"configurable": {"thread_id": "t"}})
+
+
+async def test_history_of_a_sync_only_checkpointer_is_read_with_list(tmp_path: Path) -> None:
+    """LangGraph's sync ``SqliteSaver`` has no async methods: adoption reads its ``list``
+    in a thread; a checkpointer that can do neither raises, nothing is guessed."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from langgraph_idem_saver.engine.history import alist_saved
+
+    config: Any = {"configurable": {"thread_id": "t"}}
+    with SqliteSaver.from_conn_string(str(tmp_path / "cp.db")) as official:
+        graph = tool_graph(ToolNode([send]), official)
+        graph.invoke(send_input(), config)
+        with pytest.raises(NotImplementedError):
+            [t async for t in official.alist(config)]
+        listed = [t async for t in alist_saved(official, config)]
+        assert [t.checkpoint["id"] for t in listed] == [
+            t.checkpoint["id"] for t in official.list(config)
+        ]
+        assert len(listed) >= 2
+    memory = InMemorySaver()
+    tool_graph(ToolNode([send]), memory).invoke(send_input(), config)
+    assert len([t async for t in alist_saved(memory, config)]) == len(list(memory.list(config)))
+    with pytest.raises(NotImplementedError):
+        [t async for t in alist_saved(BaseCheckpointSaver(), config)]
+
+
+CLOSES_AT_EXIT = """
+import sys
+from langchain_core.messages import AIMessage
+from langgraph.checkpoint.memory import InMemorySaver
+sys.path.insert(0, {tests!r})
+from tool_node_helpers import tool_graph
+from langchain_core.tools import tool
+from langgraph_idem_saver import IdempotentToolNode, ToolLedger
+
+@tool
+def send(to: str) -> str:
+    "Send."
+    return "sent"
+
+ledger = ToolLedger({path!r})
+graph = tool_graph(IdempotentToolNode([send], ledger=ledger), InMemorySaver())
+call = {{"name": "send", "args": {{"to": "a"}}, "id": "c1", "type": "tool_call"}}
+config = {{"configurable": {{"thread_id": "t"}}}}
+graph.invoke({{"messages": [AIMessage("", tool_calls=[call])]}}, config)
+print("ran")
+"""
+
+
+def test_an_unclosed_ledger_is_closed_at_exit(tmp_path: Path) -> None:
+    """Never closed by the program: its thread and connection end with the interpreter
+    (SQLite removes its write-ahead log when the last connection closes)."""
+    path = tmp_path / "l.db"
+    script = CLOSES_AT_EXIT.format(tests=str(Path(__file__).parent), path=str(path))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr[-2000:]
+    assert path.exists() and not Path(f"{path}-wal").exists(), "closed: the WAL is gone"
+    # the control: the same program leaving with os._exit closes nothing, and the WAL stays
+    other = tmp_path / "l2.db"
+    script = CLOSES_AT_EXIT.format(tests=str(Path(__file__).parent), path=str(other))
+    proc = subprocess.run(
+        [sys.executable, "-c", script + "import os; os._exit(0)\n"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and Path(f"{other}-wal").exists(), proc.stderr[-2000:]
+
+
+def test_the_guarantees_section_names_tests_that_exist() -> None:
+    """Each test ``docs/guarantees.md`` names for this section is defined here."""
+    import ast
+    import re
+
+    doc = (Path(__file__).parents[1] / "docs" / "guarantees.md").read_text()
+    section = doc.split("## A ledger beside any checkpointer", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`tests/test_ledger_beside\.py::(\w+)`", section))
+    tree = ast.parse(Path(__file__).read_text())
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    assert len(named) >= 10 and named <= defined, sorted(named - defined)

@@ -96,6 +96,8 @@ WHERE l.scope = u.scope AND l.key = u.key AND {which} AND {removable}
 COUNT_ISSUED_BEFORE = (
     "SELECT count(*) FROM idem_tool_calls WHERE status = 'issued' AND issued_at < %(since)s"
 )
+# whether a table is on the search path (a ToolLedger's marker: RetentionBase)
+SELECT_TABLE = "SELECT to_regclass(%(name)s) IS NOT NULL"
 
 
 async def _counts(cur: Cursor, threads: Sequence[str]) -> dict[str, RowCounts]:
@@ -175,3 +177,7 @@ class PostgresRetention(RetentionBase):
     async def _count_issued_before(self, since: float) -> int:
         rows = await self._fetch(COUNT_ISSUED_BEFORE, {"since": since})
         return int(rows[0][0])
+
+    async def _ledger_only(self) -> bool:
+        rows = await self._fetch(SELECT_TABLE, {"name": self.LEDGER_ONLY_TABLE})
+        return bool(rows[0][0])

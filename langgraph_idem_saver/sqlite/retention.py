@@ -67,6 +67,7 @@ WHERE l.scope = :s AND l.key = :k AND {which} AND {removable}
 COUNT_ISSUED_BEFORE = (
     "SELECT COUNT(*) FROM idem_tool_calls WHERE status = 'issued' AND issued_at < ?"
 )
+SELECT_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
 
 
 def _counts(conn: sqlite3.Connection, threads: Sequence[str]) -> dict[str, RowCounts]:
@@ -127,4 +128,9 @@ class SqliteRetention(RetentionBase):
     async def _count_issued_before(self, since: float) -> int:
         return await self._run(
             lambda c: int(c.execute(COUNT_ISSUED_BEFORE, (since,)).fetchone()[0])
+        )
+
+    async def _ledger_only(self) -> bool:
+        return await self._run(
+            lambda c: c.execute(SELECT_TABLE, (self.LEDGER_ONLY_TABLE,)).fetchone() is not None
         )
