@@ -17,7 +17,8 @@ production:
   outcome's own commit is never synced: the step's checkpoint write carries it to disk
   (see docs/guarantees.md, "Durability of a commit").
 * **Bound parameters only.** Metadata filters go through ``json_each`` with the key and
-  value bound, never interpolated (CVE-2025-67644).
+  value bound, never interpolated (CVE-2025-67644); a dotted key also names a nested
+  value, as in LangGraph's ``SqliteSaver`` (``sqlite/metadata_filter.py``).
 * **Typed errors.** Locked database, closed connection, not-a-database, newer schema,
   corrupt rows: each its own exception from :mod:`langgraph_idem_saver.errors`.
 """
@@ -41,7 +42,6 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
 from langgraph_idem_saver.errors import (
-    ConfigError,
     CorruptRecordError,
 )
 from langgraph_idem_saver.group_commit import GroupCommit
@@ -51,14 +51,11 @@ from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
 from langgraph_idem_saver.saver_checkpoints import ListQuery, PageReader
 from langgraph_idem_saver.saver_codec import (
-    canonical_json,
     decode_checkpoint,
     decode_json,
     decode_typed,
     encode_metadata,
     encode_versions,
-    has_number,
-    metadata_matches,
 )
 from langgraph_idem_saver.saver_config import (
     checkpoint_id_of,
@@ -67,7 +64,7 @@ from langgraph_idem_saver.saver_config import (
     text_of,
     thread_id_of,
 )
-from langgraph_idem_saver.sqlite import sql
+from langgraph_idem_saver.sqlite import metadata_filter, sql
 from langgraph_idem_saver.sqlite.connection import (
     ConnectionLock,
     SqliteConnection,
@@ -83,7 +80,6 @@ from langgraph_idem_saver.sqlite.files import (
 from langgraph_idem_saver.sqlite.inspect import SqliteInspection
 from langgraph_idem_saver.sqlite.ledger_store import SqliteLedgerStore
 from langgraph_idem_saver.sqlite.retention import SqliteRetention
-from langgraph_idem_saver.surrogates import utf8_ok
 
 T = TypeVar("T")
 
@@ -93,54 +89,6 @@ __all__ = ["AsyncSqliteSaver", "Synchronous"]
 LIST_PAGE_SIZE = 100
 # for the key after which a page starts and its size, the read of that page
 PageBodies = Callable[[tuple[str, str, str] | None, int], Callable[[sqlite3.Connection], ListPage]]
-
-
-def _metadata_filter(filter: dict[str, Any]) -> tuple[list[str], list[Any]]:
-    """SQL conditions that *narrow* rows by top-level metadata keys (keys and values bound,
-    never interpolated). They may let through rows that do not match - the exact check is
-    :func:`metadata_matches` in Python - but never drop one that does."""
-    clauses: list[str] = []
-    params: list[Any] = []
-    for key, value in filter.items():
-        if not isinstance(key, str):
-            raise ConfigError(f"metadata filter keys must be str, got {type(key).__name__}")
-        if value is None or not _bindable(key) or (isinstance(value, str) and not _bindable(value)):
-            # json_each cuts keys at NUL, SQLite cannot take text with lone surrogates, and
-            # None also matches an absent key: these are left to the exact check in
-            # Python, never narrowed (a narrowing must not drop a real match)
-            continue
-        exists = "EXISTS (SELECT 1 FROM json_each(metadata) AS j WHERE j.key = ? AND {})"
-        if isinstance(value, (bool, int, float)):
-            clauses.append(
-                exists.format("j.type IN ('integer', 'real', 'true', 'false') AND j.value = ?")
-            )
-            params += [key, float(value) if isinstance(value, float) else int(value)]
-        elif isinstance(value, str):
-            clauses.append(exists.format("j.type = 'text' AND j.value = ?"))
-            params += [key, value]
-        else:
-            try:
-                text = canonical_json(value)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"metadata filter value for {key!r} is not JSON: {exc}") from exc
-            kind = "object" if isinstance(value, dict) else "array"
-            if not utf8_ok(text) or has_number(value):
-                # lone surrogates (not bindable), or numbers and bools, which Python
-                # equates across types ([1] == [True]) and JSON text does not: narrow by
-                # kind only, the exact check decides
-                clauses.append(exists.format("j.type = ?"))
-                params += [key, kind]
-                continue
-            clauses.append(
-                exists.format("j.type IN ('object', 'array') AND json(j.value) = json(?)")
-            )
-            params += [key, text]
-    return clauses, params
-
-
-def _bindable(text: str) -> bool:
-    """Whether ``text`` can narrow a filter in SQL: bindable, and without NUL."""
-    return "\x00" not in text and utf8_ok(text)
 
 
 class AsyncSqliteSaver(
@@ -339,7 +287,7 @@ class AsyncSqliteSaver(
                 params.append(value)
         filter = query.filter
         if filter:
-            fclauses, fparams = _metadata_filter(filter)
+            fclauses, fparams = metadata_filter.narrowing(filter)
             clauses += fclauses
             params += fparams
         if query.before_id is not None:
@@ -357,8 +305,10 @@ class AsyncSqliteSaver(
             rows = conn.execute(q, (*params, *(after or ()), size)).fetchall()
             last = (rows[-1][2], rows[-1][0], rows[-1][1]) if rows else None
             fetched = len(rows)
-            if filter:  # SQL only narrows; this decides (InMemorySaver's rule exactly)
-                rows = [r for r in rows if metadata_matches(_metadata_of(r), filter)]
+            if filter:  # SQL only narrows; this decides (metadata_filter.py's rule)
+                rows = [
+                    r for r in rows if metadata_filter.metadata_matches(_metadata_of(r), filter)
+                ]
             return ListPage(fetched, last, [self._row_to_tuple(conn, row) for row in rows])
 
         def page_body(
