@@ -19,6 +19,12 @@ Why it looks like this:
 * **Bounded batches, safe beside writers.** Each batch is one short transaction that
   re-checks every thread it touches; a thread that checkpointed or claimed a call since
   it was found is skipped (see the backends' ``retention.py``).
+* **A new conversation is told apart.** ``delete`` (and ``adelete_thread``) leave some
+  entries behind (unknown outcomes, entries touched after ``ledger_after``); each gets a
+  ``conversation_ended`` event appended to its history in the deleting transaction, so a
+  call of a new conversation on the same thread id that reaches it is decided
+  explicitly (``engine/earlier.py``), never answered by it silently. An event, not a
+  column: no migration, and the entry's read already carries its history.
 * **No sweeping inside ``put``.** A sweep is maintenance: run ``asweep()`` / ``sweep()``
   from a scheduler (or ``idem-saver prune``). Sweeping from the hot path would add its
   latency to a user's step, and every process would repeat it.
@@ -26,6 +32,7 @@ Why it looks like this:
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -40,6 +47,18 @@ from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.forwarding import blocking, hopping
 
 T = TypeVar("T")
+
+ENDED = "conversation_ended"
+"""History event of an entry kept when its thread's checkpoints were deleted (a sweep's
+``delete``, ``adelete_thread``): made by a conversation that ended."""
+
+
+def ended_event(by: str, at: float | None = None) -> str:
+    """The :data:`ENDED` event as JSON text (``by``: ``"sweep"`` or ``"adelete_thread"``),
+    what the backends' ``MARK_ENDED`` appends to each kept entry's history."""
+    at = time.time() if at is None else at
+    return json.dumps({"at": at, "by": by, "action": ENDED}, separators=(",", ":"))
+
 
 Strategy = Literal["delete", "keep_latest"]
 STRATEGIES: tuple[Strategy, ...] = ("delete", "keep_latest")

@@ -27,6 +27,13 @@ Outcomes
   attempt (a ``retry_policy`` retry, or the user's resume) asks ``verify`` ->
   ``on_unknown`` -> ``interrupt()``;
 * a human or operator answer ``failed`` is replayed as :class:`RecordedFailureError`.
+
+Nested tasks
+------------
+A task whose body awaits other ``idempotent_task`` s orchestrates them: from its first
+such call its entry says so (``engine/nested.py``), and after a crash it is re-run rather
+than settled - each inner task replays or settles its own outcome, so none is skipped by
+an answer about the outer one. Its own code runs again: keep effects in inner tasks.
 """
 
 from __future__ import annotations
@@ -51,7 +58,9 @@ from langgraph_idem_saver.engine import (
     UnknownToolOutcome,
     VerifyFn,
 )
+from langgraph_idem_saver.engine.earlier import OnEarlierCall
 from langgraph_idem_saver.engine.loops import run_private
+from langgraph_idem_saver.engine.nested import RUNNING_TASK, RunningTask, amark_caller
 from langgraph_idem_saver.errors import ConfigError, IdemSaverError
 from langgraph_idem_saver.keys import KeyFn
 from langgraph_idem_saver.ledger import CallStatus, ToolCallLedger
@@ -75,6 +84,7 @@ def idempotent_task(
     verify: VerifyFn | None = None,
     key_policy: str | KeyFn = "args",
     on_unknown: OnUnknown = "interrupt",
+    on_earlier_call: OnEarlierCall = "ask",
     not_applied_errors: tuple[type[BaseException], ...] = (),
     ledger: ToolCallLedger | None = None,
     namespace: str | None = None,
@@ -86,8 +96,10 @@ def idempotent_task(
     ``@idempotent_task(name=..., retry_policy=..., cache_policy=...)``) plus the ledger's
     options: ``verify(args) -> value | NOT_APPLIED`` (``args`` is the call's arguments by
     parameter name), ``key_policy`` (``"args"`` or a ``key_fn``), ``on_unknown``,
-    ``not_applied_errors``, ``ledger`` (default: the entrypoint's checkpointer),
-    ``namespace``, ``lease_seconds``, ``wait_seconds``, ``poll_seconds``."""
+    ``on_earlier_call`` (an entry of a deleted or swept conversation: see
+    ``IdempotentToolNode``), ``not_applied_errors``, ``ledger`` (default: the
+    entrypoint's checkpointer), ``namespace``, ``lease_seconds``, ``wait_seconds``,
+    ``poll_seconds``."""
 
     def decorate(func: F) -> Any:
         task_name = name or func.__name__
@@ -103,6 +115,7 @@ def idempotent_task(
             namespace=namespace,
             verify={task_name: verify} if verify is not None else None,
             on_unknown=on_unknown,
+            on_earlier_call=on_earlier_call,
             not_applied_errors=not_applied_errors,
             lease_seconds=lease_seconds,
             wait_seconds=wait_seconds,
@@ -124,11 +137,16 @@ def idempotent_task(
             async def arun(*args: Any, **kwargs: Any) -> Any:
                 batch, call = plan(args, kwargs)
                 try:
+                    await amark_caller(task_name)  # a task calling us orchestrates
                     await engine.aprepare(batch, get_config())
                     if call.kind is not Kind.RUN:
                         return _answered(call, await engine.aanswer(batch, call))
-                    async with engine.running(batch, call):
-                        value = await func(*args, **kwargs)
+                    token = RUNNING_TASK.set(RunningTask(engine, batch, call))
+                    try:
+                        async with engine.running(batch, call):
+                            value = await func(*args, **kwargs)
+                    finally:
+                        RUNNING_TASK.reset(token)
                     await engine.afinish(batch, call, value)
                     return value
                 finally:
@@ -142,15 +160,19 @@ def idempotent_task(
                 batch, call = plan(args, kwargs)
                 batch.sync = True
                 try:
+                    run_private(amark_caller(task_name))  # a task calling us orchestrates
                     run_private(engine.aprepare(batch, get_config()))
                     if call.kind is not Kind.RUN:
                         return _answered(call, run_private(engine.aanswer(batch, call)))
                     call.started = True
+                    token = RUNNING_TASK.set(RunningTask(engine, batch, call))
                     try:
                         value = func(*args, **kwargs)
                     except Exception as exc:
                         run_private(engine.araised(batch, call, exc))
                         raise
+                    finally:
+                        RUNNING_TASK.reset(token)
                     run_private(engine.afinish(batch, call, value))
                     return value
                 finally:

@@ -166,6 +166,11 @@ class IdempotentToolNode(ToolNode):
             (default; ask a human via ``interrupt()``), ``"rerun"``, ``"fail"`` (an error
             ``ToolMessage``; the entry stays for an operator) or ``"raise"``
             (:class:`UnknownToolOutcome`); or a mapping tool name -> policy.
+        on_earlier_call: a call an earlier entry might answer without proof - a lost
+            call with other arguments (a reworded call after a lost message), or an entry
+            kept by ``adelete_thread``/a sweep of a conversation that ended - once that
+            entry is settled: ``"ask"`` (default; an ``earlier_call`` interrupt),
+            ``"run"`` or ``"replay"`` (answer from it); or a mapping tool name -> choice.
         not_applied_errors: exception types that mean "the tool failed and nothing
             happened" (a tuple for every tool, or a mapping tool name -> tuple). Any
             other exception that escapes a tool leaves its call an unknown outcome (see

@@ -55,7 +55,11 @@ PAY = "pay invoices inv-0 inv-1"
 
 
 def human(asked: dict[str, Any], effects: str) -> dict[str, Any]:
-    """A human who looks the charge asked about up at the vendor (the effects file)."""
+    """A human who looks the charge asked about up at the vendor (the effects file); asked
+    whether a reworded call is the lost one (``earlier_call``), compares the invoices."""
+    if asked["kind"] == "earlier_call":
+        same = asked["earlier"]["args"]["invoice"] == asked["args"]["invoice"]
+        return {"key": asked["key"], "action": "replay" if same else "run"}
     answer = {"key": asked["key"], "attempt": asked["attempt"]}
     if asked["args"]["invoice"] in effects_lines(Path(effects)):
         return {**answer, "action": "completed", "result": "charged (checked by hand)"}
@@ -103,7 +107,10 @@ async def run(scenario: dict[str, Any]) -> dict[str, Any]:
     async with open_saver(scenario) as saver:
         node = make_node(scenario)  # crashes only in phase "run"
         if scenario.get("ask_human"):  # no verify hook: unknown outcomes go to a human
-            node = IdempotentToolNode(list(node.tools_by_name.values()))
+            node = IdempotentToolNode(
+                list(node.tools_by_name.values()),
+                on_earlier_call=scenario.get("on_earlier_call", "ask"),
+            )
         asked: list[Any] = []
         model = MeetingModel(barrier=scenario.get("barrier"), reword=scenario.get("reword", False))
         if phase == "prepare":

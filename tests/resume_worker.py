@@ -188,6 +188,7 @@ def make_node(scenario: dict[str, Any]) -> IdempotentToolNode:
         [charge],
         verify={"charge": verify},
         on_unknown="raise",  # every unknown outcome must be settled by verify
+        on_earlier_call=scenario.get("on_earlier_call", "ask"),
         lease_seconds=float(scenario.get("lease_seconds", 300.0)),
         wait_seconds=float(scenario.get("wait_seconds", 20.0)),
         poll_seconds=0.05,

@@ -80,10 +80,13 @@ def test_a_reworded_call_after_a_lost_message_is_settled_by_the_lost_one(
     other arguments (a fresh memo), so orphan adoption cannot match them. The lost call
     of the same step and tool is settled first - ``verify`` asked with *its* arguments:
     landed, the new call is answered with it; not landed, it is closed and the new call
-    runs. Each invoice is charged once, and no entry is left ``issued``."""
+    runs. Each invoice is charged once, and no entry is left ``issued``. A lost call
+    answers a reworded one only when the user chose it (``on_earlier_call="replay"``;
+    the default asks: ``tests/test_no_silent_guesses.py``)."""
     scenario = {
         **where(backend, tmp_path, request),
         "effects": str(tmp_path / "effects"),
+        "on_earlier_call": "replay",
         "reword": True,
         "durability": "exit",
         "crash_at": crash_at,
@@ -105,7 +108,8 @@ def test_a_reworded_call_asks_the_human_about_the_lost_one_first(
 ) -> None:
     """Item 5 without a ``verify`` hook: the lost charge is surfaced as an interrupt about
     *its* arguments, naming the new call that waits on it - never run past it. The human
-    found the charge: the new call is answered with it, nothing runs twice."""
+    found the charge, then is asked about the new call (``earlier_call``) and, seeing the
+    same invoice, answers it with the lost call's outcome: nothing runs twice."""
     scenario = {
         **where(backend, tmp_path, request),
         "effects": str(tmp_path / "effects"),
@@ -121,10 +125,14 @@ def test_a_reworded_call_asks_the_human_about_the_lost_one_first(
 
     assert resumed["ok"], resumed.get("traceback")
     assert Counter(effects_lines(tmp_path / "effects")) == dict.fromkeys(INVOICES, 1)
-    [lost] = [q for q in resumed["asked"] if q["args"]["invoice"] == "inv-1"]
-    assert lost["kind"] == "unknown_tool_outcome"
+    unknown = [q for q in resumed["asked"] if q["kind"] == "unknown_tool_outcome"]
+    [lost] = [q for q in unknown if q["args"]["invoice"] == "inv-1"]
     assert lost["superseded_by"]["args"]["invoice"] == "inv-1"
     assert lost["superseded_by"]["args"]["memo"] != lost["args"]["memo"], "asked: the lost call"
+    decided = [q for q in resumed["asked"] if q["kind"] == "earlier_call"]
+    assert sorted(q["args"]["invoice"] for q in decided if q["reason"] == "reworded") == INVOICES, (
+        "each reworded call decided explicitly once its lost call was settled"
+    )
     assert all(status != "issued" for _, status, _ in resumed["ledger"])
 
 

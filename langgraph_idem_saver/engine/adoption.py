@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
 
+from langgraph_idem_saver.engine.earlier import closed_superseded, of_ended_conversation
 from langgraph_idem_saver.engine.history import alist_saved
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.results import collect_tool_calls
@@ -254,6 +255,9 @@ async def aadopt_superseded(
         known_keys = keys_of[intent.agent_path]
         if intent.key in {e.key for e in found}:
             continue  # its own entry: the claim returns it
+        # a lost call closed as superseded did not happen: it settles nothing; a call of
+        # an ended conversation is no lost call of this one (earlier.py)
+        found = [e for e in found if not closed_superseded(e) and not of_ended_conversation(e)]
         mine = [e for e in found if e.adopted_by == intent.tool_call_id and e.key not in taken]
         # a lost call settled by the call that replaced it hands over to that call's entry
         successors = {e.tool_call_id for e in found}

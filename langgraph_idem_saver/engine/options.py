@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from typing_extensions import TypedDict, Unpack
 
+from langgraph_idem_saver.engine.earlier import OnEarlierCall, check_on_earlier_call
 from langgraph_idem_saver.engine.types import (
     ON_UNKNOWN_VALUES,
     READ_ONLY_METADATA_KEY,
@@ -36,6 +37,7 @@ class LedgerKwargs(TypedDict, total=False):
     read_only: Iterable[str]
     verify: Mapping[str, VerifyFn] | None
     on_unknown: OnUnknown | Mapping[str, OnUnknown]
+    on_earlier_call: OnEarlierCall | Mapping[str, OnEarlierCall]
     not_applied_errors: ExceptionTypes | Mapping[str, ExceptionTypes]
     lease_seconds: float
     wait_seconds: float
@@ -48,7 +50,7 @@ V = TypeVar("V")
 @dataclass(frozen=True)
 class PerTool(Generic[V]):
     """A setting given for every tool, or per tool name (``on_unknown="rerun"`` or
-    ``on_unknown={"charge": "interrupt"}``): the three such options are read and looked
+    ``on_unknown={"charge": "interrupt"}``): every such option is read and looked
     up by one rule. A mapping leaves the tools it does not name at ``default``."""
 
     default: V
@@ -76,6 +78,10 @@ class LedgerOptions:
     verify: Mapping[str, VerifyFn] = field(default_factory=dict)
     key_policy: PerTool[KeyPolicy] = field(default_factory=lambda: PerTool[KeyPolicy]("tool_call"))
     on_unknown: PerTool[OnUnknown] = field(default_factory=lambda: PerTool[OnUnknown]("interrupt"))
+    # a call an earlier entry might answer without proof (engine/earlier.py)
+    on_earlier_call: PerTool[OnEarlierCall] = field(
+        default_factory=lambda: PerTool[OnEarlierCall]("ask")
+    )
     not_applied: PerTool[ExceptionTypes] = field(
         default_factory=lambda: PerTool[ExceptionTypes](())
     )
@@ -116,6 +122,9 @@ class LedgerOptions:
             on_unknown=PerTool.of(
                 kwargs.get("on_unknown", "interrupt"), "interrupt", check=_on_unknown
             ),
+            on_earlier_call=PerTool.of(
+                kwargs.get("on_earlier_call", "ask"), "ask", check=check_on_earlier_call
+            ),
             not_applied=PerTool.of(
                 kwargs.get("not_applied_errors", ()), (), check=_exception_types
             ),
@@ -135,6 +144,7 @@ class LedgerOptions:
             ("verify", self.verify),
             ("key_policy", self.key_policy.by_tool),
             ("on_unknown", self.on_unknown.by_tool),
+            ("on_earlier_call", self.on_earlier_call.by_tool),
             ("not_applied_errors", self.not_applied.by_tool),
         ):
             unknown = set(mapping) - names
@@ -146,6 +156,9 @@ class LedgerOptions:
 
     def on_unknown_for(self, tool_name: str) -> OnUnknown:
         return self.on_unknown.of_tool(tool_name)
+
+    def on_earlier_call_for(self, tool_name: str) -> OnEarlierCall:
+        return self.on_earlier_call.of_tool(tool_name)
 
     def not_applied_for(self, tool_name: str) -> ExceptionTypes:
         return self.not_applied.of_tool(tool_name)

@@ -17,7 +17,9 @@ from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
+from langgraph_idem_saver.engine.earlier import aclose_superseded  # marks it: answers nothing
 from langgraph_idem_saver.engine.loops import call_maybe_async
+from langgraph_idem_saver.engine.nested import orchestrates
 from langgraph_idem_saver.engine.results import as_result
 from langgraph_idem_saver.engine.types import (
     INTERRUPT_HAS_SCHEMA,
@@ -48,6 +50,8 @@ async def adecide(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool)
     name = call["name"]
     if entry.rerun_approved():
         return ("rerun", None)  # an operator settled it: it did not happen
+    if orchestrates(entry):
+        return ("rerun", None)  # a task over ledgered tasks: re-run it (engine/nested.py)
     hook = engine.options.verify.get(name)
     if hook is not None:
         outcome = await call_maybe_async(hook, asked_args(plan))
@@ -213,26 +217,6 @@ def asked_args(plan: Plan) -> dict[str, Any]:
         if isinstance(args, dict):
             return args
     return dict(plan.call["args"])
-
-
-async def aclose_superseded(engine: LedgerEngine, batch: Batch, plan: Plan) -> bool:
-    """A lost call that did not happen, replaced by ``plan``'s call: record it ``failed``
-    (not applied, superseded) and let the new call be claimed on its own. False when
-    the row changed under us (someone else settled it)."""
-    entry = cast(LedgerEntry, plan.entry)
-    call = plan.call
-    note = (
-        f"not applied; superseded by call {call['id']!r} with other arguments after its "
-        "model message was lost"
-    )
-    result = ToolMessage(
-        content=f"Error: {note}", name=call["name"], tool_call_id=entry.tool_call_id, status="error"
-    )
-    if await asettle_entry(engine, batch, entry, CallStatus.FAILED, result, note) is None:
-        return False
-    plan.entry = plan.ledger_key = None
-    plan.superseded = False
-    return True
 
 
 async def asettle_entry(

@@ -23,7 +23,13 @@ from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
 from langgraph_idem_saver.postgres import sql
-from langgraph_idem_saver.retention import Cutoffs, LedgerRule, RetentionBase, RowCounts
+from langgraph_idem_saver.retention import (
+    Cutoffs,
+    LedgerRule,
+    RetentionBase,
+    RowCounts,
+    ended_event,
+)
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.list_deltas import ListDeltaEncoder
@@ -93,11 +99,27 @@ USING unnest(%(scopes)s::text[], %(keys)s::text[]) AS u (scope, key)
 WHERE l.scope = u.scope AND l.key = u.key AND {which} AND {removable}
 """
 
+# the entries a deletion kept of threads left without a checkpoint: the "conversation
+# ended" event appended to their history (retention.ENDED); thread-scoped only (a named
+# namespace's entries are shared across threads by design)
+MARK_ENDED = """
+UPDATE idem_tool_calls AS l
+SET history = (COALESCE(l.history, '[]')::jsonb || jsonb_build_array(%(event)s::jsonb))::text
+WHERE l.thread_id = ANY(%(threads)s) AND l.scope = l.thread_id
+  AND NOT EXISTS (SELECT 1 FROM idem_checkpoints AS c WHERE c.thread_id = l.thread_id)
+"""
+
 COUNT_ISSUED_BEFORE = (
     "SELECT count(*) FROM idem_tool_calls WHERE status = 'issued' AND issued_at < %(since)s"
 )
 # whether a table is on the search path (a ToolLedger's marker: RetentionBase)
 SELECT_TABLE = "SELECT to_regclass(%(name)s) IS NOT NULL"
+
+
+async def mark_ended(cur: Cursor, threads: Sequence[str], by: str) -> None:
+    """Inside a deleting transaction: mark what it kept of ``threads`` (``MARK_ENDED``)."""
+    params = {"threads": list(threads), "event": ended_event(by)}
+    await cur.execute(MARK_ENDED, params, prepare=False)
 
 
 async def _counts(cur: Cursor, threads: Sequence[str]) -> dict[str, RowCounts]:
@@ -144,6 +166,7 @@ class PostgresRetention(RetentionBase):
             if cut.strategy == "delete":
                 params = {"threads": idle, "bound": cut.bound_id, "since": cut.since}
                 await cur.execute(DELETE_IDLE_THREADS, params, prepare=False)
+                await mark_ended(cur, idle, "sweep")
             else:
                 await self._keep_latest_rows(cur, idle)
             after = await _counts(cur, idle)

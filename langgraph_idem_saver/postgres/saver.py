@@ -87,7 +87,7 @@ from langgraph_idem_saver.postgres.delta_history import PostgresDeltaHistory
 from langgraph_idem_saver.postgres.inspect import PostgresInspection
 from langgraph_idem_saver.postgres.jsonb import as_text, metadata_columns, metadata_filter
 from langgraph_idem_saver.postgres.ledger_store import CLAIM_RETRIES, PostgresLedgerStore
-from langgraph_idem_saver.postgres.retention import PostgresRetention
+from langgraph_idem_saver.postgres.retention import PostgresRetention, mark_ended
 from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
 from langgraph_idem_saver.saver_checkpoints import ListQuery, PageReader
@@ -386,6 +386,7 @@ class AsyncPostgresSaver(
         async def delete(cur: Cursor) -> None:
             await cur.execute(sql.LOCK_THREADS, {"threads": [tid]}, prepare=False)
             await cur.execute(sql.DELETE_THREAD, {"t": tid}, prepare=False)
+            await mark_ended(cur, [tid], "adelete_thread")  # what it kept: retention.ENDED
 
         await self._run(delete, tx=True, pipeline=True)
         self._deltas.forget([tid])

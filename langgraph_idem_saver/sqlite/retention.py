@@ -14,7 +14,13 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from langgraph_idem_saver.retention import Cutoffs, LedgerRule, RetentionBase, RowCounts
+from langgraph_idem_saver.retention import (
+    Cutoffs,
+    LedgerRule,
+    RetentionBase,
+    RowCounts,
+    ended_event,
+)
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.list_deltas import ListDeltaEncoder
@@ -64,10 +70,25 @@ DELETE FROM idem_tool_calls AS l
 WHERE l.scope = :s AND l.key = :k AND {which} AND {removable}
 """
 
+# the entries a deletion kept of threads left without a checkpoint: the "conversation
+# ended" event appended to their history (retention.ENDED); thread-scoped only (a named
+# namespace's entries are shared across threads by design)
+MARK_ENDED = """
+UPDATE idem_tool_calls AS l SET history = json_insert(
+    CASE WHEN json_valid(l.history) THEN l.history ELSE '[]' END, '$[#]', json(:event))
+WHERE l.thread_id IN (SELECT value FROM json_each(:threads)) AND l.scope = l.thread_id
+  AND NOT EXISTS (SELECT 1 FROM idem_checkpoints AS c WHERE c.thread_id = l.thread_id)
+"""
+
 COUNT_ISSUED_BEFORE = (
     "SELECT COUNT(*) FROM idem_tool_calls WHERE status = 'issued' AND issued_at < ?"
 )
 SELECT_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+
+
+def mark_ended(conn: sqlite3.Connection, threads: Sequence[str], by: str) -> None:
+    """Inside a deleting transaction: mark what it kept of ``threads`` (``MARK_ENDED``)."""
+    conn.execute(MARK_ENDED, {"threads": json.dumps(list(threads)), "event": ended_event(by)})
 
 
 def _counts(conn: sqlite3.Connection, threads: Sequence[str]) -> dict[str, RowCounts]:
@@ -102,6 +123,8 @@ class SqliteRetention(RetentionBase):
             idle = [t for t in threads if cut.idle(*conn.execute(SELECT_ACTIVITY, (t,)).fetchone())]
             before = _counts(conn, idle)
             self._prune_rows(conn, idle, cut.strategy)
+            if cut.strategy == "delete":
+                mark_ended(conn, idle, "sweep")
             after = _counts(conn, idle)
             return cut.batch_counts(idle, before, after)
 

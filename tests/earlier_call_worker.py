@@ -1,0 +1,165 @@
+"""A child process for ``tests/test_no_silent_guesses.py``: the invoice agent of
+``resume_worker`` on either backend, as a ``StateGraph`` over ``IdempotentToolNode``
+(``agent="graph"``) or ``create_react_agent(version="v2")`` (``agent="react_v2"``: one
+task per tool call, each its own ledger run).
+
+``python tests/earlier_call_worker.py '<json scenario>'`` runs one phase and prints one
+JSON line (``{"ok": true, ...}`` or ``{"ok": false, "error": ..., "traceback": ...}``):
+
+* ``run`` - send ``text`` under ``durability``, dying at ``crash_at`` for the charge of
+  ``crash_invoice`` (``resume_worker.make_node``; ``os._exit``, as a SIGKILL leaves it);
+* ``resume`` - an application restarting: finish what is pending, or send ``text`` when
+  the thread holds nothing (durability ``"exit"`` saved nothing before the crash).
+
+``calls`` (optional): the invoices the model asks for this time, whatever the text - a
+model re-run after a crash need not ask for the same calls. ``hold``
+(``{"invoice", "until"}``): the ledger's step read of the calls for ``invoice`` waits
+until ``until`` was charged - two tasks of one step in a fixed order. Interrupts are
+answered by a human: an ``earlier_call`` question with ``answer_earlier`` (``"run"`` or
+``"replay"``), an unknown outcome by looking the charge up (the effects file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import HumanMessage, ToolMessage
+from langgraph.types import Command
+from resume_worker import FAILED_EXIT_CODE, InvoiceModel, build_graph, effects_lines, make_node
+
+THREAD = "t1"
+
+
+def holding(saver_class: type, hold: dict[str, str] | None, effects: Path) -> type:
+    """``saver_class`` whose step read of ``hold["invoice"]``'s call waits until
+    ``hold["until"]`` was charged (every other call goes straight through)."""
+    if not hold:
+        return saver_class
+
+    class Holding(saver_class):  # type: ignore[misc, valid-type]
+        async def aclaim_step(self, intents: Any, lookup: Any, **kwargs: Any) -> Any:
+            wanted = f'"invoice":"{hold["invoice"]}"'
+            if any(wanted in i.args.decode() for i in intents):
+                deadline = time.monotonic() + 60
+                while hold["until"] not in effects_lines(effects):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{hold['until']} was never charged")
+                    await asyncio.sleep(0.05)
+            return await super().aclaim_step(intents, lookup, **kwargs)
+
+    return Holding
+
+
+@asynccontextmanager
+async def open_saver(scenario: dict[str, Any]) -> AsyncIterator[Any]:
+    effects = Path(scenario["effects"])
+    if scenario.get("dsn"):
+        from langgraph_idem_saver.postgres import AsyncPostgresSaver
+
+        cls = holding(AsyncPostgresSaver, scenario.get("hold"), effects)
+        async with cls.from_conn_string(scenario["dsn"]) as saver:
+            yield saver
+    else:
+        from langgraph_idem_saver import AsyncSqliteSaver
+
+        cls = holding(AsyncSqliteSaver, scenario.get("hold"), effects)
+        async with cls.from_conn_string(scenario["db"]) as saver:
+            yield saver
+
+
+def answer(asked: dict[str, Any], scenario: dict[str, Any]) -> dict[str, Any]:
+    if asked["kind"] == "earlier_call":
+        return {"key": asked["key"], "action": scenario["answer_earlier"]}
+    reply = {"key": asked["key"], "attempt": asked["attempt"]}
+    if asked["args"]["invoice"] in effects_lines(Path(scenario["effects"])):
+        return {**reply, "action": "completed", "result": "charged (checked by hand)"}
+    return {**reply, "action": "rerun"}
+
+
+def build(scenario: dict[str, Any], saver: Any) -> tuple[Any, Any]:
+    text = scenario["text"]
+    script = {}
+    if scenario.get("calls") is not None:
+        script[text] = [
+            {"name": "charge", "args": {"invoice": inv, "amount": 10}} for inv in scenario["calls"]
+        ]
+    model = InvoiceModel(script=script)
+    node = make_node(scenario)
+    if scenario.get("agent") == "react_v2":
+        from langgraph.prebuilt import create_react_agent
+
+        graph = create_react_agent(model, tools=node, checkpointer=saver, version="v2")
+    else:
+        graph = build_graph(model, node, saver)
+    return graph, node
+
+
+async def run(scenario: dict[str, Any]) -> dict[str, Any]:
+    config = {"configurable": {"thread_id": THREAD}}
+    durability = scenario.get("durability", "sync")
+    async with open_saver(scenario) as saver:
+        graph, node = build(scenario, saver)
+        state = await graph.aget_state(config)
+        turn = {"messages": [HumanMessage(content=scenario["text"])]}
+        pending = turn if scenario["phase"] == "run" or not state.next else None
+        out = await graph.ainvoke(pending, config, durability=durability)
+        asked: list[Any] = []
+        while out.get("__interrupt__"):
+            interrupts = out["__interrupt__"]
+            asked += [i.value for i in interrupts]
+            if len(asked) > 10:
+                raise RuntimeError(f"asked again and again: {asked!r}")
+            answers = {i.id: answer(i.value, scenario) for i in interrupts}
+            out = await graph.ainvoke(Command(resume=answers), config, durability=durability)
+        entries = await saver.alist_entries(THREAD)
+        return {
+            "ok": True,
+            "counters": node.counters.as_dict(),
+            "ledger": [
+                {
+                    "invoice": json.loads(e.args)["invoice"],
+                    "status": e.status.value,
+                    "attempts": e.attempts,
+                    "error": e.error,
+                    "events": [ev.get("action") for ev in e.events()],
+                }
+                for e in entries
+            ],
+            "tool_messages": {
+                str(m.tool_call_id): str(m.content)
+                for m in out["messages"]
+                if isinstance(m, ToolMessage)
+            },
+            "calls": {
+                str(c["id"]): c["args"]["invoice"]
+                for m in out["messages"]
+                for c in getattr(m, "tool_calls", None) or ()
+            },
+            "asked": asked,
+        }
+
+
+def main() -> None:
+    try:
+        payload = asyncio.run(run(json.loads(sys.argv[1])))
+    except Exception as exc:
+        payload = {"ok": False, "error": type(exc).__name__, "traceback": traceback.format_exc()}
+        print(json.dumps(payload), flush=True)
+        sys.exit(FAILED_EXIT_CODE)
+    print(json.dumps({**payload, "pid": os.getpid()}), flush=True)
+
+
+if __name__ == "__main__":
+    from process_guard import exit_with_parent
+
+    exit_with_parent()  # never outlive the test that started us (tests/process_guard.py)
+    main()

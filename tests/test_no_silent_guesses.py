@@ -1,0 +1,168 @@
+"""No silent guesses (issue 36, items 3 and 9): an earlier entry answers a call only when
+it is that call.
+
+* Item 3: under durability ``"exit"`` a crash loses the model's message; the user then
+  sends a *different* request, and its ``charge(inv-7)`` is paired with the lost
+  ``charge(inv-1)`` (same step, same tool). The lost call is settled on its own
+  (``verify`` about inv-1); inv-7 is then decided explicitly: asked by default,
+  ``on_earlier_call="run"`` runs it, ``"replay"`` (chosen) answers it from inv-1.
+* Item 9: with ``create_react_agent(version="v2")`` each call is a task of its own. The
+  inv-0 task, blind to its sibling, pairs with the lost inv-1 call, which ``verify``
+  finds did not happen: it is closed "not applied; superseded". The inv-1 task, asking
+  for those very arguments, reaches that entry through its fork slot - and was told the
+  charge failed instead of running it. An entry closed as superseded answers nothing.
+
+Each scenario kills a real child process at the point under test and resumes in a fresh
+one, on both backends.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pg_server import fresh_dsn
+from resume_worker import CRASH_EXIT_CODE, FAILED_EXIT_CODE, effects_lines
+from test_concurrent_resume import collect
+from test_concurrent_resume import spawn as spawn_worker
+
+from langgraph_idem_saver.engine.options import LedgerOptions
+from langgraph_idem_saver.errors import ConfigError
+
+WORKER = Path(__file__).with_name("earlier_call_worker.py")
+
+
+def child(scenario: dict[str, Any]) -> tuple[int, dict[str, Any] | None, str]:
+    """Run one phase in a child process; it is killed if the test gives up on it."""
+    proc: subprocess.Popen[str] = spawn_worker(scenario, WORKER)
+    try:
+        return collect(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def resumed(scenario: dict[str, Any]) -> dict[str, Any]:
+    code, payload, err = child({**scenario, "phase": "resume"})
+    assert payload is not None and code in (0, FAILED_EXIT_CODE), f"exit {code}: {err}"
+    assert payload["ok"], payload.get("traceback")
+    return payload
+
+
+def where(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
+    if backend == "sqlite":
+        return {"db": str(tmp_path / "a.db"), "effects": str(tmp_path / "effects")}
+    dsn = fresh_dsn(request.getfixturevalue("pg_server_dsn"))
+    return {"dsn": dsn, "effects": str(tmp_path / "effects")}
+
+
+def crashed_paying_inv_1(base: dict[str, Any]) -> None:
+    """Turn one, durability ``"exit"``: the charge of inv-1 lands and the process dies
+    before anything of the turn is saved but the ledger's claim."""
+    run = {
+        **base,
+        "phase": "run",
+        "text": "pay invoices inv-1",
+        "durability": "exit",
+        "crash_at": "after_effect",
+        "crash_invoice": "inv-1",
+    }
+    code, _, err = child(run)
+    assert code == CRASH_EXIT_CODE, err
+    assert effects_lines(Path(base["effects"])) == ["inv-1"], "the lost call happened"
+
+
+def other_request(base: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """The user, seeing no answer, asks for something else: pay inv-7 instead."""
+    return {**base, "text": "pay invoices inv-7", "durability": "exit", **more}
+
+
+def test_a_different_request_after_a_lost_call_is_asked_about_not_answered_by_it(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Item 3, default ``on_earlier_call="ask"``: inv-7 is not answered with inv-1's
+    charge. The lost inv-1 is settled on its own (``verify``: it happened); the question
+    about inv-7 shows both calls; the human answers ``run``: inv-7 is charged once, inv-1
+    stays charged once."""
+    base = where(backend, tmp_path, request)
+    crashed_paying_inv_1(base)
+    out = resumed(other_request(base, answer_earlier="run"))
+
+    [asked] = out["asked"]
+    assert asked["kind"] == "earlier_call" and asked["reason"] == "reworded"
+    assert asked["args"]["invoice"] == "inv-7"
+    assert asked["earlier"]["args"]["invoice"] == "inv-1"
+    assert asked["earlier"]["status"] == "completed", "the lost call was settled first"
+    assert Counter(effects_lines(tmp_path / "effects")) == {"inv-1": 1, "inv-7": 1}
+    [answer] = out["tool_messages"].values()
+    assert answer == "charged inv-7 $10", "the model is told what happened to inv-7"
+    ledger = {e["invoice"]: e["status"] for e in out["ledger"]}
+    assert ledger == {"inv-1": "completed", "inv-7": "completed"}
+
+
+@pytest.mark.parametrize("choice", ["run", "replay"])
+def test_on_earlier_call_decides_a_reworded_call_without_asking(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, choice: str
+) -> None:
+    """Item 3's option: ``"run"`` charges inv-7 with no question; ``"replay"`` (the user's
+    explicit choice) answers it with the lost call's settled outcome, as before."""
+    base = {**where(backend, tmp_path, request), "on_earlier_call": choice}
+    crashed_paying_inv_1(base)
+    out = resumed(other_request(base))
+
+    assert out["asked"] == [], "decided by the option, nobody asked"
+    [answer] = out["tool_messages"].values()
+    if choice == "run":
+        assert Counter(effects_lines(tmp_path / "effects")) == {"inv-1": 1, "inv-7": 1}
+        assert answer == "charged inv-7 $10"
+    else:
+        assert effects_lines(tmp_path / "effects") == ["inv-1"]
+        assert answer == "charged inv-1 $10", "the recorded outcome of the lost call"
+
+
+def test_a_superseded_lost_call_never_answers_a_call_with_its_own_arguments(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Item 9, deterministically: ``create_react_agent`` v2, durability ``"exit"``. Turn
+    one asks for inv-1 and dies after its claim, before its effect. The re-run model asks
+    for inv-0 and inv-1 (two tasks); the inv-0 task goes first (``hold``), pairs with
+    the lost inv-1, whose ``verify`` says "not applied": closed as superseded. The inv-1
+    task then reaches that entry with the very same arguments and must run it - not be
+    told "not applied; superseded"."""
+    base = {**where(backend, tmp_path, request), "agent": "react_v2", "durability": "exit"}
+    turn = "pay invoices inv-0 inv-1"
+    run = {
+        **base,
+        "phase": "run",
+        "text": turn,
+        "calls": ["inv-1"],
+        "crash_at": "after_issued",
+        "crash_invoice": "inv-1",
+    }
+    code, _, err = child(run)
+    assert code == CRASH_EXIT_CODE, err
+    assert effects_lines(tmp_path / "effects") == [], "inv-1 claimed, never charged"
+
+    hold = {"invoice": "inv-1", "until": "inv-0"}
+    out = resumed({**base, "text": turn, "calls": ["inv-0", "inv-1"], "hold": hold})
+
+    assert Counter(effects_lines(tmp_path / "effects")) == {"inv-0": 1, "inv-1": 1}
+    told = {out["calls"][i]: text for i, text in out["tool_messages"].items()}
+    assert told == {"inv-0": "charged inv-0 $10", "inv-1": "charged inv-1 $10"}
+    [lost] = [e for e in out["ledger"] if e["invoice"] == "inv-1"]
+    assert lost["status"] == "completed" and lost["attempts"] == 2, lost
+    assert lost["events"] == ["superseded", "reopened"], "closed, then run again - on record"
+
+
+def test_on_earlier_call_is_validated() -> None:
+    with pytest.raises(ConfigError, match="on_earlier_call"):
+        LedgerOptions.build(tools=None, on_earlier_call="guess")  # type: ignore[typeddict-item]
+    with pytest.raises(ConfigError, match="names tools"):
+        LedgerOptions.build(tools={"charge": None}, on_earlier_call={"refund": "run"})
+    options = LedgerOptions.build(tools=None, on_earlier_call={"charge": "run"})
+    assert options.on_earlier_call_for("charge") == "run"
+    assert options.on_earlier_call_for("email") == "ask"
