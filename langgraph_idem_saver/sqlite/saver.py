@@ -79,7 +79,7 @@ from langgraph_idem_saver.sqlite.files import (
 )
 from langgraph_idem_saver.sqlite.inspect import SqliteInspection
 from langgraph_idem_saver.sqlite.ledger_store import SqliteLedgerStore
-from langgraph_idem_saver.sqlite.retention import SqliteRetention
+from langgraph_idem_saver.sqlite.retention import SqliteRetention, mark_ended
 
 T = TypeVar("T")
 
@@ -393,6 +393,7 @@ class AsyncSqliteSaver(
         def delete(conn: sqlite3.Connection) -> None:
             for statement in sql.DELETE_THREAD:
                 conn.execute(statement, (tid,))
+            mark_ended(conn, [tid], "adelete_thread")  # what it kept: retention.ENDED
 
         await self._write(delete)
         self._deltas.forget([tid])
