@@ -583,3 +583,41 @@ def test_the_guarantees_section_names_tests_that_exist() -> None:
     tree = ast.parse(Path(__file__).read_text())
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     assert len(named) >= 10 and named <= defined, sorted(named - defined)
+
+
+async def test_an_encrypting_serializer_keeps_args_and_results_out_of_the_file(
+    tmp_path: Path,
+) -> None:
+    """``serde=EncryptedSerializer(...)`` encrypts what the ledger records, as on our
+    savers: neither the arguments nor the result are in the file in clear."""
+    import sqlite3
+
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+    path = tmp_path / "l.db"
+    async with ToolLedger(str(path), serde=serde) as ledger:
+        out = await send_graph(ledger).ainvoke(send_input(), {"configurable": {"thread_id": "t"}})
+        assert out["messages"][-1].content == "sent to ann"
+        [entry] = await ledger.alist_entries("t")
+        assert json.loads(entry.args) == {"to": "ann"}, "read back decrypted"
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT args, result FROM idem_tool_calls").fetchall()
+    assert len(rows) == 1
+    assert all(b"ann" not in bytes(value) for value in rows[0]), "nothing in clear"
+
+
+def test_cli_threads_on_a_ledgers_database_finds_no_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from langgraph_idem_saver.cli import main
+
+    path = str(tmp_path / "ledger.db")
+    with ToolLedger(path) as ledger:
+        send_graph(ledger).invoke(send_input(), {"configurable": {"thread_id": "t"}})
+    assert main(["--db", path, "--json", "threads"]) == 0
+    [thread] = json.loads(capsys.readouterr().out)["threads"]
+    assert (thread["thread_id"], thread["status"]) == ("t", "empty")
+    assert (thread["checkpoints"], thread["ledger_entries"]) == (0, 1)
+    assert main(["--db", path, "--json", "ledger", "t"]) == 0
+    assert "ann" in capsys.readouterr().out
