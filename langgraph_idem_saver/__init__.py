@@ -33,6 +33,7 @@ from langgraph_idem_saver.errors import (
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 
 if TYPE_CHECKING:
+    from langgraph_idem_saver.engine import MiddlewareOrderError
     from langgraph_idem_saver.middleware import IdempotencyMiddleware
     from langgraph_idem_saver.postgres import AsyncPostgresSaver, PostgresSaver
     from langgraph_idem_saver.retention import SweepReport, TTLConfig
@@ -62,6 +63,7 @@ _LAZY = {
     "UnknownToolOutcome": "langgraph_idem_saver.tool_node",
     "NotAppliedError": "langgraph_idem_saver.tool_node",
     "IdempotencyMiddleware": "langgraph_idem_saver.middleware",
+    "MiddlewareOrderError": "langgraph_idem_saver.engine",
     "idempotent_task": "langgraph_idem_saver.task",
     "RecordedFailureError": "langgraph_idem_saver.task",
     "TTLConfig": "langgraph_idem_saver.retention",
@@ -135,6 +137,7 @@ __all__ = [
     "IdempotentToolNode",
     "LedgerEntry",
     "LedgerStateError",
+    "MiddlewareOrderError",
     "NoLedgerError",
     "NotADatabaseError",
     "NotAppliedError",

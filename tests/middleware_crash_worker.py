@@ -164,7 +164,9 @@ async def crash_run(agent: Any, scenario: str) -> None:
         out = await agent.ainvoke(Command(resume=review(scenario, out["__interrupt__"])), CONFIG)
 
 
-async def resume_run(agent: Any, effects: Path, scenario: str, seen: list[Any]) -> None:
+async def resume_run(
+    agent: Any, effects: Path, scenario: str, seen: list[Any], reviewed: list[Any]
+) -> None:
     """Finish the thread as an application would: a careful human answers our questions;
     the reviewer answers HITL's again (an answer given inside a task the kill ended was
     lost with it, so HITL asks again)."""
@@ -174,6 +176,7 @@ async def resume_run(agent: Any, effects: Path, scenario: str, seen: list[Any]) 
             answers: dict[str, Any] = {}
             for q in live.interrupts:
                 if q.value.get("kind") != "unknown_tool_outcome":
+                    reviewed.append(q.value.get("tool_call_id") or "batch")
                     answers[q.id] = (
                         review(scenario, [q]).get(q.id)
                         if scenario == "per_call"
@@ -203,13 +206,13 @@ async def run_case(case: str, spec: list[str], phase: str) -> dict[str, Any]:
         from langgraph_idem_saver import AsyncPostgresSaver
 
         opener = AsyncPostgresSaver
-    report: dict[str, Any] = {"seen": []}
+    report: dict[str, Any] = {"seen": [], "reviewed": []}
     async with opener.from_conn_string(db) as saver:
         point = crash if phase == "crash" else "none"  # the resume dies nowhere
         agent = build(saver, case, Path(effects), scenario, order, point)
         try:
             if phase == "resume":
-                await resume_run(agent, Path(effects), scenario, report["seen"])
+                await resume_run(agent, Path(effects), scenario, report["seen"], report["reviewed"])
             else:
                 await crash_run(agent, scenario)
         except MiddlewareOrderError as exc:

@@ -112,6 +112,7 @@ def test_batched_review_with_an_edit_survives_a_kill_at_each_point(runs: Runs) -
                 e["model_args"]["amount"] == 20 and e["args"]["amount"] == 25 for e in edits
             ), case
             assert "not this one" in seen["tools"]["call_3"], case
+            assert seen["reviewed"] == [], case  # the batched review was saved with its step
 
 
 def test_per_call_review_survives_a_kill_at_each_point_or_is_refused(runs: Runs) -> None:
@@ -128,6 +129,8 @@ def test_per_call_review_survives_a_kill_at_each_point_or_is_refused(runs: Runs)
         assert entry["status"] == "completed", case
         asked = [] if point == "after_tool" else [{"invoice": "inv-1", "amount": 10}]
         assert seen["seen"] == asked, case
+        # an approval given in the task the kill ended died with it: asked again
+        assert seen["reviewed"] == ([] if point == "after_tool" else ["call_1"]), case
     case = "per_call-ledger_first-after_effect"
     assert "List it before: middleware=[HumanInTheLoopMiddleware" in runs.refused(case)
     assert runs.effects(case) == {} and runs.report(case)["entries"] == []
