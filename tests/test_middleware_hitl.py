@@ -234,3 +234,37 @@ async def test_verify_and_the_question_get_the_edited_arguments(saver: Any, orde
     [entry] = await charges_of(saver)
     assert entry.status is CallStatus.COMPLETED
     assert entry.args == b'{"amount":25,"invoice":"inv-2"}'
+
+
+@pytest.mark.parametrize("order", ORDERS)
+async def test_an_edit_to_another_tool_is_ledgered_as_that_tool(saver: Any, order: str) -> None:
+    """A batched edit may name another tool: the ledger records the tool that ran."""
+    effects = Counter()
+    refunds = Counter()
+
+    @tool
+    def refund(invoice: str, amount: int) -> str:
+        """Refund an invoice."""
+        refunds.bump((invoice, amount))
+        return f"refunded {invoice} {amount}"
+
+    hitl = HumanInTheLoopMiddleware(interrupt_on={"charge": True})
+    ours = IdempotencyMiddleware()
+    agent = create_agent(
+        scripted_model(ask(("inv-2", 20)), AIMessage("done", id="d")),
+        tools=[charge_tool(effects), refund],
+        middleware=[hitl, ours] if order == "hitl_first" else [ours, hitl],
+        checkpointer=saver,
+    )
+    await agent.ainvoke({"messages": [("user", "pay")]}, cfg("t"))
+    swap = {"name": "refund", "args": {"invoice": "inv-2", "amount": 20}}
+    out = await agent.ainvoke(
+        Command(resume={"decisions": [{"type": "edit", "edited_action": swap}]}), cfg("t")
+    )
+    assert effects.calls == [] and refunds.calls == [("inv-2", 20)]
+    assert "refunded inv-2 20" in texts(out)["call_1"]
+    assert await charges_of(saver) == []
+    [entry] = [e for e in await saver.alist_entries("t") if e.tool_name == "refund"]
+    assert entry.tool_call_id == "call_1" and entry.status is CallStatus.COMPLETED
+    [edit] = [e for e in entry.events() if e["action"] == "edited"]
+    assert edit["tool"] == "refund" and edit["model_args"] == {"invoice": "inv-2", "amount": 20}
