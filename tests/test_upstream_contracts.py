@@ -19,6 +19,9 @@ upgrade that changes one fails here, naming it, instead of somewhere deep in a s
   caller.
 * psycopg_pool's ``ConnectionPool._configure``/``_check``: read by the sync Postgres
   saver to rebuild a user's pool as an async one.
+* LangGraph Agent Server's ``_CustomCheckpointerAdapter`` (``langgraph-api``): the wrapper
+  it puts around a custom checkpointer keeps the saver in its instance attribute
+  ``_inner``; ``checkpointer_unwrap.py`` reads it to find the ledger (no public way).
 * ``langchain.agents.factory``'s composed ``wrap_tool_call`` chain (``call_inner`` with
   the free variables ``inner``/``execute``, ``composed`` with ``outer``/``inner``, each
   hook ``traceable``-wrapped around the bound method) and ``HumanInTheLoopMiddleware``'s
@@ -31,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sqlite3
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -275,6 +279,43 @@ def test_connection_pool_keeps_configure_and_check_where_the_sync_saver_reads_th
     )
     assert plain._configure is None and plain._check is None, changed(
         "psycopg_pool", "the defaults of _configure/_check", where
+    )
+
+
+# --- langgraph-api's checkpointer wrapper (checkpointer_unwrap.py) ----------------------
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="langgraph-api needs Python >= 3.11")
+def test_agent_server_wraps_a_custom_checkpointer_in_an_adapter_holding_it_in_inner(
+    tmp_path: Path,
+) -> None:
+    """The server hands graphs ``_CustomCheckpointerAdapter(inner=saver, ...)``, built by
+    ``get_checkpointer`` from the ``checkpointer.path`` of ``langgraph.json``: a
+    ``BaseCheckpointSaver`` (not our ledger) that forwards other attributes and keeps the
+    saver as its instance attribute ``_inner``. If the class moves, is renamed, stops
+    being such a wrapper or keeps the saver elsewhere, the front doors stop finding the
+    ledger on the server. (Checked in a process configured as ``langgraph dev`` does:
+    ``langgraph_api`` reads its settings from the environment when imported.)"""
+    from agent_server_harness import adapter_facts
+
+    where = "checkpointer_unwrap.py"
+    facts = adapter_facts(tmp_path)
+    wrapper = "langgraph_api._checkpointer._adapter._CustomCheckpointerAdapter"
+    assert facts["class"], changed("langgraph-api", wrapper, where)
+    assert facts["saver_subclass"], changed("langgraph-api", f"{wrapper}'s base class", where)
+    assert facts["forwards"], changed("langgraph-api", f"{wrapper}'s __getattr__", where)
+    assert facts["built_type"] == wrapper, changed(
+        "langgraph-api", "what get_checkpointer() returns for a custom checkpointer", where
+    )
+    assert facts["inner_is_saver"], changed(
+        "langgraph-api", f"where {wrapper} keeps the saver (_inner)", where
+    )
+    assert facts["ledger_found"], "checkpointer_unwrap.ledger_in misses the saver"
+    # the example's checkpointer.py calls setup() because the server does not
+    assert not facts["calls_setup"], "langgraph-api now calls setup(): update the README"
+    # the server calls adelete_for_runs/adelete_thread/aprune only when overridden
+    assert facts["detected"] == ["adelete_for_runs", "adelete_thread", "aprune"], changed(
+        "langgraph-api", "how it detects a checkpointer's delete methods", "the savers"
     )
 
 
