@@ -31,23 +31,28 @@ and back cost hundreds of microseconds per call, more than a read's SQL.
 there too. The rest - the ledger (which the engine drives on the loop), ``setup()`` (the
 first call of a saver not set up yet takes the loop, setting up first), ``prune``,
 ``copy_thread``, ``delete_thread``, ``sweep``, the ``a``-methods - runs on
-the saver's own async connection or pool, opened from yours as a recipe:
+async connections of the saver's own, opened from yours as a recipe. Over your
+``Connection`` or ``ConnectionPool`` it opens one for each such call and closes it before
+the call returns (:mod:`langgraph_idem_saver.postgres.on_demand`): the saver holds no
+session of its own between calls, so closing your connection or pool is enough for a
+``DROP DATABASE``, as with LangGraph's saver, even if the saver is never closed.
 
-* ``PostgresSaver(conn)`` opens one ``AsyncConnection`` with ``conn``'s parameters
-  (``conn.info.dsn`` and its password), ``autocommit`` and ``prepare_threshold`` (so
-  ``prepare_threshold=None`` for pgbouncer carries over), and ``conn``'s current
-  ``search_path``: what you ``SET search_path`` on ``conn`` *before* making the saver
-  applies to both, so the checkpoints (on ``conn``) and the ledger (on the async
-  connection) are one set of tables. Don't change it on ``conn`` afterwards.
-* ``PostgresSaver(pool)`` opens an ``AsyncConnectionPool`` with the pool's ``conninfo``,
-  ``kwargs`` (but a ``cursor_factory``, a sync class), sizes and timeouts, so both pools'
-  sessions are alike. A ``configure`` callback (a function of sync connections) cannot
+* ``PostgresSaver(conn)`` connects with ``conn``'s parameters (``conn.info.dsn`` and its
+  password), ``autocommit`` and ``prepare_threshold`` (so ``prepare_threshold=None`` for
+  pgbouncer carries over), and ``conn``'s current ``search_path``: what you ``SET
+  search_path`` on ``conn`` *before* making the saver applies to both, so the checkpoints
+  (on ``conn``) and the ledger (on the async connections) are one set of tables. Don't
+  change it on ``conn`` afterwards. One such call at a time (as on ``conn``).
+* ``PostgresSaver(pool)`` connects with the pool's ``conninfo`` and ``kwargs`` (but a
+  ``cursor_factory``, a sync class), so both sessions are alike; calls run concurrently,
+  one connection each. A ``configure`` callback (a function of sync connections) cannot
   run on async ones: :class:`ConfigError` - put session settings in
   ``conninfo``/``kwargs`` instead. ``reset`` is not needed (the saver leaves no session
-  state) and ``check`` becomes ``AsyncConnectionPool.check_connection``.
+  state).
 * ``from_conn_string(dsn)`` opens a sync ``Connection`` as LangGraph's does (autocommit,
   ``prepare_threshold=0``, ``dict_row``), which is then ``conn``, and the saver over it as
-  above; both are closed at the end of the ``with`` block.
+  above, but with one async session kept for the block (both are the saver's own, closed
+  at the end of the ``with`` block); so does a pipelined connection (below).
 
 The direct path and the loop path use two different sessions, so their transactions
 never interleave on one connection; direct calls on your ``Connection`` take turns under
@@ -63,7 +68,9 @@ rows at once anyway, forcing a sync - nothing for a pipeline to batch.
 
 Your connection or pool stays yours: ``close()`` (or the ``with`` block's end) waits for
 the direct calls in progress, closes what the saver opened and never yours; every call
-after it raises :class:`ConnectionClosedError`.
+after it raises :class:`ConnectionClosedError`. Closing yours without closing the saver
+leaves nothing of the saver's open on the server (but the pipelined connection's session,
+until the saver is closed or collected).
 
 Threads: one saver may be shared by any number of threads; with a single connection calls
 take turns (one connection runs one transaction at a time), with a pool they run
@@ -75,6 +82,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, contextmanager, nullcontext
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -90,6 +98,7 @@ from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.list_deltas import EncodedBlob
 from langgraph_idem_saver.postgres.connection import Steps, connect_error, single
 from langgraph_idem_saver.postgres.direct import DirectPath
+from langgraph_idem_saver.postgres.on_demand import OnDemandPostgresSaver, connect
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
 from langgraph_idem_saver.saver_checkpoints import ListQuery, SyncCheckpointCalls, SyncPageReader
@@ -126,6 +135,7 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
         serde: SerializerProtocol | None = None,
         *,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
+        _keep_session: bool = False,
     ) -> None:
         ttl = TTLConfig.of(ttl)
         if isinstance(conn, ConnectionPool):
@@ -133,20 +143,32 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
                 raise ValueError(
                     "Pipeline should be used only with a single Connection, not ConnectionPool."
                 )
-            pool_args = _async_pool_args(conn)
+            pool_args = _async_pool_args(conn)  # refuses a configure callback
+            kwargs = dict(pool_args["kwargs"] or {})
 
             async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
-                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(**pool_args, open=False)
-                await pool.open()
-                stack.push_async_callback(pool.close)
-                return AsyncPostgresSaver(pool, serde=serde, ttl=ttl)
+                # no session of its own between calls (postgres/on_demand.py)
+                return OnDemandPostgresSaver(
+                    partial(connect, pool_args["conninfo"], **kwargs),
+                    one_at_a_time=False,
+                    serde=serde,
+                    ttl=ttl,
+                )
 
         elif isinstance(conn, Connection):
             dsn, connect_args = _async_connection_args(conn)
             search_path = _search_path(conn)
             pipeline = pipe is not None
+            keep = pipeline or _keep_session
 
             async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
+                if not keep:  # no session of its own between calls (postgres/on_demand.py)
+                    return OnDemandPostgresSaver(
+                        partial(_connect, dsn, search_path, **connect_args),
+                        one_at_a_time=True,
+                        serde=serde,
+                        ttl=ttl,
+                    )
                 aconn = await _connect(dsn, search_path, **connect_args)
                 stack.push_async_callback(aconn.close)
                 apipe = await stack.enter_async_context(aconn.pipeline()) if pipeline else None
@@ -187,7 +209,11 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
         ttl = TTLConfig.of(ttl)  # refused before connecting
         with _connect_sync(conn_string) as conn:
             pipe_cm = conn.pipeline() if pipeline else nullcontext()
-            with pipe_cm as pipe, cls(conn, pipe, serde=serde, ttl=ttl) as saver:
+            # the connection is the saver's own: so may its async session be, for the block
+            with (
+                pipe_cm as pipe,
+                cls(conn, pipe, serde=serde, ttl=ttl, _keep_session=True) as saver,
+            ):
                 saver.setup()
                 yield saver
 
