@@ -7,17 +7,19 @@ SDK user would.
   ``agent_server_graphs.py``, the database chosen by environment variables (the example's
   ``checkpointer.py`` reads them), and the files the test graphs read (plans) and write
   (``parked``, ``hung``, the payments file).
-* :class:`DevServer` - ``langgraph dev --no-browser`` in a session of its own
-  (its process group is what a parked tool SIGKILLs), offline (:data:`OFFLINE_ENV`), on a
-  free port. However the test ends, :meth:`DevServer.stop` SIGKILLs the group; and the
-  server's graph module ends the server if the test run is gone
+* :class:`DevServer` - ``langgraph dev --no-browser`` in a session of its own (its
+  process group is what a parked tool SIGKILLs), offline (:data:`OFFLINE_ENV`), on a free
+  port. However the test ends, :meth:`DevServer.stop` SIGKILLs the group; if the test run
+  itself is killed, the command (``python tests/agent_server_harness.py langgraph dev
+  ...``: the ``langgraph`` command line in a process that ends itself once the test run
+  is gone) and the server (its graph module does the same) end themselves
   (``process_guard.exit_with_parent``).
 * :func:`afinish` - what a user does after a restart, with ``langgraph_sdk`` only.
 
 ``python tests/agent_server_harness.py adapter-facts DIR`` prints what the server's
-checkpointer wrapper looks like (tests/test_upstream_contracts.py): ``langgraph_api`` reads
-its configuration from the environment when imported, as ``langgraph dev`` sets it up, so
-that check runs in a process of its own.
+checkpointer wrapper looks like (tests/test_upstream_contracts.py): ``langgraph_api``
+reads its configuration from the environment when imported, as ``langgraph dev`` sets it
+up, so that check runs in a process of its own.
 """
 
 from __future__ import annotations
@@ -147,12 +149,13 @@ class DevServer:
         assert self.proc is None or self.proc.poll() is not None
         self.starts += 1
         (self.project.root / "kill").unlink(missing_ok=True)
-        langgraph = Path(sys.executable).parent / "langgraph"
         log = (self.project.root / f"server-{self.starts}.log").open("wb")
         with log:
             self.proc = subprocess.Popen(
                 [
-                    str(langgraph),
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "langgraph",  # the `langgraph` command, guarded (see _langgraph)
                     "dev",
                     "--no-browser",
                     "--port",
@@ -357,8 +360,22 @@ def adapter_facts(tmp: Path) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def _langgraph(args: list[str]) -> None:
+    """The ``langgraph`` command line in this process, which ends itself once the test
+    run is gone (``process_guard.exit_with_parent``): with reloading on, this process is
+    the file watcher, which the server's own guard (in the graphs module) does not cover."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from langgraph_cli.cli import cli
+    from process_guard import exit_with_parent
+
+    exit_with_parent()
+    cli(args, prog_name="langgraph")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["adapter-facts"]:
         print(json.dumps(_adapter_facts(sys.argv[2])))
+    elif sys.argv[1:2] == ["langgraph"]:
+        _langgraph(sys.argv[2:])
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} adapter-facts DIR")
+        raise SystemExit(f"usage: {sys.argv[0]} adapter-facts DIR | langgraph ARGS...")
