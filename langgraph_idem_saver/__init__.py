@@ -33,6 +33,7 @@ from langgraph_idem_saver.errors import (
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 
 if TYPE_CHECKING:
+    from langgraph_idem_saver.durable_model import durable_model
     from langgraph_idem_saver.engine import MiddlewareOrderError
     from langgraph_idem_saver.middleware import IdempotencyMiddleware
     from langgraph_idem_saver.postgres import AsyncPostgresSaver, PostgresSaver
@@ -65,6 +66,7 @@ _LAZY = {
     "IdempotencyMiddleware": "langgraph_idem_saver.middleware",
     "MiddlewareOrderError": "langgraph_idem_saver.engine",
     "idempotent_task": "langgraph_idem_saver.task",
+    "durable_model": "langgraph_idem_saver.durable_model",
     "RecordedFailureError": "langgraph_idem_saver.task",
     "TTLConfig": "langgraph_idem_saver.retention",
     "SweepReport": "langgraph_idem_saver.retention",
@@ -154,6 +156,7 @@ __all__ = [
     "ToolCallLedger",
     "ToolLedger",
     "UnknownToolOutcome",
+    "durable_model",
     "idempotent_task",
 ]
 # `from langgraph_idem_saver import *` works without the optional extras; their names stay

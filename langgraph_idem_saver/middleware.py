@@ -47,17 +47,24 @@ from langgraph_idem_saver.middleware_order import check_order
 
 try:
     from langchain.agents.middleware import AgentMiddleware
-    from langchain.agents.middleware.types import ToolCallRequest
+    from langchain.agents.middleware.types import ModelRequest, ModelResponse, ToolCallRequest
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "IdempotencyMiddleware needs LangChain 1.x (langchain.agents): install the extra "
         "with `pip install 'langgraph-idem-saver[agents]'`"
     ) from exc
 
+from langgraph.config import get_config
+
+from langgraph_idem_saver.model_record import ModelRecorder
+from langgraph_idem_saver.model_request import RESPONSE_CODEC, request_parts
+
 __all__ = ["IdempotencyMiddleware"]
 
 Handler = Callable[[ToolCallRequest], Any]
 AsyncHandler = Callable[[ToolCallRequest], Awaitable[Any]]
+ModelHandler = Callable[[ModelRequest[Any]], ModelResponse[Any]]
+AsyncModelHandler = Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]]
 
 
 class IdempotencyMiddleware(AgentMiddleware):
@@ -75,10 +82,14 @@ class IdempotencyMiddleware(AgentMiddleware):
         self,
         *,
         messages_key: str = "messages",
+        record_model: bool = True,
         **ledger_options: Unpack[LedgerKwargs],
     ) -> None:
         super().__init__()
         options = LedgerOptions.build(tools=None, **ledger_options)
+        # each model step's answer recorded and replayed after a crash (model_record.py);
+        # record_model=False: a re-run model step asks the model again
+        self.model_recorder = ModelRecorder(ledger=options.ledger) if record_model else None
         self.engine = LedgerEngine(options, name="IdempotencyMiddleware", messages_key=messages_key)
         self.counters: IdempotencyCounters = self.engine.counters
         self._checked_tools: frozenset[str] | None = None
@@ -86,6 +97,27 @@ class IdempotencyMiddleware(AgentMiddleware):
     @property
     def name(self) -> str:
         return "IdempotencyMiddleware"
+
+    async def awrap_model_call(
+        self, request: ModelRequest[Any], handler: AsyncModelHandler
+    ) -> ModelResponse[Any]:
+        """The step's model answer from its record, else the model's, recorded before it
+        is returned (``record_model=False``: the model's, unrecorded)."""
+        if self.model_recorder is None:
+            return await handler(request)
+        return await self.model_recorder.acall(
+            get_config(), request_parts(request), lambda: handler(request), RESPONSE_CODEC
+        )
+
+    def wrap_model_call(
+        self, request: ModelRequest[Any], handler: ModelHandler
+    ) -> ModelResponse[Any]:
+        """:meth:`awrap_model_call` for a sync ``invoke``."""
+        if self.model_recorder is None:
+            return handler(request)
+        return self.model_recorder.call(
+            get_config(), request_parts(request), lambda: handler(request), RESPONSE_CODEC
+        )
 
     def _plan(self, request: ToolCallRequest, handler: Any) -> tuple[Batch, Plan, Executed]:
         check_order(handler)  # refuse an order that defeats the ledger, before any tool runs

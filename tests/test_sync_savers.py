@@ -170,9 +170,10 @@ def sync_saver(db: Db) -> Iterator[Any]:
 
 
 def entries(saver: Any, thread_id: str) -> list[LedgerEntry]:
-    """The ledger of a thread, read from a sync program (the ledger API is async)."""
-    result: list[LedgerEntry] = asyncio.run(saver.alist_entries(thread_id))
-    return result
+    """The tool calls of a thread's ledger, read from a sync program (the ledger API is
+    async); recorded model answers (``__model__``, tests/test_model_record.py) left out."""
+    found: list[LedgerEntry] = asyncio.run(saver.alist_entries(thread_id))
+    return [e for e in found if e.tool_name != "__model__"]
 
 
 def saver_threads() -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from langgraph_idem_saver.cli.commands.state import require_thread
 from langgraph_idem_saver.cli.common import (
@@ -19,9 +20,11 @@ from langgraph_idem_saver.cli.common import (
 )
 from langgraph_idem_saver.cli.database import Db
 from langgraph_idem_saver.cli.render import LEDGER_COLUMNS, Out, ledger_rows
-from langgraph_idem_saver.cli.values import agent_matches, entry_dict
+from langgraph_idem_saver.cli.values import agent_matches, content_text, entry_dict
 from langgraph_idem_saver.errors import LedgerStateError
-from langgraph_idem_saver.ledger import CallStatus
+from langgraph_idem_saver.ledger import CallStatus, LedgerEntry
+
+MODEL_TOOL_NAME = "__model__"  # model_record.MODEL_TOOL_NAME (a test holds them equal)
 
 
 async def cmd_ledger(db: Db, args: argparse.Namespace, out: Out) -> int:
@@ -30,7 +33,7 @@ async def cmd_ledger(db: Db, args: argparse.Namespace, out: Out) -> int:
     found = await db.saver.alist_entries(args.thread)
     # --agent names an agent: its own calls and those of every agent path under it
     chosen = [e for e in found if args.agent is None or agent_matches(e.agent_path, args.agent)]
-    entries = [entry_dict(db.saver, e, now) for e in chosen]
+    entries = [model_answer(db.saver, e, entry_dict(db.saver, e, now)) for e in chosen]
     if out.as_json:
         out.json({"thread_id": args.thread, "agent_path": args.agent, "entries": entries})
         return EXIT_OK
@@ -43,11 +46,31 @@ async def cmd_ledger(db: Db, args: argparse.Namespace, out: Out) -> int:
                 message += f" (its entries are under: {', '.join(agents)})"
         out.line(message)
         return EXIT_OK
-    title = f"thread {args.thread!r}: {len(entries)} tool call(s)"
+    answers = sum(e["tool"] == MODEL_TOOL_NAME for e in entries)
+    title = f"thread {args.thread!r}: {len(entries) - answers} tool call(s)"
+    if answers:
+        title += f", {answers} recorded model answer(s)"
     if args.agent is not None:
         title += f" of agent {args.agent!r}"
     out.table(title, LEDGER_COLUMNS, ledger_rows(entries, with_thread=False))
     return EXIT_OK
+
+
+def model_answer(saver: Any, entry: LedgerEntry, shown: dict[str, Any]) -> dict[str, Any]:
+    """A recorded model answer (tool ``__model__``, see ``model_record``) shown as what the
+    model said: its text, or the tool calls it asked for (name and id)."""
+    if entry.tool_name != MODEL_TOOL_NAME or entry.result is None or entry.result_type is None:
+        return shown
+    from langchain_core.messages import AIMessage  # only when there is one: a fast CLI
+
+    try:
+        stored = saver.serde.loads_typed((entry.result_type, entry.result))
+        message = next(m for m in stored["result"] if isinstance(m, AIMessage))
+    except Exception:  # shown as entry_dict decoded it (or could not)
+        return shown
+    calls = ", ".join(f"{c['name']} [{c['id']}]" for c in message.tool_calls)
+    shown["result"] = f"asked for {calls}" if calls else content_text(message.content)
+    return shown
 
 
 async def cmd_pending(db: Db, args: argparse.Namespace, out: Out) -> int:
