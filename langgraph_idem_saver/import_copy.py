@@ -10,6 +10,7 @@ ours), and the copy is read back and compared with its source.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from langgraph.checkpoint.base import (
@@ -45,17 +46,28 @@ class Copier:
         self._versions: dict[str, dict[str, Any]] = {}
         self._lists: dict[str, list[Any]] = {}
 
-    async def acopy(self, row: SourceRow, *, present: bool, into: str) -> None:
+    def written(self) -> int:
+        """How many checkpoints and writes this copier has written (grows when it writes)."""
+        return self.report.checkpoints_imported + self.report.writes_imported
+
+    async def acopy(
+        self, row: SourceRow, *, present: set[tuple[str, int]] | None, into: str
+    ) -> None:
         """Copy ``row`` under thread id ``into`` (the staging id of its thread, renamed to
-        its own once the whole thread is in: :mod:`langgraph_idem_saver.import_langgraph`)."""
+        its own once the whole thread is in: :mod:`langgraph_idem_saver.import_langgraph`).
+        ``present``: the (task id, index) of its writes in our tables when the checkpoint
+        is there already (then only writes it lacks are copied), else None."""
         report = self.report
         report.checkpoints_found += 1
         report.count_thread(row.thread_id)
         scope = (row.thread_id, row.checkpoint_ns)
         if scope != self._scope:
             self._scope, self._versions, self._lists = scope, {}, {}
-        if present:  # not even decoded: a child of it is written as after a resume
+        if present is not None:  # not even decoded: a child of it is written as after a
+            # resume; writes LangGraph's saver added to it since (a task that finished
+            # there, an answer) are staged with the thread's other changes
             report.checkpoints_present += 1
+            await self._acopy_new_writes(row, present, into)
             return
         versions = dict(row.checkpoint.get("channel_versions") or {})
         values = self._share_prefixes(dict(row.checkpoint.get("channel_values") or {}))
@@ -95,6 +107,21 @@ class Copier:
             for channel, value in got.checkpoint["channel_values"].items():
                 if type(value) is list:
                     self._lists[channel] = value
+
+    async def _acopy_new_writes(
+        self, row: SourceRow, present: set[tuple[str, int]], into: str
+    ) -> None:
+        new = [w for w in row.writes if (w.task_id, w.idx) not in present]
+        if not new:
+            return
+        writes = self._decoded_writes(replace(row, writes=new))
+        await self.saver._insert_writes(
+            [
+                (into, row.checkpoint_ns, row.checkpoint_id, *w[:4], *self.saver._dump(w[4]))
+                for w in writes
+            ]
+        )
+        self.report.writes_imported += len(writes)
 
     def _share_prefixes(self, values: dict[str, Any]) -> dict[str, Any]:
         """Lists that extend the previous checkpoint's list are rebuilt from its very

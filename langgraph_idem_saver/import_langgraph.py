@@ -23,8 +23,9 @@ How, and why so:
   deleted by the next run, which imports the thread again.
 * **Idempotent and resumable.** A thread in our tables is complete (see above); its
   checkpoints are skipped. A killed import re-run continues with the thread it was on; a
-  finished one changes nothing. (Checkpoints LangGraph's saver added to an imported
-  thread later are imported by a re-run, as a whole too.)
+  finished one changes nothing. What LangGraph's saver added to an imported thread later
+  - checkpoints, and pending writes of checkpoints already imported (an interrupt
+  answered there, a task finished) - is imported by a re-run, as a whole too.
 * **Verified.** Each imported checkpoint is read back through our ``aget_tuple`` and
   compared with the source (checkpoint, metadata, parent, pending writes);
   :class:`~langgraph_idem_saver.errors.ImportVerificationError` stops the import at the
@@ -64,8 +65,11 @@ Key = tuple[str, str, str]  # thread_id, checkpoint_ns, checkpoint_id
 
 # What both backends ask of our own tables (``{p}``: the driver's placeholder).
 SELECT_IMPORTED = """
-SELECT thread_id, checkpoint_ns, checkpoint_id FROM idem_checkpoints
-WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN ({p}, {p}, {p}) AND ({p}, {p}, {p})
+SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, w.task_id, w.idx
+FROM idem_checkpoints AS c LEFT JOIN idem_writes AS w
+    ON w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
+    AND w.checkpoint_id = c.checkpoint_id
+WHERE (c.thread_id, c.checkpoint_ns, c.checkpoint_id) BETWEEN ({p}, {p}, {p}) AND ({p}, {p}, {p})
 """
 COUNT_CHECKPOINTS = "SELECT count(*) FROM checkpoints"
 # One index seek per thread, not one per checkpoint (it runs at every setup() while
@@ -196,8 +200,9 @@ class LangGraphTables(Protocol):
         """Up to ``limit`` checkpoints after ``after`` in key order, with their writes."""
         ...
 
-    async def aimported(self, first: Key, last: Key) -> set[Key]:
-        """The keys between ``first`` and ``last`` (inclusive) already in our tables."""
+    async def aimported(self, first: Key, last: Key) -> dict[Key, set[tuple[str, int]]]:
+        """The keys between ``first`` and ``last`` (inclusive) already in our tables, each
+        with the (task id, index) of the pending writes it has."""
         ...
 
     async def ahas_unimported_threads(self) -> bool:
@@ -220,6 +225,16 @@ class LangGraphTables(Protocol):
 def staged_id(thread_id: str) -> str:
     """The thread id ``thread_id``'s checkpoints are written under until it is whole."""
     return STAGING_PREFIX + thread_id
+
+
+def imported_writes(rows: Sequence[Any]) -> dict[Key, set[tuple[str, int]]]:
+    """``SELECT_IMPORTED``'s rows: each checkpoint's key, with its writes' (task id, index)."""
+    out: dict[Key, set[tuple[str, int]]] = {}
+    for thread_id, ns, checkpoint_id, task_id, idx in rows:
+        writes = out.setdefault((thread_id, ns, checkpoint_id), set())
+        if task_id is not None:
+            writes.add((task_id, idx))
+    return out
 
 
 def staged_range() -> tuple[str, str]:
@@ -255,7 +270,7 @@ class ImportReport:
     @property
     def changed(self) -> bool:
         """Whether this run wrote anything (False for a re-run of a finished import)."""
-        return self.checkpoints_imported > 0
+        return self.checkpoints_imported > 0 or self.writes_imported > 0
 
     def __str__(self) -> str:
         if self.source == "none":
@@ -337,10 +352,10 @@ async def aimport_langgraph(
     copier = Copier(saver, report, verify)
     await tables.adiscard_staged()  # what a killed run left: imported again below
     thread: str | None = None
-    imported_before = 0  # checkpoints imported before the current thread
+    imported_before = 0  # what was written before the current thread
 
     async def publish() -> None:
-        if thread is not None and report.checkpoints_imported > imported_before:
+        if thread is not None and copier.written() > imported_before:
             await tables.apublish(staged_id(thread), thread)
             report.count_thread(thread, imported=True)
 
@@ -351,9 +366,9 @@ async def aimport_langgraph(
             for row in rows:
                 if row.thread_id != thread:
                     await publish()
-                    thread, imported_before = row.thread_id, report.checkpoints_imported
+                    thread, imported_before = row.thread_id, copier.written()
                 into = staged_id(row.thread_id)
-                await copier.acopy(row, present=row.key in present, into=into)
+                await copier.acopy(row, present=present.get(row.key), into=into)
             after = rows[-1].key
             report.batches += 1
             report.seconds = time.monotonic() - started

@@ -230,3 +230,43 @@ async def test_a_thread_that_fails_to_import_leaves_nothing_of_itself(source: So
                 f"SELECT count(*) FROM {table} WHERE thread_id = 'nested' OR thread_id LIKE %s",
                 (STAGING_PREFIX + "%",),
             ) == [(0,)]
+
+
+async def test_a_thread_langgraphs_saver_grew_after_the_import_is_completed_whole(
+    source: Source,
+) -> None:
+    """The old application wrote more to a thread already imported: a re-run imports the
+    new checkpoints (as a whole: staged, then renamed; the channel versions the thread
+    already has are kept once) and the thread reads as on LangGraph's saver."""
+    thread = next(t for t in THREADS if t.name == "two-questions")
+    async with source.official() as official:
+        for run in thread.runs:
+            await thread.graph(official).ainvoke(run, thread.config())
+    async with source.ours() as ours:
+        first = await ours.aimport_langgraph()
+        latest = await ours.aget_tuple(thread.config())
+        first_latest, first_writes = latest.config, len(latest.pending_writes)
+    async with source.official() as official:
+        await aresume(official, thread)
+        theirs = await ahistory(official, thread)
+    async with source.ours() as ours:
+        again = await ours.aimport_langgraph()
+        assert again.checkpoints_present == first.checkpoints_imported
+        assert again.checkpoints_imported == len(theirs) - 1 - first.checkpoints_imported
+        assert again.threads_imported == 1
+        # the checkpoint it was paused at got the answered task's writes afterwards
+        paused_at = first_latest["configurable"]["checkpoint_id"]
+        mine = await ours.aget_tuple(
+            {
+                "configurable": {
+                    **thread.config()["configurable"],
+                    "checkpoint_ns": "",
+                    "checkpoint_id": paused_at,
+                }
+            }
+        )
+        assert len(mine.pending_writes) > first_writes
+        assert await ahistory(ours, thread) == theirs
+    assert source.sql(
+        "SELECT count(*) FROM idem_blobs WHERE thread_id LIKE %s", (STAGING_PREFIX + "%",)
+    ) == [(0,)]

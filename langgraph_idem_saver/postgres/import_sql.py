@@ -23,6 +23,7 @@ from langgraph_idem_saver.import_langgraph import (
     Key,
     Layout,
     SourceRow,
+    imported_writes,
     staged_range,
     with_writes,
 )
@@ -188,12 +189,12 @@ class PostgresTables:
         checkpoint = {**checkpoint, "channel_values": values}
         return checkpoint, metadata
 
-    async def aimported(self, first: Key, last: Key) -> set[Key]:
-        async def read(cur: Cursor) -> set[Key]:
+    async def aimported(self, first: Key, last: Key) -> dict[Key, set[tuple[str, int]]]:
+        async def read(cur: Cursor) -> list[TupleRow]:
             await cur.execute(SELECT_IMPORTED, (*first, *last))
-            return {(r[0], r[1], r[2]) for r in await cur.fetchall()}
+            return await cur.fetchall()
 
-        return await self.saver._run(read)
+        return imported_writes(await self.saver._run(read))
 
     async def ahas_unimported_threads(self) -> bool:
         async def read(cur: Cursor) -> bool:

@@ -19,6 +19,7 @@ from langgraph_idem_saver.import_langgraph import (
     Key,
     Layout,
     SourceRow,
+    imported_writes,
     staged_range,
     with_writes,
 )
@@ -116,11 +117,11 @@ class SqliteTables:
             )
         return checkpoint, meta
 
-    async def aimported(self, first: Key, last: Key) -> set[Key]:
-        def read(conn: sqlite3.Connection) -> set[Key]:
-            return {(r[0], r[1], r[2]) for r in conn.execute(SELECT_IMPORTED, (*first, *last))}
+    async def aimported(self, first: Key, last: Key) -> dict[Key, set[tuple[str, int]]]:
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(SELECT_IMPORTED, (*first, *last)).fetchall()
 
-        return await self.saver._run(read)
+        return imported_writes(await self.saver._run(read))
 
     async def ahas_unimported_threads(self) -> bool:
         def read(conn: sqlite3.Connection) -> bool:
