@@ -177,6 +177,9 @@ async def check(client: Any, server: DevServer, scenarios: list[Scenario]) -> No
             if sc.crash == "after_effect":
                 assert charges[sc.invoices[-1]] == 2, f"control {sc}: charged {counts}"
     assert duplicates, "the control showed no duplicate: the harness cannot see one"
+    stock = [sc for sc in scenarios if sc.graph not in LEDGERED]
+    twice = {sc for sc in stock if any(charges[i] > 1 for i in sc.invoices)}
+    print(f"control: {len(twice)} of {len(stock)} stock scenarios charged twice")
 
 
 async def check_ledger(db_env: dict[str, str], scenarios: list[Scenario]) -> None:
