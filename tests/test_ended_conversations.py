@@ -148,3 +148,24 @@ async def test_on_earlier_call_run_runs_a_new_conversations_call_unasked(
         assert "__interrupt__" not in out
         assert told(out) == ["charged inv-1 $10"]
         assert vendor.charged == ["inv-1", "inv-1"]
+
+
+async def test_an_answer_about_another_question_is_not_applied(saver_factory: Any) -> None:
+    """The ``earlier_call`` question takes only an answer naming its ``key`` (or, for the
+    run's only call, none): another key is skipped and the question asked again, saying
+    why - nothing runs on a misplaced answer."""
+    async with saver_factory() as saver:
+        vendor = Vendor()
+        await graph_of(saver, vendor).ainvoke(PAY, cfg())
+        ttl = TTLConfig(after=timedelta(days=30), ledger_after=timedelta(days=365))
+        await saver.asweep(time.time() + 60 * DAY, ttl=ttl)
+        graph = graph_of(saver, vendor)
+        [question] = (await graph.ainvoke(PAY, cfg()))["__interrupt__"]
+        assert question.value["answer_with"] == {"key": question.value["key"]}
+
+        out = await graph.ainvoke(Command(resume={"key": "another", "action": "run"}), cfg())
+        [again] = out["__interrupt__"]
+        assert "another" in again.value["previous_answer_ignored"]
+        assert vendor.charged == ["inv-1"], "a misplaced answer runs nothing"
+        out = await graph.ainvoke(Command(resume={"action": "run"}), cfg())
+        assert vendor.charged == ["inv-1", "inv-1"], "the run's only call: a bare answer is its"

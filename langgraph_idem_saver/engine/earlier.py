@@ -320,6 +320,11 @@ def ask(
             "run": "run this call (the earlier one stays as recorded)",
             "replay": "answer this call with the earlier call's recorded outcome",
         },
+        "answer_with": {"key": key},
+        "how_to_answer": (
+            "Command(resume={interrupt.id: {'action': 'run' | 'replay', plus this "
+            "payload's answer_with}})"
+        ),
     }
     while True:
         answer = interrupt(payload)
