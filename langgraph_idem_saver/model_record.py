@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
@@ -48,7 +48,7 @@ from pydantic import BaseModel
 
 from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.engine.forks import fork_point
-from langgraph_idem_saver.engine.loops import on_loop, run_private
+from langgraph_idem_saver.engine.loops import on_loop, run_private, running_loop
 from langgraph_idem_saver.engine.results import dumps
 from langgraph_idem_saver.errors import ConfigError, CorruptRecordError, LedgerStateError
 from langgraph_idem_saver.json_text import encoder_of
@@ -236,6 +236,26 @@ def call_site(
     )
 
 
+def run_blocking(ledger: ToolCallLedger, coro: Coroutine[Any, Any, T]) -> T:
+    """Run a ledger coroutine for a sync caller and wait for it: on a private loop in this
+    thread (``engine.loops.run_private``: a sync ``graph.invoke``), or - when this thread
+    runs an event loop (a sync ``invoke`` inside an async node) - on the ledger's own loop
+    if it runs elsewhere (a sync saver's). A ledger bound to this very loop cannot be
+    waited for from it: :class:`ConfigError`, before the model is asked."""
+    here = running_loop()
+    if here is None:
+        return run_private(coro)
+    loop = ledger.loop
+    if loop is not None and loop is not here and loop.is_running():
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    coro.close()
+    raise ConfigError(
+        "a recorded model call was made synchronously (invoke) in a thread running an "
+        "event loop that its ledger needs: use `await model.ainvoke(...)` there (or run "
+        "the sync call in a worker thread, e.g. asyncio.to_thread)"
+    )
+
+
 # --- record and replay ---------------------------------------------------------------------
 
 
@@ -318,18 +338,20 @@ class ModelRecorder:
         codec: Codec[T],
     ) -> T:
         """:meth:`acall` for a sync caller: the model runs in this thread, as without us;
-        the ledger's reads and writes on a private loop (``engine.loops.run_private``)."""
+        the ledger's reads and writes on its own loop (:func:`run_blocking`)."""
         site = self.site(config, parts)
         if site is None:
             self.counts.unrecorded += 1
             return ask()
-        found = run_private(self._arecorded(site))
+        ledger = site.ledger
+        found = run_blocking(ledger, self._arecorded(site))
         if found is not None:
-            value = run_private(on_loop(site.ledger.loop, self._areplay(site, found, codec)))
+            value = run_blocking(ledger, on_loop(ledger.loop, self._areplay(site, found, codec)))
             announce(site, codec.message(value))
             return value
         answer = ask()
-        return run_private(on_loop(site.ledger.loop, self._arecord(site, answer, codec, config)))
+        recording = self._arecord(site, answer, codec, config)
+        return run_blocking(ledger, on_loop(ledger.loop, recording))
 
     async def _arecorded(self, site: ModelCallSite) -> LedgerEntry | None:
         """The completed record of this call, if any; waits (``wait_seconds``) while

@@ -225,7 +225,7 @@ async def test_a_re_run_model_step_is_replayed(front: str, tmp_path: Path) -> No
         assert len(model.asked) == 2  # the calls, then the answer
         out = await graph.ainvoke(USER, cfg(), durability="exit")
         assert len(model.asked) == 2  # both steps replayed
-        assert effects == ["inv-1", "inv-2"]  # the same ids: the tool ledger replayed them
+        assert sorted(effects) == ["inv-1", "inv-2"]  # the same ids: the tool ledger replayed them
         assert out["messages"][-1].content == "done: 2"
         entries = await model_entries(saver)
         assert [e.replays for e in entries] == [1, 1]
@@ -283,7 +283,7 @@ def test_sync_invoke_records_and_replays(front: str, tmp_path: Path) -> None:
         saver.losing = False
         out = graph.invoke(USER, cfg(), durability="exit")
         assert len(model.asked) == 2
-        assert effects == ["inv-1", "inv-2"]
+        assert sorted(effects) == ["inv-1", "inv-2"]
         assert out["messages"][-1].content == "done: 2"
 
     async def recorded() -> list[Any]:
@@ -316,7 +316,7 @@ async def test_a_later_turn_with_the_same_words_is_asked_anew(tmp_path: Path) ->
         await graph.ainvoke(USER, cfg())
         await graph.ainvoke(USER, cfg())
         assert len(model.asked) == 4 and mw.model_recorder.counts.replayed == 0
-        assert effects == ["inv-1", "inv-2", "inv-1", "inv-2"]
+        assert sorted(effects) == ["inv-1", "inv-1", "inv-2", "inv-2"]
 
 
 async def test_model_retry_inside_records_only_the_answer(tmp_path: Path) -> None:
@@ -623,3 +623,37 @@ def test_the_cli_lists_recorded_answers(tmp_path: Path, capsys: pytest.CaptureFi
     assert answers[1]["result"] == "done: 2"
     assert main(["--db", path, "ledger", "t"]) == 0
     assert "2 tool call(s), 2 recorded model answer(s)" in capsys.readouterr().out
+
+
+def one_node_graph(llm: Any, saver: Any) -> Any:
+    """START -> a node that calls ``llm.invoke`` (sync) inside ``async def``."""
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [llm.invoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_edge(START, "agent")
+    return builder.compile(checkpointer=saver)
+
+
+async def test_a_sync_call_inside_an_async_node_needs_a_ledger_it_can_wait_for(
+    tmp_path: Path,
+) -> None:
+    """``invoke`` in an ``async def`` node blocks the event loop: with the sync saver (its
+    ledger runs on a loop of its own) it records and replays; with the async saver (its
+    ledger needs the blocked loop) it is a ``ConfigError`` before the model is asked."""
+    model = FakeModel(asked=[])
+    with LosingSyncSaver.from_conn_string(str(tmp_path / "sync.db")) as saver:
+        graph = one_node_graph(durable_model(model), saver)
+        saver.losing = True
+        first = await graph.ainvoke(USER, cfg(), durability="exit")
+        saver.losing = False
+        again = await graph.ainvoke(USER, cfg(), durability="exit")
+        assert len(model.asked) == 1
+        assert ids_of(again["messages"]) == ids_of(first["messages"])
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "async.db")) as saver:
+        graph = one_node_graph(durable_model(model), saver)
+        with pytest.raises(ConfigError, match="ainvoke"):
+            await graph.ainvoke(USER, cfg(), durability="exit")
+        assert len(model.asked) == 1

@@ -374,3 +374,22 @@ def test_the_tool_call_chain_shows_the_middlewares_inside_a_hook(mode: str) -> N
     assert hitl_module._EDITED_TOOL_CALLS_KEY == HITL_EDITS_KEY, changed(
         "langchain", "HumanInTheLoopMiddleware's edited-calls state key", "middleware_order.py"
     )
+
+
+# --- langchain-core: a chat model's identifying parameters (model_record.py) ---------------
+
+
+def test_chat_models_name_their_identifying_parameters() -> None:
+    """``model_record.model_identity`` reads ``BaseChatModel._identifying_params`` (what
+    LangChain's own caches key a model by): the model name and settings that make a
+    fallback model, or another temperature, another model call."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from langgraph_idem_saver.model_record import model_identity
+
+    one = FakeListChatModel(responses=["a"])
+    other = FakeListChatModel(responses=["b"])
+    assert one._identifying_params == {"responses": ["a"]}, changed(
+        "langchain-core", "BaseChatModel._identifying_params", "model_record.py"
+    )
+    assert model_identity(one) != model_identity(other)
