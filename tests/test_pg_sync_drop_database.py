@@ -99,3 +99,29 @@ def test_the_control_a_session_left_open_blocks_the_drop(
     name, dsn = database
     with psycopg.connect(dsn, autocommit=True), pytest.raises(psycopg.errors.ObjectInUse):
         drop(pg_server_dsn, name)
+
+
+@pytest.mark.parametrize("how", ["conn", "pool"])
+def test_keep_session_holds_one_until_the_saver_is_closed(
+    pg_server_dsn: str, database: tuple[str, str], how: str
+) -> None:
+    """``keep_session=True`` (faster ledger calls) keeps the saver's own session: the drop
+    is refused while the saver is open, and works once it is closed."""
+    name, dsn = database
+    kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    if how == "conn":
+        users: Any = psycopg.connect(dsn, **kwargs)
+    else:
+        users = ConnectionPool(dsn, max_size=4, kwargs=kwargs, open=True)
+    try:
+        saver = PostgresSaver(users, keep_session=True)
+        try:
+            use(saver)
+            users.close()
+            with pytest.raises(psycopg.errors.ObjectInUse):
+                drop(pg_server_dsn, name)
+        finally:
+            saver.close()
+    finally:
+        users.close()
+    drop(pg_server_dsn, name)

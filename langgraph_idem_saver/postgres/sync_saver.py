@@ -49,6 +49,9 @@ session of its own between calls, so closing your connection or pool is enough f
   run on async ones: :class:`ConfigError` - put session settings in
   ``conninfo``/``kwargs`` instead. ``reset`` is not needed (the saver leaves no session
   state).
+* ``keep_session=True`` trades that for speed: one session (an ``AsyncConnectionPool``
+  built like your pool, its ``check`` becoming ``AsyncConnectionPool.check_connection``)
+  kept until ``close()``, as ``from_conn_string`` does.
 * ``from_conn_string(dsn)`` opens a sync ``Connection`` as LangGraph's does (autocommit,
   ``prepare_threshold=0``, ``dict_row``), which is then ``conn``, and the saver over it as
   above, but with one async session kept for the block (both are the saver's own, closed
@@ -120,6 +123,12 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
             call goes through it (no direct path).
         serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default.
         ttl: retention, applied by ``sweep()`` (see ``TTLConfig``).
+        keep_session: keep the saver's own async session (with a ``ConnectionPool``: an
+            ``AsyncConnectionPool`` built like it, sizes and timeouts included) open until
+            ``close()``, instead of connecting for each call that runs on the saver's loop
+            (the ledger, maintenance): those calls are then as fast as on
+            ``from_conn_string``, but that session blocks a ``DROP DATABASE`` until the
+            saver is closed (see ``postgres/on_demand.py`` for the cost measured).
     """
 
     conn: Connection[Any] | ConnectionPool[Any]
@@ -135,7 +144,7 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
         serde: SerializerProtocol | None = None,
         *,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
-        _keep_session: bool = False,
+        keep_session: bool = False,
     ) -> None:
         ttl = TTLConfig.of(ttl)
         if isinstance(conn, ConnectionPool):
@@ -147,19 +156,23 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
             kwargs = dict(pool_args["kwargs"] or {})
 
             async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
-                # no session of its own between calls (postgres/on_demand.py)
-                return OnDemandPostgresSaver(
-                    partial(connect, pool_args["conninfo"], **kwargs),
-                    one_at_a_time=False,
-                    serde=serde,
-                    ttl=ttl,
-                )
+                if not keep_session:  # no session of its own between calls (on_demand.py)
+                    return OnDemandPostgresSaver(
+                        partial(connect, pool_args["conninfo"], **kwargs),
+                        one_at_a_time=False,
+                        serde=serde,
+                        ttl=ttl,
+                    )
+                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(**pool_args, open=False)
+                await pool.open()
+                stack.push_async_callback(pool.close)
+                return AsyncPostgresSaver(pool, serde=serde, ttl=ttl)
 
         elif isinstance(conn, Connection):
             dsn, connect_args = _async_connection_args(conn)
             search_path = _search_path(conn)
             pipeline = pipe is not None
-            keep = pipeline or _keep_session
+            keep = pipeline or keep_session
 
             async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
                 if not keep:  # no session of its own between calls (postgres/on_demand.py)
@@ -212,7 +225,7 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
             # the connection is the saver's own: so may its async session be, for the block
             with (
                 pipe_cm as pipe,
-                cls(conn, pipe, serde=serde, ttl=ttl, _keep_session=True) as saver,
+                cls(conn, pipe, serde=serde, ttl=ttl, keep_session=True) as saver,
             ):
                 saver.setup()
                 yield saver
