@@ -627,3 +627,38 @@ def test_cli_threads_on_a_ledgers_database_finds_no_checkpoint(
     assert (thread["checkpoints"], thread["ledger_entries"]) == (0, 1)
     assert main(["--db", path, "--json", "ledger", "t"]) == 0
     assert "ann" in capsys.readouterr().out
+
+
+def test_close_from_another_thread_closes_on_the_ledgers_loop(tmp_path: Path) -> None:
+    """Opened with ``aopen`` on a loop another thread runs: ``close()`` from here closes it
+    there (the connection belongs to that loop)."""
+    import threading
+
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        ledger = ToolLedger(str(tmp_path / "l.db"))
+        asyncio.run_coroutine_threadsafe(ledger.aopen(), loop).result(30)
+        assert ledger.loop is loop
+        out = send_graph(ledger).invoke(send_input(), {"configurable": {"thread_id": "t"}})
+        assert out["messages"][-1].content == "sent to ann", "sync invoke hops to that loop"
+        ledger.close()
+        assert ledger.closed
+        with pytest.raises(ConnectionClosedError):
+            asyncio.run(ledger.alist_entries())
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()
+
+
+async def test_ledgers_opening_together_on_a_fresh_postgres_schema(pg_server_dsn: str) -> None:
+    """Workers starting at once: each marks the database, none fails on the race."""
+    dsn = fresh_dsn(pg_server_dsn)
+    ledgers = [ToolLedger(dsn) for _ in range(4)]
+    await asyncio.gather(*(ledger.aopen() for ledger in ledgers))
+    try:
+        assert [await ledger.alist_entries() for ledger in ledgers] == [[]] * 4
+    finally:
+        await asyncio.gather(*(ledger.aclose() for ledger in ledgers))
