@@ -4,7 +4,8 @@ Every kind of thing the official savers store: interrupts answered with
 ``Command(resume=...)`` (the task's ``__resume__`` write at -4 beside its ``__interrupt__``
 at -3 and its ordinary writes from another ``put_writes`` call), two interrupts in one
 node, a subgraph paused and answered, ``Send`` fan-outs (one paused inside a sent task,
-its finished siblings' writes pending), Functional-API ``@task``s, a node that failed
+its finished siblings' writes pending), Functional-API ``@task``s, a tool-calling agent
+whose tool's interrupt was answered in one turn and waits in the next, a node that failed
 (``__error__`` at -1, beside a sibling's successful writes), runs under durability
 ``exit``, and a ``__scheduled__`` write (-2; LangGraph defines it, its runtime does not
 write it yet, so it is written through the saver's ``put_writes`` as a caller would).
@@ -21,9 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.tools import tool
 from langgraph.checkpoint.serde.types import SCHEDULED
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command, Send, StateSnapshot, interrupt
 from test_graphs import norm, norm_ns
 from typing_extensions import TypedDict
@@ -181,6 +186,51 @@ def counter(checkpointer: Any) -> Any:
     return builder.compile(checkpointer=checkpointer)
 
 
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+AGENT_TURNS = [
+    AIMessage(
+        "",
+        id="ai-1",
+        tool_calls=[{"name": "charge", "args": {"invoice": "inv-1"}, "id": "c1"}],
+    ),
+    AIMessage("charged inv-1", id="ai-2"),
+    AIMessage(
+        "",
+        id="ai-3",
+        tool_calls=[{"name": "charge", "args": {"invoice": "inv-2"}, "id": "c2"}],
+    ),
+    AIMessage("charged inv-2", id="ai-4"),
+]
+
+
+@tool
+def charge(invoice: str) -> str:
+    """Charge an invoice, once a human approves."""
+    answer = interrupt(f"approve charging {invoice}?")
+    return f"{invoice}: {answer}"
+
+
+def agent(checkpointer: Any) -> Any:
+    """A tool-calling agent whose tool asks a human first (the issue's agent thread: an
+    answered interrupt among messages). The model is scripted: its n-th answer is
+    ``AGENT_TURNS[n]``, whatever process or saver runs it."""
+
+    def model(state: Chat) -> dict[str, Any]:
+        answered = sum(1 for m in state["messages"] if isinstance(m, AIMessage))
+        return {"messages": [AGENT_TURNS[answered]]}
+
+    builder = StateGraph(Chat)
+    builder.add_node("model", model)
+    builder.add_node("tools", ToolNode([charge]))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition)
+    builder.add_edge("tools", "model")
+    return builder.compile(checkpointer=checkpointer)
+
+
 # --------------------------------------------------------------------------- threads
 
 
@@ -231,9 +281,19 @@ THREADS = (
     ),
     Thread("exit-done", counter, ({"x": 5, "log": []}, Command(resume="ok")), durability="exit"),
     Thread("scheduled", counter, ({"x": 1, "log": []}, Command(resume="ok")), scheduled=True),
+    Thread(
+        "agent",
+        agent,
+        (
+            {"messages": [HumanMessage("pay inv-1", id="h-1")]},
+            Command(resume="approved"),
+            {"messages": [HumanMessage("now inv-2", id="h-2")]},
+        ),
+        resume=Command(resume="approved"),
+    ),
 )
 # threads left paused, and what resumes each (the error thread: run again, None)
-PAUSED = ("two-questions", "nested", "send", "functional", "error", "exit")
+PAUSED = ("two-questions", "nested", "send", "functional", "error", "exit", "agent")
 
 
 def _kwargs(thread: Thread) -> dict[str, Any]:

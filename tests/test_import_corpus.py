@@ -157,7 +157,8 @@ async def test_the_corpus_imports_reads_back_and_resumes_as_on_langgraphs_saver(
     assert source.our_threads() == {t.name for t in THREADS}
 
 
-async def test_the_reproduction_an_answered_interrupt_imports(source: Source) -> None:
+@pytest.mark.parametrize("verify", [True, False])
+async def test_the_reproduction_an_answered_interrupt_imports(source: Source, verify: bool) -> None:
     """The issue's case: ``Command(resume=41)`` left the task's writes at -4, -3 and 1,
     which the import refused (``ImportLayoutError ... [-4, -3, 1]``) after writing part
     of the thread."""
@@ -173,8 +174,10 @@ async def test_the_reproduction_an_answered_interrupt_imports(source: Source) ->
     by_task = [r[0] for r in rows]
     assert -4 in by_task and -3 in by_task and 1 in by_task, rows
     async with source.ours() as ours:
-        report = await ours.aimport_langgraph()
-        assert report.threads_imported == 1
+        report = await ours.aimport_langgraph(verify=verify)
+        assert report.threads_imported == 1 and report.verified == (
+            report.checkpoints_imported if verify else 0
+        )
         async with source.official() as official:
             assert await ahistory(ours, thread) == await ahistory(official, thread)
         state = await thread.graph(ours).aget_state(thread.config())
