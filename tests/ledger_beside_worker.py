@@ -8,8 +8,10 @@ JSON line. Scenario keys:
   (``create_agent`` + ``IdempotencyMiddleware``) or ``task`` (``@entrypoint`` +
   ``idempotent_task``);
 * ``checkpointer``: ``official_sqlite`` (LangGraph's own ``AsyncSqliteSaver``, or its sync
-  ``SqliteSaver`` when ``sync``, on ``checkpoints``) or ``memory`` (``InMemorySaver``: a
-  fresh process starts with nothing, as after a restart of a server without persistence);
+  ``SqliteSaver`` when ``sync``, on ``checkpoints``), ``official_postgres`` (its
+  ``AsyncPostgresSaver`` on the DSN ``checkpoints``; async only) or ``memory``
+  (``InMemorySaver``: a fresh process starts with nothing, as after a restart of a server
+  without persistence);
 * ``ledger``: a SQLite path or a PostgreSQL DSN; ``mode``: ``ours`` or ``stock`` (the
   same graph without the ledger: the control that shows the duplicate);
 * ``phase``: ``run`` dies by SIGKILL inside the first charge, right after its effect
@@ -188,6 +190,13 @@ async def arun(scenario: dict[str, Any]) -> dict[str, Any]:
             checkpointer: Any = await stack.enter_async_context(
                 AsyncSqliteSaver.from_conn_string(scenario["checkpoints"])
             )
+        elif scenario["checkpointer"] == "official_postgres":
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+            checkpointer = await stack.enter_async_context(
+                AsyncPostgresSaver.from_conn_string(scenario["checkpoints"])
+            )
+            await checkpointer.setup()
         else:
             checkpointer = InMemorySaver()
         ledger = None

@@ -114,6 +114,26 @@ def test_killed_in_a_tool_beside_a_foreign_checkpointer_charges_once(
     assert resumed["ledger"] == [["completed", "inv-1"], ["completed", "inv-2"]]
 
 
+@pytest.mark.parametrize("door", DOORS)
+def test_killed_beside_langgraphs_postgres_saver_in_the_same_schema_charges_once(
+    tmp_path: Path, pg_server_dsn: str, door: str
+) -> None:
+    """LangGraph's ``AsyncPostgresSaver`` and the ledger in one schema (their tables do
+    not meet: ours are ``idem_*``)."""
+    dsn = fresh_dsn(pg_server_dsn)
+    resumed = kill_then_resume(
+        tmp_path,
+        door=door,
+        checkpointer="official_postgres",
+        checkpoints=dsn,
+        mode="ours",
+        ledger=dsn,
+    )
+    assert dict(Counter(resumed["effects"])) == ONCE
+    assert resumed["outcome"] == FINISHED[door]
+    assert resumed["ledger"] == [["completed", "inv-1"], ["completed", "inv-2"]]
+
+
 @pytest.mark.parametrize(("door", "checkpointer"), list(itertools.product(DOORS, CHECKPOINTERS)))
 def test_sync_invoke_killed_in_a_tool_charges_once(
     tmp_path: Path, door: str, checkpointer: str
