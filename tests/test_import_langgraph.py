@@ -595,7 +595,13 @@ def test_the_import_command_takes_the_database_as_the_warning_names_it(
     theirs = asyncio.run(filled(db))
     code, out, err = run_cli(capsys, "import-langgraph", db.where, "--json", "--batch-size", "4")
     assert code == 0, err
-    assert json.loads(out)["checkpoints_imported"] == len(theirs)
+    doc = json.loads(out)
+    assert doc["checkpoints_imported"] == len(theirs)
+    assert set(doc) == {  # as the CLI's docstring lists them
+        *("source", "checkpoints_total", "checkpoints_found", "checkpoints_imported"),
+        *("checkpoints_present", "threads_found", "threads_imported", "values_written"),
+        *("writes_imported", "verified", "batches", "seconds", "changed"),
+    }
     lines = [json.loads(line)["progress"] for line in err.splitlines()]
     batches = -(-len(theirs) // 4)
     # one line per batch, and one when the last thread is in
@@ -605,6 +611,10 @@ def test_the_import_command_takes_the_database_as_the_warning_names_it(
     ]
     assert {p["checkpoints_total"] for p in lines} == {len(theirs)}
     assert [p["threads_imported"] for p in lines[-2:]] == [len(THREADS) - 1, len(THREADS)]
+    assert set(lines[0]) == {
+        *("checkpoints_total", "checkpoints_found", "checkpoints_imported"),
+        *("checkpoints_present", "threads_imported", "batches"),
+    }
     code, out, err = run_cli(capsys, "import-langgraph", db.where, "--db", db.where)
     assert code == 0 and "nothing new" in out, err
     code, _, err = run_cli(capsys, "import-langgraph", db.where, "--db", db.where + "x")

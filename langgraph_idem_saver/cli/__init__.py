@@ -74,6 +74,11 @@ JSON output (``--json``; field names are stable, times are ISO 8601 UTC or null)
   delete_writes}], totals: {checkpoints, delete_checkpoints, delete_writes, blobs_deleted}}``
 * stats: ``{backend, database, schema_version, threads, checkpoints, blobs, writes,
   ledger: {total, by_status, by_state, replays, conflicts}, size_bytes}``
+* import-langgraph: ``{source, checkpoints_total, checkpoints_found, checkpoints_imported,
+  checkpoints_present, threads_found, threads_imported, values_written, writes_imported,
+  verified, batches, seconds, changed}``; while it runs, one line per batch on stderr:
+  ``{"progress": {checkpoints_total, checkpoints_found, checkpoints_imported,
+  checkpoints_present, threads_imported, batches}}``
 """
 
 from __future__ import annotations
