@@ -153,6 +153,7 @@ async def _child(node_kind: str, phase: str, db: str, effects: str) -> None:
             rows = [
                 [e.tool_name, json.loads(e.args)["invoice"], e.status.value, e.attempts]
                 for e in await saver.alist_entries(thread_id)
+                if e.tool_name != "__model__"  # the tool calls (not recorded model answers)
             ]
             print("LEDGER " + json.dumps(rows), flush=True)
 

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import ToolMessage
 
+from langgraph_idem_saver import telemetry
 from langgraph_idem_saver.engine.results import loads_recorded
 from langgraph_idem_saver.errors import CorruptRecordError, LedgerStateError
 from langgraph_idem_saver.ledger import (
@@ -55,13 +56,19 @@ async def aunknown_outcomes(ledger: ToolCallLedger) -> list[LedgerEntry]:
     return await ledger.alist_unknown()
 
 
+MODEL_ANSWER = "__model__"  # model_record.MODEL_TOOL_NAME (a test holds them equal)
+
+
 def stats_of(entries: Iterable[LedgerEntry], *, now: float | None = None) -> LedgerStats:
-    """Counters over entries. ``executed`` counts tool executions (attempts that ran to an
-    outcome), ``replayed`` the times a recorded result was returned instead of running."""
+    """Counters over entries' tool calls. ``executed`` counts tool executions (attempts
+    that ran to an outcome), ``replayed`` the times a recorded result was returned instead
+    of running; recorded model answers are left out."""
     now = time.time() if now is None else now
     stats = LedgerStats()
     by_status: Counter[str] = Counter()
     for e in entries:
+        if e.tool_name == MODEL_ANSWER:
+            continue  # a recorded model answer (model_record.py), not a tool call
         by_status[e.status.value] += 1
         stats.replayed += e.replays
         stats.conflicts += e.conflicts
@@ -110,6 +117,7 @@ def operator_name() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+@telemetry.traced_resolution
 async def aresolve_unknown(
     ledger: ToolCallLedger,
     entry: LedgerEntry,

@@ -81,6 +81,7 @@ REPLAY_EVENT = "idem_saver_replay"
 
 _RECORD_VERSION = 1
 _CANONICAL = encoder_of(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_WHERE = encoder_of(separators=(",", ":"), ensure_ascii=False)  # keys as written: read first
 
 T = TypeVar("T")
 
@@ -176,7 +177,7 @@ class ModelCallSite:
     def intent(self, owner_run: str | None) -> CallIntent:
         """The ledger row the record is claimed with (its ``args`` say where it was made:
         what ``idem-saver ledger`` shows)."""
-        where = {"model_call": self.node, "step": self.step, "branch": self.branch}
+        where = {"model_call": self.node, "step": self.step, "branch": self.branch}  # in order
         return CallIntent(
             scope=self.scope,
             key=self.key,
@@ -184,7 +185,7 @@ class ModelCallSite:
             agent_path=self.agent_path,
             tool_name=MODEL_TOOL_NAME,
             args_hash=self.digest,
-            args=_CANONICAL(where).encode("utf-8"),
+            args=_WHERE(where).encode("utf-8"),
             tool_call_id=f"model:{self.step}:{self.key[:16]}",
             run_id=owner_run,
         )

@@ -619,7 +619,7 @@ def test_the_cli_lists_recorded_answers(tmp_path: Path, capsys: pytest.CaptureFi
         ("model", 1),
         ("model", 3),
     ]
-    assert answers[0]["result"].startswith("asked for charge [c_0_")
+    assert answers[0]["result"].startswith("asked for charge c_0_")
     assert answers[1]["result"] == "done: 2"
     assert main(["--db", path, "ledger", "t"]) == 0
     assert "2 tool call(s), 2 recorded model answer(s)" in capsys.readouterr().out
@@ -657,3 +657,16 @@ async def test_a_sync_call_inside_an_async_node_needs_a_ledger_it_can_wait_for(
         with pytest.raises(ConfigError, match="ainvoke"):
             await graph.ainvoke(USER, cfg(), durability="exit")
         assert len(model.asked) == 1
+
+
+async def test_ledger_stats_count_tool_calls_only(tmp_path: Path) -> None:
+    from langgraph_idem_saver import inspection
+
+    assert inspection.MODEL_ANSWER == MODEL_TOOL_NAME
+    model, effects = FakeModel(asked=[]), []
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "db")) as saver:
+        graph, _ = agent_of(model, saver, charge_tool(effects))
+        await graph.ainvoke(USER, cfg())
+        assert len(await model_entries(saver)) == 2
+        stats = await inspection.astats(saver, "t")
+        assert (stats.executed, stats.by_status) == (2, {"completed": 2})

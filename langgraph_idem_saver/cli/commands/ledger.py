@@ -68,7 +68,7 @@ def model_answer(saver: Any, entry: LedgerEntry, shown: dict[str, Any]) -> dict[
         message = next(m for m in stored["result"] if isinstance(m, AIMessage))
     except Exception:  # shown as entry_dict decoded it (or could not)
         return shown
-    calls = ", ".join(f"{c['name']} [{c['id']}]" for c in message.tool_calls)
+    calls = ", ".join(f"{c['name']} {c['id']}" for c in message.tool_calls)
     shown["result"] = f"asked for {calls}" if calls else content_text(message.content)
     return shown
 
