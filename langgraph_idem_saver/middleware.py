@@ -76,6 +76,10 @@ class IdempotencyMiddleware(AgentMiddleware):
     ``verify``, ``on_unknown``, ``not_applied_errors``, ``lease_seconds``,
     ``wait_seconds``, ``poll_seconds``. Per-tool mappings are checked against the agent's
     tools when a call arrives, as the middleware is built before the agent.
+
+    ``record_model`` (default True): each model step's answer is also recorded before
+    LangGraph gets it and replayed when a crash re-runs the step (``model_record.py``,
+    docs/guarantees.md); False: a re-run model step asks the model again.
     """
 
     def __init__(
