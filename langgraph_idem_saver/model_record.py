@@ -392,12 +392,15 @@ class ModelRecorder:
         )
         entry = claim.entry
         if not claim.claimed:
+            if entry.status is CallStatus.ISSUED and not entry.is_unknown():
+                # another branch claimed it an instant ago: its outcome follows at once
+                entry = await self._arecorded(site) or entry
             if entry.status is CallStatus.COMPLETED:
                 self.counts.adopted_other += 1
                 return self._decode(site, entry, codec)
             if entry.status is not CallStatus.ISSUED or not entry.is_unknown():
                 self.counts.unrecorded += 1
-                return answer  # another process is writing the same record right now
+                return answer  # the other writer did not finish in wait_seconds
             taken = await ledger.areclaim(
                 site.scope,
                 site.key,

@@ -113,6 +113,7 @@ class FakeModel(BaseChatModel):
     asked: list[str]
     fail_first: int = 0
     structured: bool = False
+    delay: float = 0.0
 
     @property
     def _llm_type(self) -> str:
@@ -125,6 +126,7 @@ class FakeModel(BaseChatModel):
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
     ) -> ChatResult:
         self.asked.append("x")
+        time.sleep(self.delay)
         if len(self.asked) <= self.fail_first:
             raise ConnectionError("model unavailable")
         last = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
@@ -670,3 +672,21 @@ async def test_ledger_stats_count_tool_calls_only(tmp_path: Path) -> None:
         assert len(await model_entries(saver)) == 2
         stats = await inspection.astats(saver, "t")
         assert (stats.executed, stats.by_status) == (2, {"completed": 2})
+
+
+async def test_two_runs_of_one_step_at_once_go_on_with_the_first_record(tmp_path: Path) -> None:
+    """Two resumers re-run one step at the same moment: both ask the model, the first
+    answer recorded wins, and both branches go on with it - the same tool-call ids, so
+    each tool call runs once."""
+    model, effects = FakeModel(asked=[], delay=0.3), []
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "db")) as saver:
+        first, mw1 = agent_of(model, saver, charge_tool(effects))
+        second, mw2 = agent_of(model, saver, charge_tool(effects))
+        outs = await asyncio.gather(
+            first.ainvoke(USER, cfg(), durability="exit"),
+            second.ainvoke(USER, cfg(), durability="exit"),
+        )
+        assert ids_of(outs[0]["messages"]) == ids_of(outs[1]["messages"])
+        won = mw1.model_recorder.counts.adopted_other + mw2.model_recorder.counts.adopted_other
+        assert won >= 1  # at least the calls step: one branch took the other's answer
+        assert sorted(effects) == ["inv-1", "inv-2"]
