@@ -14,9 +14,11 @@ JSON line (``{"ok": true, ...}`` or ``{"ok": false, "error": ..., "traceback": .
 ``calls`` (optional): the invoices the model asks for this time, whatever the text - a
 model re-run after a crash need not ask for the same calls. ``hold``
 (``{"invoice", "until"}``): the ledger's step read of the calls for ``invoice`` waits
-until ``until`` was charged - two tasks of one step in a fixed order. Interrupts are
-answered by a human: an ``earlier_call`` question with ``answer_earlier`` (``"run"`` or
-``"replay"``), an unknown outcome by looking the charge up (the effects file).
+until ``until`` was charged (or until another call took its lost entry: ``"adopted"``) -
+two tasks of one step in a fixed order; ``verify_waits_for``: the ``verify`` hook answers
+its first question once a second was asked, and the others once that invoice was charged.
+Interrupts are answered by a human: an ``earlier_call`` question with ``answer_earlier``
+(``"run"`` or ``"replay"``), an unknown outcome by looking the charge up (the effects file).
 """
 
 from __future__ import annotations
@@ -36,23 +38,34 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langgraph.types import Command
 from resume_worker import FAILED_EXIT_CODE, InvoiceModel, build_graph, effects_lines, make_node
 
+from langgraph_idem_saver import NOT_APPLIED, IdempotentToolNode
+
 THREAD = "t1"
 
 
 def holding(saver_class: type, hold: dict[str, str] | None, effects: Path) -> type:
     """``saver_class`` whose step read of ``hold["invoice"]``'s call waits until
-    ``hold["until"]`` was charged (every other call goes straight through)."""
+    ``hold["until"]`` was charged, or (``"until": "adopted"``) until another call took
+    that invoice's lost entry (every other call goes straight through)."""
     if not hold:
         return saver_class
 
     class Holding(saver_class):  # type: ignore[misc, valid-type]
+        async def released(self) -> bool:
+            if hold["until"] != "adopted":
+                return hold["until"] in effects_lines(effects)
+            return any(
+                e.adopted_by and json.loads(e.args)["invoice"] == hold["invoice"]
+                for e in await self.alist_entries(THREAD)
+            )
+
         async def aclaim_step(self, intents: Any, lookup: Any, **kwargs: Any) -> Any:
             wanted = f'"invoice":"{hold["invoice"]}"'
             if any(wanted in i.args.decode() for i in intents):
                 deadline = time.monotonic() + 60
-                while hold["until"] not in effects_lines(effects):
+                while not await self.released():
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"{hold['until']} was never charged")
+                        raise RuntimeError(f"never released: {hold!r}")
                     await asyncio.sleep(0.05)
             return await super().aclaim_step(intents, lookup, **kwargs)
 
@@ -85,6 +98,31 @@ def answer(asked: dict[str, Any], scenario: dict[str, Any]) -> dict[str, Any]:
     return {**reply, "action": "rerun"}
 
 
+def waiting_verify(effects: Path, scenario: dict[str, Any]) -> Any:
+    """``verify`` that looks the invoice up at the "vendor" (the effects file), the first
+    question answered only once a second one was asked, the second and later ones only
+    once ``verify_waits_for`` was charged: two askers of one step in a fixed order."""
+    asked: list[dict[str, Any]] = []
+
+    async def verify(args: dict[str, Any]) -> Any:
+        asked.append(args)
+        first = len(asked) == 1
+        deadline = time.monotonic() + 60
+        while (
+            (len(asked) < 2)
+            if first
+            else (scenario["verify_waits_for"] not in effects_lines(effects))
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"verify waited in vain: {asked!r}")
+            await asyncio.sleep(0.05)
+        if args["invoice"] in effects_lines(effects):
+            return f"charged {args['invoice']} ${args['amount']}"
+        return NOT_APPLIED
+
+    return verify
+
+
 def build(scenario: dict[str, Any], saver: Any) -> tuple[Any, Any]:
     text = scenario["text"]
     script = {}
@@ -94,6 +132,12 @@ def build(scenario: dict[str, Any], saver: Any) -> tuple[Any, Any]:
         ]
     model = InvoiceModel(script=script)
     node = make_node(scenario)
+    if scenario.get("verify_waits_for"):  # verify answers once that invoice was charged
+        node = IdempotentToolNode(
+            list(node.tools_by_name.values()),
+            verify={"charge": waiting_verify(Path(scenario["effects"]), scenario)},
+            on_unknown="raise",
+        )
     if scenario.get("agent") == "react_v2":
         from langgraph.prebuilt import create_react_agent
 

@@ -158,6 +158,47 @@ def test_a_superseded_lost_call_never_answers_a_call_with_its_own_arguments(
     assert lost["events"] == ["superseded", "reopened"], "closed, then run again - on record"
 
 
+def test_a_lost_call_closed_as_superseded_while_its_own_call_settles_it_is_run(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Item 9, the concurrent variant: the inv-1 task reaches the lost inv-1 entry while it
+    is still unknown and asks ``verify``; meanwhile the inv-0 task, paired with it, closes
+    it as superseded. The inv-1 task's re-run then finds the row changed - closed, "not
+    applied" - and must run the charge, not replay that failure. Made deterministic: the
+    inv-1 task reads the ledger only once the inv-0 task took the lost entry; ``verify``
+    answers the inv-0 task (asked first) only once the inv-1 task asked too - it read the
+    entry still unknown - and the inv-1 task only once inv-0 was charged (after the
+    close)."""
+    base = {**where(backend, tmp_path, request), "agent": "react_v2", "durability": "exit"}
+    turn = "pay invoices inv-0 inv-1"
+    run = {
+        **base,
+        "phase": "run",
+        "text": turn,
+        "calls": ["inv-1"],
+        "crash_at": "after_issued",
+        "crash_invoice": "inv-1",
+    }
+    code, _, err = child(run)
+    assert code == CRASH_EXIT_CODE, err
+
+    out = resumed(
+        {
+            **base,
+            "text": turn,
+            "calls": ["inv-0", "inv-1"],
+            "hold": {"invoice": "inv-1", "until": "adopted"},
+            "verify_waits_for": "inv-0",
+        }
+    )
+
+    assert Counter(effects_lines(tmp_path / "effects")) == {"inv-0": 1, "inv-1": 1}
+    told = {out["calls"][i]: text for i, text in out["tool_messages"].items()}
+    assert told == {"inv-0": "charged inv-0 $10", "inv-1": "charged inv-1 $10"}
+    [lost] = [e for e in out["ledger"] if e["invoice"] == "inv-1"]
+    assert lost["events"] == ["superseded", "reopened"], "the race was run, on record"
+
+
 def test_on_earlier_call_is_validated() -> None:
     with pytest.raises(ConfigError, match="on_earlier_call"):
         LedgerOptions.build(tools=None, on_earlier_call="guess")  # type: ignore[typeddict-item]

@@ -17,7 +17,11 @@ from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
-from langgraph_idem_saver.engine.earlier import aclose_superseded  # marks it: answers nothing
+from langgraph_idem_saver.engine.earlier import (  # a superseded call answers nothing
+    aclose_superseded,
+    areopen,
+    closed_superseded,
+)
 from langgraph_idem_saver.engine.loops import call_maybe_async
 from langgraph_idem_saver.engine.nested import orchestrates
 from langgraph_idem_saver.engine.results import as_result
@@ -196,6 +200,13 @@ async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple
         if plan.kind is Kind.RUN:
             return
         latest = plan.entry
+    if latest is not None and closed_superseded(latest) and not plan.superseded:
+        # closed "not applied" by a reworded call meanwhile: it did not happen, and this
+        # call asks for its very arguments - run it (engine/earlier.py), never replay it
+        plan.entry = latest
+        if await areopen(engine, batch, plan, "not applied; superseded"):
+            return
+        latest = None
     if latest is not None and latest.status is not CallStatus.ISSUED:
         engine.set_replay(batch, plan, latest)
         return
