@@ -682,3 +682,22 @@ async def test_ledgers_opening_together_on_a_fresh_postgres_schema(pg_server_dsn
         assert [await ledger.alist_entries() for ledger in ledgers] == [[]] * 4
     finally:
         await asyncio.gather(*(ledger.aclose() for ledger in ledgers))
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_a_thread_deleted_from_both_starts_a_new_conversation(
+    tmp_path: Path, door: str
+) -> None:
+    """The checkpointer forgot the thread on purpose and the ledger was told
+    (``ledger.adelete_thread``): the same request on that thread id is a new one and
+    runs. Not told, the ledger answers it from the old entries
+    (``test_process_local_restart_after_the_run_finished``)."""
+    scenario = scenario_for(tmp_path, door, "ours")
+    first = await worker.arun({**scenario, "phase": "run", "fail": "none"})
+    assert first["outcome"] == FINISHED[door]
+    async with ToolLedger(scenario["ledger"]) as ledger:
+        await ledger.adelete_thread("t1")
+        assert [e for e in await ledger.alist_entries("t1") if e.tool_name == "charge"] == []
+    again = await worker.arun({**scenario, "phase": "resume"})
+    assert dict(Counter(again["effects"])) == {"inv-1": 2, "inv-2": 2}
+    assert again["outcome"] == FINISHED[door]
