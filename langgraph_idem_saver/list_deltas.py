@@ -91,6 +91,11 @@ class _Written:
     # data, base version, the serializer that wrote data) - the row the same list
     # re-versioned is stored as again, while the saver keeps that serializer
     row: tuple[str, bytes, str, SerializerProtocol] | None = None
+    # a version read back as a delta: how many items its own row appends, and its
+    # base - the row above is built from them (by the serializer writing then) when the
+    # list is re-versioned without growing, so a chain does not deepen on every resume.
+    # A count, not the items: what is remembered keeps nothing alive
+    own: tuple[int, str] | None = None
 
     def starts(self, value: list[Any]) -> bool:
         """Whether ``value`` is this version plus any items: the very same objects first.
@@ -163,7 +168,13 @@ class ListDeltaEncoder:
             if prev is None or prev.version == str(version) or not prev.starts(value):
                 prev = None
             row = None if prev is None else prev.row
-            if prev is not None and len(value) == len(prev.held) and row and row[3] is serde:
+            same = prev is not None and len(value) == len(prev.held)
+            if same and row is None and prev is not None and prev.own is not None:
+                # a version read back as a delta, re-versioned without growing: its own
+                # items against its base again, written by this serializer
+                count, base = prev.own
+                row = (*serde.dumps_typed(value[len(value) - count :]), base, serde)
+            if prev is not None and same and row and row[3] is serde:
                 # the same list again, its last version a delta: that very row (same
                 # base, same bytes) - nothing serialized, the chain no deeper. Only from
                 # the serializer that wrote it: one swapped in since (encrypting, say)
@@ -228,17 +239,31 @@ class ListDeltaEncoder:
             self._trim()
 
     def loaded(
-        self, thread_id: str, ns: str, channel: str, version: str, value: Any, depth: int
+        self,
+        thread_id: str,
+        ns: str,
+        channel: str,
+        version: str,
+        value: Any,
+        depth: int,
+        own: tuple[int, str] | None = None,
     ) -> None:
         """A list version was read to resume from: LangGraph's channel will hold these
         very objects, so the next version it writes can be stored as a delta of this one.
-        (``remember`` of its row, without building one: a read of every graph's resume.)"""
+        (``remember`` of its row, without building one: a read of every graph's resume.)
+
+        ``own``: when the version is stored as a delta, how many items it appends and
+        the version it extends. The same list re-versioned after the resume is then that
+        delta again (the chain no deeper), as after a version this saver wrote: without
+        it every resume of a list re-versioned without growing (a node returning the
+        whole list) added one hop to every later read, up to ``MAX_CHAIN``."""
         if type(value) is not list:
             return
         key = (thread_id, ns, channel)
+        kept = own if own is not None and 0 <= own[0] <= len(value) else None
         with self._lock:
             if value:
-                self._keep(key, _Written(version, *_held(value), depth))
+                self._keep(key, _Written(version, *_held(value), depth, None, kept))
             else:  # an empty list: as remember() drops it
                 self._recent.pop(key, None)
             self._trim()
@@ -282,6 +307,21 @@ def resolve_value(
     or None when it is missing - a corrupt chain, reported as such. Returns the value and
     the number of deltas followed (the chain depth of this version).
     """
+    value, depth, _ = resolve_delta(serde, type_, data, base_version, fetch_base, **where)
+    return value, depth
+
+
+def resolve_delta(
+    serde: SerializerProtocol,
+    type_: str,
+    data: bytes | None,
+    base_version: str | None,
+    fetch_base: Callable[[str], tuple[str, bytes | None, str | None] | None],
+    **where: Any,
+) -> tuple[Any, int, tuple[int, str] | None]:
+    """:func:`resolve_value`, and for a delta what :meth:`ListDeltaEncoder.loaded`
+    takes as ``own``: how many items the version's own row appends, and its base."""
+    own_base = base_version
     parts = []
     seen = 0
     while base_version is not None:
@@ -304,4 +344,5 @@ def resolve_value(
         value = list(value)
         for part in reversed(parts):
             value.extend(part)
-    return value, len(parts)
+    own = None if own_base is None else (len(parts[0]), own_base)
+    return value, len(parts), own

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata, CheckpointTuple
 
 from langgraph_idem_saver.errors import CorruptRecordError
-from langgraph_idem_saver.list_deltas import resolve_value
+from langgraph_idem_saver.list_deltas import resolve_delta
 from langgraph_idem_saver.saver_codec import decode_checkpoint, decode_json, decode_typed
 from langgraph_idem_saver.saver_config import make_config
 
@@ -107,14 +107,15 @@ class PostgresCodec:
             )
         for channel, chain in chains.items():
             btype, blob, version, base_version = chain[0]
+            own = None
             if base_version is None:
                 values[channel] = self._load(btype, blob, "channel value", channel=channel, **where)
                 depth = 0
             else:
-                values[channel], depth = self._resolve(chain, channel=channel, **where)
+                values[channel], depth, own = self._resolve_delta(chain, channel=channel, **where)
             value = values[channel]
             if loading and version is not None:
-                self._deltas.loaded(thread_id, ns, channel, version, value, depth)
+                self._deltas.loaded(thread_id, ns, channel, version, value, depth, own)
         pending = []
         for task_b, channel_b, wtype_b, value in writes or ():
             task_id = bytes(task_b).decode()
@@ -152,6 +153,13 @@ class PostgresCodec:
     ) -> tuple[Any, int]:
         """A delta's value: its chain (as SELECT_TUPLES returns it) resolved to a list,
         and its depth. A base the chain lacks is reported as corrupt."""
+        value, depth, _ = self._resolve_delta(chain, **where)
+        return value, depth
+
+    def _resolve_delta(
+        self, chain: list[tuple[str, bytes | None, str | None, str | None]], **where: Any
+    ) -> tuple[Any, int, tuple[int, str] | None]:
+        """``_resolve``, and what ``ListDeltaEncoder.loaded`` takes as ``own``."""
         by_version = {version: (t, b, base) for t, b, version, base in chain[1:]}
 
         def fetch_base(version: str) -> tuple[str, bytes | None, str | None] | None:
@@ -163,4 +171,4 @@ class PostgresCodec:
 
         type_, blob, _, base_version = chain[0]
         type_, data = self._unpack(type_, blob, "channel value (delta)", **where)
-        return resolve_value(self.serde, type_, data, base_version, fetch_base, **where)
+        return resolve_delta(self.serde, type_, data, base_version, fetch_base, **where)

@@ -46,7 +46,7 @@ from langgraph_idem_saver.errors import (
 )
 from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.ledger_queries import LedgerSql
-from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_value
+from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_delta
 from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
 from langgraph_idem_saver.saver_checkpoints import ListQuery, PageReader
@@ -203,18 +203,18 @@ class AsyncSqliteSaver(
                 continue
             if base_version is None:  # stored whole: resolve_value's trivial case, inline
                 value = decode_typed(serde, btype, blob, "channel value", channel=channel, **where)
-                depth = 0
+                depth, own = 0, None
             else:
 
                 def fetch_base(version: str, ch: str = channel) -> Any:
                     return conn.execute(sql.SELECT_BLOB, (thread_id, ns, ch, version)).fetchone()
 
-                value, depth = resolve_value(
+                value, depth, own = resolve_delta(
                     serde, btype, blob, base_version, fetch_base, channel=channel, **where
                 )
             values[channel] = value
             if loading:
-                self._deltas.loaded(thread_id, ns, channel, version, value, depth)
+                self._deltas.loaded(thread_id, ns, channel, version, value, depth, own)
         writes = [
             (
                 task_id,
