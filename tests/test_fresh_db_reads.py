@@ -180,3 +180,21 @@ async def test_reads_probe_indexes_with_and_without_statistics(pg_dsn: str, anal
             # per call at most: 11 checkpoints (the page and the next), their blobs
             # (4 channels + one base each) and writes: 36 blobs - far below CHECKPOINTS
             assert fetched <= 8 * 40, (name, table, tables)
+
+
+async def test_the_checkpoint_reads_keep_their_generic_plan(pg_dsn: str) -> None:
+    """The three read functions run with sequential scans off and one generic plan a
+    session (migration 15): which plan a session uses depends neither on statistics nor
+    on its first calls' arguments."""
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await saver.setup()
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT proname, proconfig FROM pg_proc "
+            "WHERE pronamespace = current_schema()::regnamespace AND proname = ANY(%s)",
+            (["idem_checkpoint_tuple", "idem_list_in_ns", "idem_delta_history"],),
+        )
+        found = {name: set(config) for name, config in await cur.fetchall()}
+    assert sorted(found) == ["idem_checkpoint_tuple", "idem_delta_history", "idem_list_in_ns"]
+    for config in found.values():
+        assert {"enable_seqscan=off", "plan_cache_mode=force_generic_plan"} <= config

@@ -180,6 +180,7 @@ BEGIN
 END
 """,
     use_column=True,
+    generic_plan=True,
 )
 DELTA_HISTORY_CALL = (
     "SELECT * FROM idem_delta_history(%(thread_id)s, %(ns)s, %(checkpoint_id)s, %(c0)s)"

@@ -26,6 +26,7 @@ def plpgsql_function(
     volatile: bool = False,
     use_column: bool = False,
     plan_each_call: bool = False,
+    generic_plan: bool = False,
 ) -> str:
     """``CREATE OR REPLACE FUNCTION signature RETURNS returns`` running ``body`` (from
     ``DECLARE`` or ``BEGIN`` to ``END``) with sequential scans off. ``volatile``: each of
@@ -33,9 +34,16 @@ def plpgsql_function(
     and an OUT parameter (``RETURNS TABLE``), the query means the column.
     ``plan_each_call``: its statements are planned on every call, for the tables as they
     are then, never from a cached generic plan (for a join whose best order depends on
-    the table's size: a generic plan built while the table was empty reads all of it)."""
+    the table's size: a generic plan built while the table was empty reads all of it).
+    ``generic_plan``: its statements use one generic plan a session, built on the first
+    call - with sequential scans off, the index probes whatever the statistics say -
+    never re-planned per call: left to choose (``auto``), a session settles on the
+    generic plan or on planning every call by comparing cost estimates, which depend on
+    the statistics and on the first calls' arguments."""
     conflict = "#variable_conflict use_column\n" if use_column else ""
     planning = "SET plan_cache_mode = force_custom_plan\n" if plan_each_call else ""
+    if generic_plan:
+        planning = "SET plan_cache_mode = force_generic_plan\n"
     return f"""
 CREATE OR REPLACE FUNCTION {signature}
 RETURNS {returns}

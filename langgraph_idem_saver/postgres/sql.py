@@ -295,6 +295,7 @@ BEGIN
 END
 """,
     use_column=True,
+    generic_plan=True,
 )
 # alist's pages in one namespace of a thread (what ``get_state_history`` reads), with no
 # metadata filter, through a function for the same reason (migration 11); ``p_upper``:
@@ -315,6 +316,7 @@ BEGIN
 END
 """,
     use_column=True,
+    generic_plan=True,
 )
 _TUPLE_COLUMNS = (
     "thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, "
@@ -692,6 +694,11 @@ MIGRATIONS: list[list[str]] = [
     # one per spot (ledger_sql.STEP_FOUND_FUNCTION), not one planned on each call.
     # 7, 8 and 14 all run the current definition: a database at any version ends with it.
     [STEP_FOUND_FUNCTION],
+    # 15: the checkpoint reads (aget_tuple, alist in a namespace, the DeltaChannel
+    # history) use their generic plan - index probes, with sequential scans off - in
+    # every session, whatever the statistics (functions.plpgsql_function's
+    # ``generic_plan``); 10, 11, 12 and 15 all run the current definitions
+    [CHECKPOINT_TUPLE_FUNCTION, LIST_IN_NS_FUNCTION, DELTA_HISTORY_FUNCTION],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1
