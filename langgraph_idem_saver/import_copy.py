@@ -22,11 +22,12 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import ImportLayoutError, ImportVerificationError
-from langgraph_idem_saver.saver_base import decode_typed, make_config
+from langgraph_idem_saver.saver_checkpoints import CheckpointMethods
+from langgraph_idem_saver.saver_codec import decode_typed
+from langgraph_idem_saver.saver_config import make_config
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.import_langgraph import ImportReport, SourceRow
-    from langgraph_idem_saver.saver_base import IdemSaverBase
 
 
 # one pending write to store: task id, task path, index, channel, decoded value
@@ -36,7 +37,7 @@ Write = tuple[str, str, int, str, Any]
 class Copier:
     """Writes source rows through the saver, keeping what a live run would have kept."""
 
-    def __init__(self, saver: IdemSaverBase, report: ImportReport, verify: bool) -> None:
+    def __init__(self, saver: CheckpointMethods, report: ImportReport, verify: bool) -> None:
         self.saver = saver
         self.report = report
         self.verify = verify

@@ -45,13 +45,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, runtime_checkable
 
 from langgraph_idem_saver.errors import ConfigError, ImportLayoutError
 from langgraph_idem_saver.import_copy import Copier
-
-if TYPE_CHECKING:
-    from langgraph_idem_saver.saver_base import IdemSaverBase
+from langgraph_idem_saver.saver_checkpoints import CheckpointMethods
 
 LOG = logging.getLogger("langgraph_idem_saver.import")
 
@@ -292,21 +290,21 @@ class ImportReport:
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
-def tables_of(saver: IdemSaverBase) -> LangGraphTables:
+@runtime_checkable
+class BesideLangGraph(Protocol):
+    """A saver whose database may hold LangGraph's own tables. Each backend's saver
+    hands its reader of them (``*/import_sql.py``) through this one hook, so nothing here
+    names a backend."""
+
+    def _langgraph_tables(self) -> LangGraphTables:
+        """The reader of LangGraph's tables beside this saver's own."""
+        ...
+
+
+def tables_of(saver: object) -> LangGraphTables:
     """The reader of LangGraph's tables beside ``saver``'s own."""
-    from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver
-
-    if isinstance(saver, AsyncSqliteSaver):
-        from langgraph_idem_saver.sqlite.import_sql import SqliteTables
-
-        return SqliteTables(saver)
-    # by the modules of its classes (subclasses too): without psycopg installed the
-    # Postgres saver cannot be imported, and then no saver can be one
-    if any(c.__module__.startswith("langgraph_idem_saver.postgres") for c in type(saver).__mro__):
-        from langgraph_idem_saver.postgres.import_sql import PostgresTables
-        from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
-
-        return PostgresTables(cast(AsyncPostgresSaver, saver))
+    if isinstance(saver, BesideLangGraph):
+        return saver._langgraph_tables()
     raise ConfigError(
         f"importing LangGraph's tables needs an AsyncSqliteSaver or AsyncPostgresSaver "
         f"of langgraph-idem-saver, got {type(saver).__name__}"
@@ -314,7 +312,7 @@ def tables_of(saver: IdemSaverBase) -> LangGraphTables:
 
 
 async def aimport_langgraph(
-    saver: IdemSaverBase,
+    saver: CheckpointMethods,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     verify: bool = True,
@@ -390,7 +388,7 @@ async def aimport_langgraph(
     return report
 
 
-async def awarn_if_unimported(saver: IdemSaverBase) -> None:
+async def awarn_if_unimported(saver: CheckpointMethods) -> None:
     """Log one warning when LangGraph's tables beside ours hold threads ours lacks.
 
     Called once by each saver's ``setup()``. Tables named like LangGraph's that are not

@@ -17,7 +17,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.retention import RowCounts
-from langgraph_idem_saver.saver_base import text_of
+from langgraph_idem_saver.saver_config import storable_text
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def checked_text(value: str, what: str) -> str:
         raise ConfigError(f"{what} must be a str, got {type(value).__name__}")
     if "\x00" in value:
         raise ConfigError(f"{what} must not contain NUL (\\x00) characters")
-    return text_of(value, what)
+    return storable_text(value, what)
 
 
 def checked_limit(limit: int | None) -> int | None:

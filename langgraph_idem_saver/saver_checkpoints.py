@@ -27,7 +27,7 @@ from langgraph_idem_saver.saver_config import (
     checkpoint_id_of,
     checkpoint_ns_of,
     make_config,
-    text_of,
+    storable_text,
     thread_id_of,
 )
 
@@ -151,12 +151,12 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
         checkpoint_id = checkpoint_id_of(config)
         if checkpoint_id is None:
             raise ConfigError("put_writes needs config['configurable']['checkpoint_id']")
-        text_of(task_id, "task_id")
-        text_of(task_path, "task_path")
+        storable_text(task_id, "task_id")
+        storable_text(task_path, "task_path")
         by_idx: dict[int, tuple[str, str, bytes]] = {}
         for idx, (channel, value) in enumerate(writes):
             by_idx[WRITES_IDX_MAP.get(channel, idx)] = (
-                text_of(channel, "channel"),
+                storable_text(channel, "channel"),
                 *self._dump(value),
             )
         where = (thread_id, ns, checkpoint_id, task_id, task_path)

@@ -76,7 +76,7 @@ def checkpoint_id_of(config: RunnableConfig) -> str | None:
     return _storable(cid, "checkpoint_id")
 
 
-def text_of(value: str, what: str) -> str:
+def storable_text(value: str, what: str) -> str:
     """``value`` if it is text a database can hold (no lone surrogates); a
     :class:`ConfigError` otherwise, before anything is written (SQLite's and psycopg's
     drivers would raise a raw ``UnicodeEncodeError`` mid-call). For the ids of writes
@@ -107,6 +107,6 @@ __all__ = [
     "checkpoint_id_of",
     "checkpoint_ns_of",
     "make_config",
-    "text_of",
+    "storable_text",
     "thread_id_of",
 ]

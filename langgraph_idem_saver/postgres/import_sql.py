@@ -28,7 +28,7 @@ from langgraph_idem_saver.import_langgraph import (
     with_writes,
 )
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
-from langgraph_idem_saver.saver_base import decode_typed
+from langgraph_idem_saver.saver_codec import decode_typed
 
 Cursor = AsyncCursor[TupleRow]
 

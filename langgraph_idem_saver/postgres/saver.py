@@ -69,6 +69,7 @@ from psycopg_pool import AsyncConnectionPool
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.group_commit import GroupCommit
+from langgraph_idem_saver.import_langgraph import LangGraphTables
 from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
 from langgraph_idem_saver.postgres import ledger_sql, sql
@@ -199,6 +200,13 @@ class AsyncPostgresSaver(
         for a database written by a newer release.
         """
         await self._execute(migrate, tx=True)
+
+    def _langgraph_tables(self) -> LangGraphTables:
+        """LangGraph's own Postgres tables on this connection's ``search_path``, for
+        ``import_langgraph``."""
+        from langgraph_idem_saver.postgres.import_sql import PostgresTables  # reads through us
+
+        return PostgresTables(self)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint (latest of the thread/namespace, or by id), one round trip."""

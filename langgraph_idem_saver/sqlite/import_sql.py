@@ -23,7 +23,7 @@ from langgraph_idem_saver.import_langgraph import (
     staged_range,
     with_writes,
 )
-from langgraph_idem_saver.saver_base import decode_checkpoint, decode_json
+from langgraph_idem_saver.saver_codec import decode_checkpoint, decode_json
 from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver
 
 CHECKPOINT_COLUMNS = frozenset(

@@ -34,6 +34,7 @@ from langgraph_idem_saver.inspect_types import (
     thread_summaries,
 )
 from langgraph_idem_saver.list_deltas import ListDeltaEncoder
+from langgraph_idem_saver.sqlite.blob_gc import collect_blobs
 from langgraph_idem_saver.sqlite.files import SqliteTarget
 
 T = TypeVar("T")
@@ -196,8 +197,6 @@ class SqliteInspection:
         What ``idem-saver prune --before`` applies; the saver's retention methods are
         the way to prune from code.
         """
-        from langgraph_idem_saver.sqlite.saver import _collect_blobs  # the saver imports us
-
         rows = checked_keys(keys)
         threads = sorted({k[0] for k in rows})
 
@@ -207,7 +206,7 @@ class SqliteInspection:
             blobs = 0
             for thread_id in threads:
                 before = conn.execute(COUNT_BLOBS_OF_THREAD, (thread_id,)).fetchone()[0]
-                _collect_blobs(conn, thread_id)
+                collect_blobs(conn, thread_id)
                 blobs += before - conn.execute(COUNT_BLOBS_OF_THREAD, (thread_id,)).fetchone()[0]
             return DeletedCounts(checkpoints, writes, blobs)
 

@@ -45,6 +45,7 @@ from langgraph_idem_saver.errors import (
     CorruptRecordError,
 )
 from langgraph_idem_saver.group_commit import GroupCommit
+from langgraph_idem_saver.import_langgraph import LangGraphTables
 from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_delta
 from langgraph_idem_saver.retention import TTLConfig
@@ -61,10 +62,11 @@ from langgraph_idem_saver.saver_config import (
     checkpoint_id_of,
     checkpoint_ns_of,
     make_config,
-    text_of,
+    storable_text,
     thread_id_of,
 )
 from langgraph_idem_saver.sqlite import metadata_filter, sql
+from langgraph_idem_saver.sqlite.blob_gc import collect_blobs
 from langgraph_idem_saver.sqlite.connection import (
     ConnectionLock,
     SqliteConnection,
@@ -174,6 +176,12 @@ class AsyncSqliteSaver(
             yield saver
         finally:
             await conn.close()
+
+    def _langgraph_tables(self) -> LangGraphTables:
+        """LangGraph's own SQLite tables in this file, for ``import_langgraph``."""
+        from langgraph_idem_saver.sqlite.import_sql import SqliteTables  # reads through us
+
+        return SqliteTables(self)
 
     # --- reads ---------------------------------------------------------------------
 
@@ -327,9 +335,9 @@ class AsyncSqliteSaver(
         """Validate and encode ``put`` (here, before any lock), and the write body storing
         it; the body returns the blobs as stored."""
         thread_id, ns, checkpoint = put.thread_id, put.ns, put.checkpoint
-        text_of(checkpoint["id"], "checkpoint id")
+        storable_text(checkpoint["id"], "checkpoint id")
         for channel in put.new_versions:  # ids too: a raw UnicodeEncodeError otherwise
-            text_of(channel, "channel")
+            storable_text(channel, "channel")
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
         blobs = self._deltas.encode(self.serde, thread_id, ns, values, put.new_versions)
@@ -419,7 +427,7 @@ class AsyncSqliteSaver(
                     conn.execute(sql.DELETE_WRITES_OF_CHECKPOINT, (thread_id, ns, checkpoint_id))
                     conn.execute(sql.DELETE_CHECKPOINT, (thread_id, ns, checkpoint_id))
             for thread_id in threads:
-                _collect_blobs(conn, thread_id)
+                collect_blobs(conn, thread_id)
 
         await self._write(delete)
         self._deltas.forget()
@@ -466,7 +474,7 @@ class AsyncSqliteSaver(
                 if (ns, checkpoint_id) not in keep:
                     conn.execute(sql.DELETE_WRITES_OF_CHECKPOINT, (thread_id, ns, checkpoint_id))
                     conn.execute(sql.DELETE_CHECKPOINT, (thread_id, ns, checkpoint_id))
-            _collect_blobs(conn, thread_id)
+            collect_blobs(conn, thread_id)
 
 
 def _metadata_of(row: Sequence[Any]) -> dict[str, Any]:
@@ -495,24 +503,3 @@ def _parent_and_metadata(
     return row[0], _decode_metadata(
         row[1], thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=checkpoint_id
     )
-
-
-def _collect_blobs(conn: sqlite3.Connection, thread_id: str) -> None:
-    """Delete the thread's blobs that no remaining checkpoint references, directly or as
-    the base of a referenced delta."""
-    live: set[tuple[str, str, str]] = set()
-    for ns, versions in conn.execute(sql.SELECT_LIVE_VERSIONS, (thread_id,)):
-        for channel, version in decode_json(
-            versions, "channel_versions", thread_id=thread_id
-        ).items():
-            live.add((ns, channel, version))
-    rows = conn.execute(sql.SELECT_BLOB_KEYS, (thread_id,)).fetchall()
-    base_of = {(ns, channel, version): base for ns, channel, version, base in rows}
-    for ns, channel, version in list(live):
-        base = base_of.get((ns, channel, version))
-        while base is not None and (ns, channel, base) not in live:
-            live.add((ns, channel, base))
-            base = base_of.get((ns, channel, base))
-    dead = [(thread_id, *key) for key in base_of if key not in live]
-    if dead:
-        conn.executemany(sql.DELETE_BLOB, dead)

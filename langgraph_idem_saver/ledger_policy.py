@@ -1,0 +1,408 @@
+"""The ledger's policy, written once for every backend: statuses, guards, leases, the
+parameters of each statement, and what the ledger keeps in clear.
+
+As in AWS Powertools' idempotency persistence layer, each backend supplies only its SQL
+module (``_sql``, a :class:`~langgraph_idem_saver.backend.LedgerStatements`), three
+record primitives (``_select_entries``, ``_guarded_update``, ``_ledger_write``), the
+claim writers (``_insert_claims``, ``_claim_unless_found``) and the outcome writers
+(``_finish_entry``, ``_finish_soon``, ``_finish_matched``). :class:`LedgerPolicy` sits
+beside :class:`~langgraph_idem_saver.saver_checkpoints.CheckpointMethods` in every
+saver's bases (:class:`~langgraph_idem_saver.saver_base.IdemSaverBase`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import operator
+import time
+from abc import abstractmethod
+from collections.abc import Awaitable, Sequence
+from typing import Any, ClassVar
+
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from langgraph_idem_saver.backend import (
+    INTENT_COLUMNS,
+    Claims,
+    Guarded,
+    LedgerStatements,
+    step_params,
+)
+from langgraph_idem_saver.errors import LedgerStateError
+from langgraph_idem_saver.ledger import (
+    CallIntent,
+    CallStatus,
+    ClaimOutcome,
+    LedgerEntry,
+    StepCandidates,
+    StepClaim,
+    StepLookup,
+    ToolCallLedger,
+)
+from langgraph_idem_saver.saver_codec import decode_typed
+from langgraph_idem_saver.surrogates import LosslessJsonPlusSerializer
+
+__all__ = ["SEALED_ARGS", "LedgerPolicy"]
+
+# marks tool args stored encrypted (canonical JSON never starts with a NUL byte)
+SEALED_ARGS = b"\x00sealed\x00"
+# a claim row (INTENT_COLUMNS values) from a CallIntent, and where its args stand
+_INTENT_ROW = operator.attrgetter(*INTENT_COLUMNS)
+_ARGS = INTENT_COLUMNS.index("args")
+# serializer classes that are not ``EncryptedSerializer``s (``_encrypts``' fast path)
+_PLAIN_SERDES = (LosslessJsonPlusSerializer, JsonPlusSerializer)
+
+
+class LedgerPolicy(ToolCallLedger):
+    """The :class:`~langgraph_idem_saver.ledger.ToolCallLedger` methods over a backend's
+    statements and primitives."""
+
+    _sql: ClassVar[LedgerStatements]
+
+    # --- what the ledger keeps in clear --------------------------------------------
+
+    def _encrypts(self) -> bool:
+        serde = self.serde
+        # asked once a call; ``isinstance`` of ``EncryptedSerializer`` (a subclass of a
+        # ``typing.Protocol``) runs ~45 bytecodes of typing's and abc's checks, and the
+        # default serializer, by far the most used, is never one
+        return type(serde) not in _PLAIN_SERDES and isinstance(serde, EncryptedSerializer)
+
+    def seal_args(self, args: bytes) -> bytes:
+        """Tool args as stored: in clear (canonical JSON), or encrypted by the saver's
+        serializer when it encrypts - then the ledger holds no plaintext but keys,
+        hashes, names and timestamps."""
+        if not self._encrypts():
+            return args
+        type_, data = self.serde.dumps_typed(args.decode("utf-8"))
+        return SEALED_ARGS + type_.encode() + b"\x00" + data
+
+    def ledger_error(self, error: str | None) -> str | None:
+        """The error text kept beside a failed call's result: none when encrypting (the
+        encrypted result, the error ToolMessage, holds it)."""
+        if error is None:  # most outcomes: no serializer asked
+            return None
+        return None if self._encrypts() else error
+
+    def entry_of(self, row: Sequence[Any]) -> LedgerEntry:
+        """A ledger row as an entry, its args opened if they were sealed."""
+        entry = LedgerEntry.from_row(row)
+        if not entry.args.startswith(SEALED_ARGS):
+            return entry
+        type_, _, data = entry.args[len(SEALED_ARGS) :].partition(b"\x00")
+        text = decode_typed(
+            self.serde, type_.decode(), data, "tool call args", scope=entry.scope, key=entry.key
+        )
+        return dataclasses.replace(entry, args=str(text).encode("utf-8"))
+
+    # --- the backend's primitives -----------------------------------------------------
+
+    @abstractmethod
+    async def _select_entries(self, query: str, params: tuple[Any, ...]) -> list[LedgerEntry]:
+        """Rows of a SELECT over the ledger, as entries."""
+
+    @abstractmethod
+    async def _guarded_update(self, update: Guarded) -> LedgerEntry | None:
+        """``update``, committed: the entry after it, or None when the guard did not match."""
+
+    @abstractmethod
+    async def _ledger_write(self, query: str, params: tuple[Any, ...]) -> int:
+        """One ledger statement, committed; the number of rows it changed."""
+
+    @abstractmethod
+    async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
+        """Insert an ``issued`` row per claim row whose key is free, in one transaction
+        committed durably (a tool runs after it); per row, whether it was inserted and its
+        entry (``Claims.issued_entry`` for the rows inserted, read back for the others)."""
+
+    @abstractmethod
+    async def _claim_unless_found(
+        self, claims: Claims, lookup: StepLookup
+    ) -> tuple[list[LedgerEntry], list[ClaimOutcome] | None]:
+        """In one round trip: the entries ``lookup`` finds (``SELECT_STEP_CANDIDATES``,
+        oldest first) and, only when there are none, ``_insert_claims(claims)``'s
+        outcomes (None when something was found: nothing is written then)."""
+
+    def _claims(self, intents: Sequence[CallIntent], owner: str, lease_seconds: float) -> Claims:
+        now = time.time()
+        rows = [_INTENT_ROW(i) for i in intents]
+        if not self._encrypts():
+            return Claims(rows, owner, now, now + lease_seconds)
+        sealed = [(*r[:_ARGS], self.seal_args(r[_ARGS]), *r[_ARGS + 1 :]) for r in rows]
+        return Claims(sealed, owner, now, now + lease_seconds, [r[_ARGS] for r in rows])
+
+    async def aclaim(
+        self, intents: Sequence[CallIntent], *, owner: str, lease_seconds: float
+    ) -> list[ClaimOutcome]:
+        if not intents:
+            return []
+        return await self._insert_claims(self._claims(intents, owner, lease_seconds))
+
+    async def aclaim_step(
+        self,
+        intents: Sequence[CallIntent],
+        lookup: StepLookup,
+        *,
+        owner: str,
+        lease_seconds: float,
+    ) -> StepClaim:
+        claims = self._claims(intents, owner, lease_seconds)
+        found, claimed = await self._claim_unless_found(claims, lookup)
+        candidates = StepCandidates.sorted_out(
+            found, lookup.agent_path, lookup.signatures, lookup.spots
+        )
+        return StepClaim(candidates, claimed)
+
+    async def afinish(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> LedgerEntry:
+        params = self._outcome(scope, key, owner, status, result_type, result, error)
+        done, entry = await self._finish_entry(params, read_back=True)
+        if done and entry is not None:
+            return entry
+        raise await self._not_finished(scope, key, owner)
+
+    async def arecord_outcome(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> None:
+        await self.record_outcome_soon(
+            scope,
+            key,
+            owner=owner,
+            status=status,
+            result_type=result_type,
+            result=result,
+            error=error,
+        )
+
+    def record_outcome_soon(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None = None,
+    ) -> Awaitable[None]:
+        # no task of its own: the write is submitted to the backend's group commit now,
+        # and its answer checked when the caller awaits (one coroutine, nothing else)
+        params = self._outcome(scope, key, owner, status, result_type, result, error)
+        return self._recorded(self._finish_soon(params), scope, key, owner)
+
+    async def _recorded(
+        self, finishing: asyncio.Future[Any], scope: str, key: str, owner: str
+    ) -> None:
+        if not self._finish_matched(await finishing):
+            raise await self._not_finished(scope, key, owner)
+
+    def _outcome(
+        self,
+        scope: str,
+        key: str,
+        owner: str,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None,
+    ) -> tuple[Any, ...]:
+        """An outcome's parameters, as ``_finish_entry`` takes them."""
+        if status is CallStatus.ISSUED:
+            raise ValueError("afinish records an outcome: status must be completed or failed")
+        # status._value_, not .value: Enum's .value is a property, a Python call an outcome
+        return (
+            status._value_, result_type, result, self.ledger_error(error), time.time(), scope,
+            key, owner,
+        )  # fmt: skip
+
+    async def _not_finished(self, scope: str, key: str, owner: str) -> LedgerStateError:
+        """Why an outcome was refused: the entry as it is now."""
+        found = await self.aget_entry(scope, key)
+        state = "missing" if found is None else f"{found.status.value} (owner {found.owner!r})"
+        return LedgerStateError(
+            f"cannot record the outcome of tool call {key!r} in scope {scope!r}: "
+            f"entry is {state}, not issued to {owner!r}"
+        )
+
+    @abstractmethod
+    async def _finish_entry(
+        self, outcome: tuple[Any, ...], *, read_back: bool
+    ) -> tuple[bool, LedgerEntry | None]:
+        """Record one outcome, committed: ``outcome`` is (status, result_type, result,
+        error, finished_at, scope, key, owner), applied only while the entry is ``issued``
+        to ``owner``. Returns whether that guard matched, and (``read_back`` only) the
+        entry after it. Backends batch the outcomes of calls that finish together (one
+        commit for all), and read back only the entries asked for."""
+
+    @abstractmethod
+    def _finish_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[Any]:
+        """``_finish_entry`` without the read back, submitted now (``record_outcome_soon``):
+        the future of its answer, which ``_finish_matched`` reads."""
+
+    @abstractmethod
+    def _finish_matched(self, answer: Any) -> bool:
+        """Whether ``_finish_soon``'s answer says the guard matched (or its error, raised)."""
+
+    async def areclaim(
+        self,
+        scope: str,
+        key: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        expected_attempts: int,
+        expected_owner: str,
+    ) -> LedgerEntry | None:
+        now = time.time()
+        params = (owner, now, now + lease_seconds, scope, key, expected_attempts, expected_owner)
+        reclaim = Guarded(self._sql.RECLAIM_ENTRY, params, scope, key, before_tool_runs=True)
+        return await self._guarded_update(reclaim)
+
+    async def arelease(self, scope: str, key: str, *, owner: str) -> bool:
+        """Drop an ``issued`` claim we own without an outcome (the tool was interrupted
+        by ``interrupt()`` before doing anything final, so re-entry must run it again)."""
+        return await self._ledger_write(self._sql.RELEASE_ENTRY, (scope, key, owner)) > 0
+
+    async def aadopt(
+        self, scope: str, key: str, *, tool_call_id: str, previous: str | None = None
+    ) -> LedgerEntry | None:
+        params = (tool_call_id, scope, key, previous)
+        return await self._guarded_update(Guarded(self._sql.ADOPT_ENTRY, params, scope, key))
+
+    async def aabandon(self, scope: str, key: str, *, owner: str, error: str) -> LedgerEntry | None:
+        params = (time.time(), self.ledger_error(error), scope, key, owner)
+        return await self._guarded_update(Guarded(self._sql.ABANDON_ENTRY, params, scope, key))
+
+    async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
+        found = await self._select_entries(self._sql.SELECT_ENTRY, (scope, key))
+        return found[0] if found else None
+
+    async def afind_orphans(
+        self, scope: str, agent_path: str, tool_name: str, args_hash: str
+    ) -> list[LedgerEntry]:
+        return await self._select_entries(
+            self._sql.SELECT_ORPHAN_CANDIDATES, (scope, agent_path, tool_name, args_hash)
+        )
+
+    async def afind_at_position(
+        self, scope: str, position: str, tool_name: str
+    ) -> list[LedgerEntry]:
+        return await self._select_entries(
+            self._sql.SELECT_AT_POSITION, (scope, position, tool_name)
+        )
+
+    async def afind_step_candidates(
+        self,
+        scope: str,
+        agent_path: str,
+        signatures: Sequence[tuple[str, str]],
+        spots: Sequence[tuple[str, str]],
+    ) -> StepCandidates:
+        """One read for the whole step (``SELECT_STEP_CANDIDATES``): the signatures and
+        spots go as JSON arrays, the one list parameter both dialects can bind."""
+        params = step_params(StepLookup(scope, agent_path, list(signatures), list(spots)))
+        found = await self._select_entries(self._sql.SELECT_STEP_CANDIDATES, params)
+        return StepCandidates.sorted_out(found, agent_path, signatures, spots)
+
+    async def alist_entries(
+        self, thread_id: str | None = None, *, agent_path: str | None = None
+    ) -> list[LedgerEntry]:
+        if thread_id is None:
+            return await self._select_entries(self._sql.SELECT_ALL_ENTRIES, ())
+        if agent_path is None:
+            return await self._select_entries(self._sql.SELECT_ENTRIES_OF_THREAD, (str(thread_id),))
+        return await self._select_entries(
+            self._sql.SELECT_ENTRIES_OF_AGENT, (str(thread_id), agent_path)
+        )
+
+    async def alist_issued(self) -> list[LedgerEntry]:
+        return await self._select_entries(self._sql.SELECT_ISSUED, ())
+
+    async def alist_unknown(self, *, now: float | None = None) -> list[LedgerEntry]:
+        at = time.time() if now is None else now
+        # an entry an operator approved for a re-run is settled: the next resume runs it
+        issued = await self.alist_issued()
+        return [e for e in issued if e.is_unknown(at) and not e.rerun_approved()]
+
+    async def aoperator_update(
+        self,
+        entry: LedgerEntry,
+        *,
+        status: CallStatus,
+        owner: str,
+        lease_expires_at: float,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None,
+        finished_at: float | None,
+        event: dict[str, Any],
+    ) -> LedgerEntry | None:
+        history = json.dumps([*entry.events(), event], ensure_ascii=False, default=str)
+        params = (
+            status.value,
+            owner,
+            lease_expires_at,
+            result_type,
+            result,
+            self.ledger_error(error),
+            finished_at,
+            history,
+            entry.scope,
+            entry.key,
+            entry.status.value,
+            entry.attempts,
+            entry.owner,
+        )
+        update = Guarded(self._sql.OPERATOR_UPDATE, params, entry.scope, entry.key)
+        return await self._guarded_update(update)
+
+    async def aresolve(
+        self,
+        scope: str,
+        key: str,
+        *,
+        status: CallStatus,
+        result_type: str | None,
+        result: bytes | None,
+        error: str | None,
+        expected_attempts: int,
+        expected_owner: str,
+    ) -> LedgerEntry | None:
+        if status is CallStatus.ISSUED:
+            raise ValueError("aresolve settles an outcome: status must be completed or failed")
+        params = (
+            status.value,
+            result_type,
+            result,
+            self.ledger_error(error),
+            time.time(),
+            scope,
+            key,
+            expected_attempts,
+            expected_owner,
+        )
+        return await self._guarded_update(Guarded(self._sql.RESOLVE_ENTRY, params, scope, key))
+
+    async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
+        query = self._sql.NOTE_CONFLICT if conflict else self._sql.NOTE_REPLAY
+        await self._ledger_write(query, (scope, key))
