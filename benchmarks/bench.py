@@ -7,9 +7,11 @@ faster). Configurations: ``sqlite`` (a temp file per saver, each saver's own
 ``from_conn_string``), ``pg`` (one connection each) and ``pg-pool`` (a psycopg
 ``AsyncConnectionPool`` of 8, autocommit, ``prepare_threshold=0``, ``dict_row``). The
 PostgreSQL server is ``--dsn``/``$IDEM_SAVER_PG_DSN`` or a throwaway ``pgserver`` with its
-default, durable settings; each saver gets its own schema, pre-filled with
-``fill_threads`` copies of the read thread (other threads, then ``ANALYZE``), so reads are
-measured in a full, analyzed database with prepared statements on.
+default, durable settings; each saver gets its own schema. The read rows run in every
+database state of ``db_states.py`` (``--states``, fresh first: created by ``setup()`` just
+before; right after ``aimport_langgraph``; aged: ``--aged-copies`` copies of the read
+thread, then ``ANALYZE``), both savers on the same state, the state printed with each
+row; prepared statements on.
 
 Every saver is opened on one ``AsyncExitStack`` per configuration. Besides the rows, the
 run prints the raw floor of each configuration (an INSERT + commit of a 5 KB row with the
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import operator
 import os
@@ -78,6 +79,7 @@ from typing_extensions import TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from db_states import AGED_COPIES, STATES, prepare_state, statistics_note
 from ledger_bytecodes import ledger_bytecodes
 from ledger_floor import TOOL_STEP_CALLS, postgres_floor_us, ratio_at_floor, sqlite_floor_us
 from repeat import run_repeated
@@ -98,7 +100,7 @@ class Profile:
 
     name: str
     long_thread: int  # checkpoints of the read thread
-    fill_threads: int  # PostgreSQL: copies of the read thread as other threads
+    fill_threads: int  # the aged state: copies of the read thread as other threads
     window: int = 20  # messages in the list channel (~5.6 KB serialized)
     msg_bytes: int = 256
     warmup: int = 10
@@ -137,6 +139,9 @@ class Row:
     samples: dict[str, list[int]]
     scale: int = 1  # calls per sample (per-call times are sample / scale)
     notes: dict[str, Any] = field(default_factory=dict)
+    # the database state (db_states.py): the read rows run in each; the other rows on
+    # databases setup() created for the run
+    state: str = "fresh"
 
     def median_us(self, label: str) -> float:
         return statistics.median(self.samples[label]) / 1000.0 / self.scale
@@ -159,6 +164,7 @@ class Row:
             "config": self.config,
             "key": self.key,
             "title": self.title,
+            "state": self.state,
             "median_us": {lab: self.median_us(lab) for lab in self.samples},
             "n": {lab: len(s) for lab, s in self.samples.items()},
             "ratio": self.ratio,
@@ -213,6 +219,14 @@ def new_schema(base: str, name: str) -> str:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     options = conninfo_to_dict(base).get("options") or ""
     return make_conninfo(base, options=f"{options} -c search_path={schema}".strip())
+
+
+def new_dbs(config: str, tag: str, tmp: str, pg_base: str | None) -> dict[str, str]:
+    """Empty databases for ``config``, one a saver: files, or schemas on ``pg_base``."""
+    if config == "sqlite":
+        return {lab: os.path.join(tmp, f"{tag}-{lab}-{uuid.uuid4().hex[:6]}.db") for lab in LABELS}
+    assert pg_base is not None
+    return {lab: new_schema(pg_base, f"{tag}_{lab}") for lab in LABELS}
 
 
 async def open_savers(stack: AsyncExitStack, config: str, where: dict[str, str]) -> dict[str, Any]:
@@ -282,53 +296,6 @@ def parallel_aput(savers: dict[str, Any], prof: Profile) -> Prepare:
         return run
 
     return prepare
-
-
-async def populate(saver: Any, thread: str, n: int, prof: Profile) -> None:
-    """``n`` checkpoints (list re-versioned on each), each with one task's writes."""
-    sim = Sim(saver, thread, prof.window, prof.msg_bytes, 7)
-    write = sim.payloads.ai(random.Random(8), 200)
-    for i in range(n):
-        cfg = await sim.put(WITH_MSGS)
-        await saver.aput_writes(cfg, [("messages", [write])], f"task-{i}", "~__pregel_pull, agent")
-
-
-def fill_postgres(dsn: str, thread: str, copies: int) -> None:
-    """Copy ``thread``'s rows as ``copies`` other threads (every table with a thread_id,
-    whatever the saver's schema), then ANALYZE: reads must not grow with the table."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        schema = conn.execute("SELECT current_schema()").fetchone()[0]  # type: ignore[index]
-        tables = conn.execute(
-            "SELECT table_name FROM information_schema.columns "
-            "WHERE table_schema = %s AND column_name = 'thread_id'",
-            (schema,),
-        ).fetchall()
-        for (table,) in tables:
-            cols = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
-                    "AND table_name = %s AND is_generated = 'NEVER' AND identity_generation "
-                    "IS NULL ORDER BY ordinal_position",
-                    (schema, table),
-                )
-            ]
-            picked = ", ".join(
-                "'other-' || g || thread_id" if c == "thread_id" else c for c in cols
-            )
-            conn.execute(
-                f"INSERT INTO {table} ({', '.join(cols)}) SELECT {picked} "
-                f"FROM {table}, generate_series(1, %s) AS g WHERE thread_id = %s",
-                (copies, thread),
-            )
-        # VACUUM too, and a CHECKPOINT: the copies are hundreds of MB of WAL and dirty
-        # pages; left to autovacuum and the checkpointer they ran during the rows measured
-        # after the reads (the pg 50-call ledger row measured 0.57x in a full run, 0.75x
-        # alone)
-        conn.execute("VACUUM (ANALYZE)")
-        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):  # a --dsn user
-            conn.execute("CHECKPOINT")
-    os.sync()  # and the kernel's dirty pages: their write-back slowed every fsync after
 
 
 def reader(savers: dict[str, Any], thread: str, limit: int | None) -> Prepare:
@@ -534,26 +501,6 @@ async def bench_config(
             ):
                 scale = prof.parallel if key == "aput_parallel" else 1
                 rows.append(await timed(config, key, title, prep, prof, scale))
-        if "reads" in only:
-            n = prof.long_thread
-            rows.append(
-                await timed(
-                    config,
-                    "aget_tuple",
-                    f"aget_tuple, latest of {n}",
-                    reader(savers, "long", None),
-                    prof,
-                )
-            )
-            rows.append(
-                await timed(
-                    config,
-                    "alist_10",
-                    f"alist(limit=10), {n} checkpoints",
-                    reader(savers, "long", 10),
-                    prof,
-                )
-            )
         if "graph" in only:
             graph_prof = Profile(
                 "graph", 0, 0, warmup=2, rounds=prof.graph_rounds, per_round=2,
@@ -561,8 +508,6 @@ async def bench_config(
             )  # fmt: skip
             for key, title, prep in e2e_specs(savers, prof):
                 rows.append(await timed(config, key, title, prep, graph_prof))
-        if "reads" in only and config == "pg-pool":
-            GAPS.update(await pool_gap(savers["ours"], where["ours"], prof))
         if "ledger" in only:
             for calls in (1, prof.calls):
                 # short and noisy (a few fsyncs each): twice the rounds of the graph rows,
@@ -593,6 +538,27 @@ async def bench_config(
             graphs = {lab: await populate_delta_threads(s) for lab, s in savers.items()}
             for key, title, prep in delta_specs(graphs):
                 rows.append(await timed(config, key, title, prep, prof))
+    return rows
+
+
+async def read_rows(
+    config: str, where: dict[str, str], prof: Profile, state: str, gap: bool = False
+) -> list[Row]:
+    """The read rows of ``config`` on the databases of one state (``db_states``)."""
+    n = prof.long_thread
+    stats = statistics_note(config, where["ours"])
+    rows = []
+    async with AsyncExitStack() as stack:
+        savers = await open_savers(stack, config, where)
+        for key, title, limit in (
+            ("aget_tuple", f"aget_tuple, latest of {n}", None),
+            ("alist_10", f"alist(limit=10), {n} checkpoints", 10),
+        ):
+            row = await timed(config, key, title, reader(savers, "long", limit), prof)
+            row.state = f"{state} ({stats})"
+            rows.append(row)
+        if gap:
+            GAPS.update(await pool_gap(savers["ours"], where["ours"], prof))
     return rows
 
 
@@ -772,7 +738,8 @@ def print_rows(rows: list[Row], floors: dict[str, float]) -> None:
         return
     w = max(len(r.title) for r in rows)
     head = f"{'official':>11} {'ours':>11} {'ratio':>7} {'ours+stock':>11} {'ledger':>9}"
-    print(f"\n{'config':<8} {'row':<{w}} {head}")
+    sw = max(len(r.state) for r in rows)
+    print(f"\n{'config':<8} {'state':<{sw}} {'row':<{w}} {head}")
     for r in rows:
         ledger = (
             ""
@@ -780,7 +747,7 @@ def print_rows(rows: list[Row], floors: dict[str, float]) -> None:
             else (f"{r.median_us('ours+stock'):>8,.0f} µs {r.ledger_us:>+6,.0f} µs")
         )
         print(
-            f"{r.config:<8} {r.title:<{w}} {r.median_us('official'):>8,.0f} µs "
+            f"{r.config:<8} {r.state:<{sw}} {r.title:<{w}} {r.median_us('official'):>8,.0f} µs "
             f"{r.median_us('ours'):>8,.0f} µs {r.ratio:>6.2f}x {ledger}"
         )
     for config, us in floors.items():
@@ -883,15 +850,36 @@ async def main_async(args: argparse.Namespace) -> int:
             else:
                 assert pg_base is not None
                 where[config] = {lab: new_schema(pg_base, lab) for lab in LABELS}
-            if "reads" in only:
-                async with AsyncExitStack() as stack:
-                    savers = await open_savers(stack, config, where[config])
-                    for saver in savers.values():
-                        await populate(saver, "long", prof.long_thread, prof)
-                if config != "sqlite":
-                    for dsn in where[config].values():
-                        fill_postgres(dsn, "long", prof.fill_threads)
             print(f"[{time.perf_counter() - t0:6.1f}s] {config} ready", file=sys.stderr)
+        aged: dict[str, dict[str, str]] = {}  # the aged state's databases (plans, pool gap)
+        if "reads" in only:
+            states = [st for st in args.states.split(",") if st]
+            for state in states:
+                for config in configs:
+                    if config == "pg-pool" and "pg" in configs:
+                        continue  # reads the pg state's databases, right after pg
+                    dbs = await prepare_state(
+                        state,
+                        "sqlite" if config == "sqlite" else "pg",
+                        lambda tag, c=config: new_dbs(c, tag, tmp, pg_base),
+                        open_savers,
+                        "long",
+                        prof.long_thread,
+                        prof.window,
+                        prof.msg_bytes,
+                        args.aged_copies or prof.fill_threads,
+                    )
+                    if state == "aged":
+                        aged[config] = dbs
+                    for c in [config] + (
+                        ["pg-pool"] if config == "pg" and "pg-pool" in configs else []
+                    ):
+                        gap = c == "pg-pool" and state == states[-1]
+                        rows += await read_rows(c, dbs, prof, state, gap)
+                    print(
+                        f"[{time.perf_counter() - t0:6.1f}s] {config} {state} reads done",
+                        file=sys.stderr,
+                    )
         for config in configs:
             rows += await bench_config(config, where[config], prof, only, pg_base)
             if "sync" in only and config != "pg-pool":
@@ -920,8 +908,8 @@ async def main_async(args: argparse.Namespace) -> int:
                     ours = (await open_savers(stack, config, where[config]))["ours"]
                     bytecodes[config] = await ledger_bytecodes(ours)
             print(f"[{time.perf_counter() - t0:6.1f}s] {config} done", file=sys.stderr)
-        if args.explain and "pg" in where and "reads" in only:
-            plans = explain_reads(where["pg"]["ours"], "long")
+        if args.explain and "pg" in aged:
+            plans = explain_reads(aged["pg"]["ours"], "long")
     print_rows(rows, floors)
     print_ledger_floors(rows, ledger_floors)
     print_bytecodes(bytecodes)
@@ -965,6 +953,18 @@ def main() -> int:
     parser.add_argument("--only", default="aput,reads,graph,ledger,sync,delta,storage,bytecodes")
     parser.add_argument("--dsn", help="a PostgreSQL server to use (else a throwaway one)")
     parser.add_argument("--explain", action="store_true", help="print our reads' plans")
+    parser.add_argument(
+        "--states",
+        default=",".join(STATES),
+        help="database states of the read rows, in order (db_states.py): fresh,imported,aged",
+    )
+    parser.add_argument(
+        "--aged-copies",
+        type=int,
+        default=None,
+        help="the aged state: copies of the read thread as other threads, each as long "
+        f"(default: the profile's, full {AGED_COPIES})",
+    )
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument(
         "--repeat", type=int, default=1, help="N runs, each in a fresh process (repeat.py)"
