@@ -33,6 +33,7 @@ from langgraph_idem_saver.errors import (
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 
 if TYPE_CHECKING:
+    from langgraph_idem_saver.call_context import CallInfo, NotInLedgeredCall, current_call
     from langgraph_idem_saver.durable_model import durable_model
     from langgraph_idem_saver.engine import MiddlewareOrderError
     from langgraph_idem_saver.middleware import IdempotencyMiddleware
@@ -71,6 +72,9 @@ _LAZY = {
     "TTLConfig": "langgraph_idem_saver.retention",
     "SweepReport": "langgraph_idem_saver.retention",
     "ToolLedger": "langgraph_idem_saver.standalone_ledger",
+    "current_call": "langgraph_idem_saver.call_context",
+    "CallInfo": "langgraph_idem_saver.call_context",
+    "NotInLedgeredCall": "langgraph_idem_saver.call_context",
 }
 
 
@@ -127,6 +131,7 @@ __all__ = [
     "NOT_APPLIED",
     "AsyncPostgresSaver",
     "AsyncSqliteSaver",
+    "CallInfo",
     "CallStatus",
     "ConfigError",
     "ConnectionClosedError",
@@ -143,6 +148,7 @@ __all__ = [
     "NoLedgerError",
     "NotADatabaseError",
     "NotAppliedError",
+    "NotInLedgeredCall",
     "PostgresSaver",
     "ReadOnlyDatabaseError",
     "RecordedFailureError",
@@ -156,6 +162,7 @@ __all__ = [
     "ToolCallLedger",
     "ToolLedger",
     "UnknownToolOutcome",
+    "current_call",
     "durable_model",
     "idempotent_task",
 ]

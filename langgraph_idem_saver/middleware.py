@@ -31,6 +31,7 @@ from typing import Any
 
 from typing_extensions import Unpack
 
+from langgraph_idem_saver.call_context import in_call
 from langgraph_idem_saver.engine import (
     Batch,
     IdempotencyCounters,
@@ -185,7 +186,8 @@ class IdempotencyMiddleware(AgentMiddleware):
                 return run_private(self.engine.aanswer(batch, plan))
             plan.started = True
             try:
-                result = handler(request)  # in this thread, outside any loop, as without us
+                with in_call(batch, plan):  # current_call(), its span (call_context.py)
+                    result = handler(request)  # in this thread, outside any loop, as without us
             except Exception as exc:
                 run_private(self.engine.araised(batch, plan, exc))
                 raise

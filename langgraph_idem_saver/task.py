@@ -47,6 +47,7 @@ from langgraph.config import get_config
 from langgraph.func import task
 from langgraph.types import CachePolicy, RetryPolicy
 
+from langgraph_idem_saver.call_context import in_call
 from langgraph_idem_saver.engine import (
     Batch,
     IdempotencyCounters,
@@ -167,7 +168,8 @@ def idempotent_task(
                     call.started = True
                     token = RUNNING_TASK.set(RunningTask(engine, batch, call))
                     try:
-                        value = func(*args, **kwargs)
+                        with in_call(batch, call):  # current_call(), its span
+                            value = func(*args, **kwargs)
                     except Exception as exc:
                         run_private(engine.araised(batch, call, exc))
                         raise

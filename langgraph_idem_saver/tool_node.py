@@ -72,6 +72,7 @@ from langgraph.runtime import Runtime
 from pydantic import BaseModel
 from typing_extensions import Unpack
 
+from langgraph_idem_saver.call_context import in_call
 from langgraph_idem_saver.engine import (
     NOT_APPLIED,
     Batch,
@@ -266,7 +267,8 @@ class IdempotentToolNode(ToolNode):
                 # ToolNode (a sync tool may itself call asyncio.run()).
                 current.started = True
                 try:
-                    result = ToolNode._run_one(self, call, input_type, runtime)
+                    with in_call(batch, current):  # current_call(), its span
+                        result = ToolNode._run_one(self, call, input_type, runtime)
                 except Exception as exc:
                     run_private(engine.araised(batch, current, exc))
                     raise

@@ -42,6 +42,8 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
+from langgraph_idem_saver import telemetry
+from langgraph_idem_saver.call_context import in_call
 from langgraph_idem_saver.checkpointer_unwrap import describe, ledger_in
 from langgraph_idem_saver.engine.adoption import (
     aadopt_orphans,
@@ -146,17 +148,20 @@ class Running:
     generator, its manager, the event loop's weak reference to it...) for the garbage
     collector to walk and promote, in steps of 50 parallel calls."""
 
-    __slots__ = ("batch", "engine", "plan")
+    __slots__ = ("batch", "call", "engine", "plan")
 
     def __init__(self, engine: LedgerEngine, batch: Batch, plan: Plan) -> None:
         self.engine, self.batch, self.plan = engine, batch, plan
+        self.call = in_call(batch, plan)  # current_call() and its span (call_context.py)
 
     async def __aenter__(self) -> None:
         self.plan.started = True
+        self.call.__enter__()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
     ) -> None:  # the exception, if any, propagates
+        self.call.__exit__(exc_type, exc, tb)
         if isinstance(exc, Exception):
             await self.engine.araised(self.batch, self.plan, exc)
         elif isinstance(exc, asyncio.CancelledError):
@@ -311,6 +316,7 @@ class LedgerEngine:
                 batch.reused_ids.add(call_id)
                 batch.origins[call_id] = message_id  # the newest message wins
 
+    @telemetry.traced_prepare
     async def aprepare(self, batch: Batch, config: RunnableConfig) -> None:
         """Keys, adoption, one claim, settling: after it each ledgered plan knows whether
         to run (``Kind.RUN``) or what to answer."""
@@ -556,6 +562,7 @@ class LedgerEngine:
         plan.entry = entry
         plan.result = self.replayed_result(batch, entry, plan.call)
 
+    @telemetry.traced_answer
     async def aanswer(self, batch: Batch, plan: Plan) -> Any:
         """The result of a call that is not run: settled, replayed, or its twin's."""
         ledger = cast(ToolCallLedger, batch.ledger)
@@ -580,6 +587,7 @@ class LedgerEngine:
             f"unplanned tool call {plan.call['id']!r} ({plan.kind})"
         )
 
+    @telemetry.traced_outcomes
     async def afinish(self, batch: Batch, plan: Plan, result: Any) -> Any:
         """Record what the tool returned; an error ToolMessage is a ``failed`` call.
 
@@ -637,6 +645,7 @@ class LedgerEngine:
         :class:`StepOutcomes`)."""
         return StepOutcomes(self, batch)
 
+    @telemetry.traced_outcomes
     async def aoutcomes(
         self, outcomes: list[tuple[Plan, Awaitable[None]]], *, raising: bool
     ) -> None:

@@ -23,6 +23,7 @@ from langgraph.types import interrupt
 from pydantic import Field, TypeAdapter
 from typing_extensions import NotRequired, TypedDict
 
+from langgraph_idem_saver import telemetry
 from langgraph_idem_saver.errors import ConfigError, IdemSaverError
 from langgraph_idem_saver.keys import KeyPolicy
 from langgraph_idem_saver.ledger import (
@@ -141,6 +142,8 @@ class IdempotencyCounters(CallCounts):
     def bump(self, name: str, by: int = 1) -> None:
         with self._lock:
             setattr(self, name, getattr(self, name) + by)
+        if telemetry.ENABLED:
+            telemetry.count(name, by)  # the same count as an OpenTelemetry metric
 
 
 # --- resume values of the unknown-outcome interrupt ---------------------------------------

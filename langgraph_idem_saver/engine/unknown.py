@@ -17,6 +17,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
+from langgraph_idem_saver import telemetry
 from langgraph_idem_saver.engine.earlier import (  # a superseded call answers nothing
     aclose_superseded,
     areopen,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from langgraph_idem_saver.engine.core import LedgerEngine
 
 
+@telemetry.traced_decision
 async def adecide(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool) -> tuple[str, Any]:
     """What to do with an unknown outcome: ("completed", result) | ("failed", error)
     | ("rerun", None) | ("fail", None). Makes no ledger write.

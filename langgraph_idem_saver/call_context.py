@@ -1,0 +1,128 @@
+"""``current_call()``: the ledgered call's own key, inside the call.
+
+Most payment, email and messaging APIs dedupe by a key the caller sends (Stripe's
+``Idempotency-Key``, a message id, a producer's dedup id). A tool that hands its vendor
+the ledger's key for the call makes a re-run after a crash a no-op at the vendor: with
+``on_unknown="rerun"`` that is exactly once without a ``verify`` hook or a human.
+
+The key is derived from the ledger row the call acts on (its scope and key: an adopted
+orphan's or a reworded call's entry, not the key the call would have minted), so it is
+the same on every attempt, retry and resume of one logical call and differs for any
+other call. It is ``idem-`` and 40 hex digits of a SHA-256: short, ASCII, and safe in an
+HTTP header.
+
+Set by the front doors where a planned call starts running (:func:`in_call`): in the
+tool's own thread for a sync tool (LangChain's executors copy the context into it), in
+the tool's task for an async one. The same spot opens the tool's telemetry span
+(``telemetry.py``), so this module is the one place a running call is entered.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from langgraph_idem_saver import telemetry
+from langgraph_idem_saver.errors import IdemSaverError
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.engine.types import Batch, Plan
+
+__all__ = ["CallInfo", "NotInLedgeredCall", "current_call", "in_call", "vendor_key"]
+
+KEY_PREFIX = "idem-"
+
+
+class NotInLedgeredCall(IdemSaverError):
+    """``current_call()`` was asked outside a call the ledger is running (a read-only
+    tool, a tool under a plain ``ToolNode``, or code outside any tool): there is no
+    ledger key to hand a vendor."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """The running ledgered call: ``key`` for the vendor, ``attempt`` (1 on the first
+    run, 2 on the first re-run...), and where it comes from."""
+
+    key: str
+    attempt: int
+    tool_name: str
+    tool_call_id: str
+    thread_id: str
+    agent_path: str
+    ledger_key: str
+
+
+_CURRENT: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar(
+    "langgraph_idem_saver_current_call", default=None
+)
+
+
+def vendor_key(scope: str, ledger_key: str) -> str:
+    """The vendor-safe key of the ledger row (``scope``, ``ledger_key``)."""
+    digest = hashlib.sha256(f"{scope}\x00{ledger_key}".encode()).hexdigest()
+    return KEY_PREFIX + digest[:40]
+
+
+def current_call() -> CallInfo:
+    """The ledgered call running here; :class:`NotInLedgeredCall` outside one."""
+    info = _CURRENT.get()
+    if info is None:
+        raise NotInLedgeredCall(
+            "current_call() is only available inside a tool run through the ledger "
+            "(IdempotentToolNode, IdempotencyMiddleware, idempotent_task) and not for a "
+            "read-only tool: there is no ledger key here"
+        )
+    return info
+
+
+def info_of(batch: Batch, plan: Plan) -> CallInfo:
+    """The :class:`CallInfo` of a planned ``RUN`` call (its entry is the row it acts on)."""
+    entry = plan.entry
+    intent = plan.intent
+    ledger_key = plan.ledger_key or (entry.key if entry is not None else "")
+    return CallInfo(
+        key=vendor_key(batch.scope, ledger_key),
+        attempt=entry.attempts if entry is not None else 1,
+        tool_name=str(plan.call["name"]),
+        tool_call_id=str(plan.call.get("id")),
+        thread_id=intent.thread_id if intent is not None else "",
+        agent_path=intent.agent_path if intent is not None else "",
+        ledger_key=ledger_key,
+    )
+
+
+class in_call:  # a context manager, named as one
+    """Around the run of a planned ``RUN`` call's tool: :func:`current_call` answers it,
+    and its ``execute_tool`` span is open (when OpenTelemetry is installed). A class with
+    slots, not a generator: entered once per call of a 50-call step, and by
+    ``LedgerEngine.running``'s ``__aenter__``/``__aexit__`` by hand."""
+
+    __slots__ = ("info", "span", "token")
+
+    def __init__(self, batch: Batch, plan: Plan) -> None:
+        self.info = info_of(batch, plan)
+        self.span: telemetry.ToolSpan | None = None
+        self.token: contextvars.Token[CallInfo | None] | None = None
+
+    def __enter__(self) -> CallInfo:
+        self.token = _CURRENT.set(self.info)
+        if telemetry.ENABLED:
+            self.span = telemetry.tool_span(self.info)
+        return self.info
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.span is not None:
+            self.span.end(exc)
+            self.span = None
+        if self.token is not None:
+            _CURRENT.reset(self.token)
+            self.token = None
