@@ -19,16 +19,18 @@ used here is read through that one object.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.util
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.call_context import CallInfo
 
-__all__ = ["ENABLED", "ToolSpan"]
+__all__ = ["ENABLED", "ToolSpan", "observe_unknown"]
 
 ENABLED: bool = importlib.util.find_spec("opentelemetry") is not None
 """Whether ``opentelemetry`` can be imported (checked once, without importing it)."""
@@ -82,6 +84,13 @@ class _Otel:
             unit="s",
             description="committing a call's (or a step's) outcomes",
         )
+        self.observation = metrics.Observation
+        meter.create_observable_gauge(
+            "idem.unknown.waiting",
+            callbacks=[_observe_waiting],
+            unit="{call}",
+            description="unknown outcomes waiting for verify, a human or an operator",
+        )
 
     def error(self, span: Any, exc: BaseException | None) -> None:
         """Mark ``span`` failed by ``exc`` - unless it is LangGraph's control flow (an
@@ -100,6 +109,62 @@ def _otel() -> _Otel:
     if _loaded is None:
         _loaded = _Otel()
     return _loaded
+
+
+# the ledgers whose waiting unknown outcomes the gauge reports (observe_unknown)
+_WATCHED: dict[int, tuple[str, Any]] = {}
+_WATCHED_LOCK = threading.Lock()
+WAITING_TIMEOUT_SECONDS = 10.0
+
+
+def observe_unknown(ledger: Any, *, name: str = "default") -> Callable[[], None]:
+    """Report ``ledger``'s unknown outcomes waiting (``alist_unknown``: issued, never
+    finished, lease lapsed) as the observable gauge ``idem.unknown.waiting``, with
+    ``idem.backend`` (its class) and ``idem.ledger`` (``name``) - one database read at
+    each metric collection, on the ledger's own loop. Returns a function that stops it.
+
+    A collection made on the ledger's own loop thread cannot wait for that loop, so it
+    reports nothing for this ledger (an SDK's periodic reader collects in its own thread).
+    Without OpenTelemetry this registers nothing."""
+    if not ENABLED:
+        return lambda: None
+    _otel()  # the gauge exists once something is watched
+    with _WATCHED_LOCK:
+        _WATCHED[id(ledger)] = (name, ledger)
+
+    def stop() -> None:
+        with _WATCHED_LOCK:
+            _WATCHED.pop(id(ledger), None)
+
+    return stop
+
+
+def _observe_waiting(options: Any) -> Iterator[Any]:
+    with _WATCHED_LOCK:
+        watched = list(_WATCHED.values())
+    for name, ledger in watched:
+        waiting = _count_waiting(ledger)
+        if waiting is not None:
+            attributes = {"idem.backend": type(ledger).__name__, "idem.ledger": name}
+            yield _otel().observation(waiting, attributes)
+
+
+def _count_waiting(ledger: Any) -> int | None:
+    """How many unknown outcomes ``ledger`` holds, read on its loop (None: not now)."""
+    loop = getattr(ledger, "loop", None)
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return None
+    try:
+        if asyncio.get_running_loop() is loop:
+            return None  # would wait for the loop this thread runs
+    except RuntimeError:
+        pass  # no loop in this thread: the usual case (a reader's thread)
+    future = asyncio.run_coroutine_threadsafe(ledger.alist_unknown(), loop)
+    try:
+        return len(future.result(timeout=WAITING_TIMEOUT_SECONDS))
+    except Exception:
+        future.cancel()
+        return None
 
 
 def _control_flow(exc: BaseException) -> bool:

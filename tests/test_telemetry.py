@@ -7,6 +7,7 @@ histograms; and, without OpenTelemetry importable, nothing imported and the same
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -332,8 +333,6 @@ def test_sync_invoke_spans_in_the_tool_thread(otel: Otel, tmp_path: Path) -> Non
 
 def test_verify_returning_not_applied_is_a_rerun(otel: Otel, tmp_path: Path) -> None:
     """``NOT_APPLIED`` from ``verify``: the decision span says rerun (not verified)."""
-    import asyncio
-
     from langgraph_idem_saver import AsyncSqliteSaver
 
     async def run() -> None:
@@ -348,6 +347,44 @@ def test_verify_returning_not_applied_is_a_rerun(otel: Otel, tmp_path: Path) -> 
     asyncio.run(run())
     [verify] = otel.named("idem.verify charge")
     assert dict(verify.attributes or {})["idem.outcome"] == "rerun"
+
+
+def waiting(otel: Otel, name: str) -> list[tuple[float, dict[str, Any]]]:
+    """The ``idem.unknown.waiting`` points of the ledger named ``name``."""
+    found = []
+    data = otel.metrics.get_metrics_data()
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name != "idem.unknown.waiting":
+                    continue
+                for point in metric.data.data_points:
+                    attributes = dict(point.attributes or {})
+                    if attributes.get("idem.ledger") == name:
+                        found.append((point.value, attributes))  # type: ignore[union-attr]
+    return found
+
+
+async def test_the_gauge_of_unknown_outcomes_waiting(otel: Otel, saver: Any) -> None:
+    """Read at each collection (here in a thread, as a periodic reader does) from the
+    ledger, on its own loop: planted, then one resolved, then no longer watched."""
+    entries = []
+    for invoice in ("a", "b"):
+        message = ai_calls(("charge", {"invoice": invoice}, f"c-{invoice}"))
+        intent = intent_for("t", message.tool_calls[0], message_id=message.id)
+        entries.append(await plant_unknown(saver, intent))
+    stop = telemetry.observe_unknown(saver, name="billing")
+    try:
+        [(value, attributes)] = await asyncio.to_thread(waiting, otel, "billing")
+        assert value == 2 and attributes["idem.backend"] == type(saver).__name__
+        await aresolve_unknown(saver, entries[0], "failed", error="declined")
+        [(value, _)] = await asyncio.to_thread(waiting, otel, "billing")
+        assert value == 1
+        # collected on the ledger's own loop: it cannot wait for itself, nothing reported
+        assert waiting(otel, "billing") == []
+    finally:
+        stop()
+    assert await asyncio.to_thread(waiting, otel, "billing") == []
 
 
 NO_OTEL = """
