@@ -11,6 +11,7 @@ replays, ``notify`` settles its own unknown outcome (``verify``: not applied) an
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -92,3 +93,36 @@ async def test_only_a_task_that_calls_ledgered_tasks_is_marked(saver_factory: An
             e.tool_name: [v["action"] for v in e.events()] for e in await saver.alist_entries("t")
         }
         assert events == {"outer": ["orchestrates"], "leaf": []}
+
+
+def test_a_sync_task_calling_ledgered_tasks_is_marked_too(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``def`` tasks under ``graph.invoke`` (the sync savers): LangGraph runs an inner
+    task in the caller's context there too, so the outer one is marked the same way."""
+    if backend == "sqlite":
+        from langgraph_idem_saver import SqliteSaver
+
+        opened: Any = SqliteSaver.from_conn_string(str(tmp_path / "s.db"))
+    else:
+        from langgraph_idem_saver.postgres import PostgresSaver
+
+        opened = PostgresSaver.from_conn_string(fresh_dsn(request.getfixturevalue("pg_server_dsn")))
+    with opened as saver:
+
+        @idempotent_task
+        def leaf(n: int) -> int:
+            return n + 1
+
+        @idempotent_task
+        def outer(n: int) -> int:
+            return int(leaf(n).result()) * 10
+
+        @entrypoint(checkpointer=saver)
+        def flow(n: int) -> int:
+            return int(outer(n).result())
+
+        assert flow.invoke(1, {"configurable": {"thread_id": "t"}}) == 20
+        entries = asyncio.run(saver.alist_entries("t"))
+    events = {e.tool_name: [v["action"] for v in e.events()] for e in entries}
+    assert events == {"outer": ["orchestrates"], "leaf": []}
