@@ -349,6 +349,52 @@ def test_verify_returning_not_applied_is_a_rerun(otel: Otel, tmp_path: Path) -> 
     assert dict(verify.attributes or {})["idem.outcome"] == "rerun"
 
 
+async def test_the_counters_are_the_engines_counts(otel: Otel, saver: Any) -> None:
+    """Each engine count (``IdempotencyCounters``) is also its metric: ran, replayed,
+    adopted, released (``NotAppliedError``), conflicts, unknown raised and decided."""
+    from langgraph_idem_saver import IdempotencyConflict, NotAppliedError
+
+    @tool
+    async def charge(invoice: str) -> str:
+        """Charge an invoice."""
+        if invoice == "declined":
+            raise NotAppliedError("declined before charging")
+        if invoice == "timeout":
+            raise TimeoutError("the reply was lost")
+        return f"charged {invoice}"
+
+    before = otel.counted()
+    node = IdempotentToolNode([charge], on_unknown="rerun", handle_tool_errors=False)
+    graph = tool_graph(node, saver)
+    await graph.ainvoke({"messages": [ai_calls(("charge", {"invoice": "a"}, "c1"))]}, cfg("t"))
+    await graph.ainvoke({"messages": [ai_calls(("charge", {"invoice": "a"}, "c1"))]}, cfg("t"))
+    with pytest.raises(IdempotencyConflict):
+        await graph.ainvoke({"messages": [ai_calls(("charge", {"invoice": "b"}, "c1"))]}, cfg("t"))
+    with pytest.raises(NotAppliedError):
+        message = ai_calls(("charge", {"invoice": "declined"}, "c2"))
+        await graph.ainvoke({"messages": [message]}, cfg("t2"))
+    with pytest.raises(TimeoutError):
+        await graph.ainvoke(
+            {"messages": [ai_calls(("charge", {"invoice": "timeout"}, "c3"))]}, cfg("t3")
+        )
+    lost = ai_calls(("charge", {"invoice": "o"}, "c4"), msg_id="ai-lost")
+    await plant_unknown(saver, intent_for("t4", lost.tool_calls[0], message_id=lost.id))
+    again = ai_calls(("charge", {"invoice": "o"}, "c4"), msg_id="ai-again")
+    await graph.ainvoke({"messages": [again]}, cfg("t4"))
+
+    engine = node.counters.as_dict()
+    after = otel.counted()
+    for name, metric in telemetry.COUNTER_NAMES.items():
+        assert after.get(metric, 0) - before.get(metric, 0) == engine[name], name
+    assert {n: engine[n] for n in ("executed", "replayed", "conflicts", "released")} == {
+        "executed": 2,
+        "replayed": 1,
+        "conflicts": 1,
+        "released": 1,
+    }
+    assert engine["abandoned"] == 1 and engine["adopted"] == 1 and engine["unknown"] == 1
+
+
 def waiting(otel: Otel, name: str) -> list[tuple[float, dict[str, Any]]]:
     """The ``idem.unknown.waiting`` points of the ledger named ``name``."""
     found = []
