@@ -267,10 +267,17 @@ def traced_prepare(fn: F) -> F:
                 )
             running = sum(p.kind is Kind.RUN for p in batch.all_plans)
             span.set_attribute("idem.claimed", running)
+            # given the entry of a lost call (an orphan, a reworded call) or a fork slot's
+            span.set_attribute("idem.adopted", sum(_adopted(p) for p in batch.all_plans))
             if running:
                 otel.counters["idem.calls.claimed"].add(running)
 
     return cast(F, aprepare)
+
+
+def _adopted(plan: Any) -> bool:
+    entry, intent = plan.entry, plan.intent
+    return entry is not None and intent is not None and entry.key != intent.key
 
 
 def traced_answer(fn: F) -> F:

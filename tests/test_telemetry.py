@@ -380,7 +380,10 @@ async def test_the_counters_are_the_engines_counts(otel: Otel, saver: Any) -> No
     lost = ai_calls(("charge", {"invoice": "o"}, "c4"), msg_id="ai-lost")
     await plant_unknown(saver, intent_for("t4", lost.tool_calls[0], message_id=lost.id))
     again = ai_calls(("charge", {"invoice": "o"}, "c4"), msg_id="ai-again")
+    otel.spans.clear()
     await graph.ainvoke({"messages": [again]}, cfg("t4"))
+    [claim] = otel.named("idem.claim")
+    assert dict(claim.attributes or {})["idem.adopted"] == 1
 
     engine = node.counters.as_dict()
     after = otel.counted()
