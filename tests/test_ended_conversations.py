@@ -35,16 +35,21 @@ def cfg(thread_id: str = "T") -> Any:
 
 class Vendor:
     """The charges that landed; ``fail_after_charge``: the next charge lands, then the
-    tool raises (a timeout after the effect): the call's outcome is unknown."""
+    tool raises (a timeout after the effect); ``fail_before_charge``: the next call
+    raises before charging - either way the call's outcome is unknown."""
 
     def __init__(self) -> None:
         self.charged: list[str] = []
         self.fail_after_charge = False
+        self.fail_before_charge = False
 
     def node(self, **options: Any) -> IdempotentToolNode:
         @tool
         async def charge(invoice: str, amount: int) -> str:
             """Charge an invoice."""
+            if self.fail_before_charge:
+                self.fail_before_charge = False
+                raise ConnectionError("the connection dropped before the request went out")
             self.charged.append(invoice)
             if self.fail_after_charge:
                 self.fail_after_charge = False
@@ -169,3 +174,24 @@ async def test_an_answer_about_another_question_is_not_applied(saver_factory: An
         assert vendor.charged == ["inv-1"], "a misplaced answer runs nothing"
         out = await graph.ainvoke(Command(resume={"action": "run"}), cfg())
         assert vendor.charged == ["inv-1", "inv-1"], "the run's only call: a bare answer is its"
+
+
+async def test_a_kept_unknown_entry_that_did_not_happen_runs_the_new_call_unasked(
+    saver_factory: Any,
+) -> None:
+    """Nothing to guess when the old call did not happen (``verify``: not applied): the
+    new conversation's call runs as that entry's next attempt, no question asked, and the
+    entry is the new conversation's from then on (``reopened`` after the mark)."""
+    async with saver_factory() as saver:
+        vendor = Vendor()
+        vendor.fail_before_charge = True
+        with pytest.raises(ConnectionError):
+            await graph_of(saver, vendor).ainvoke(PAY, cfg())
+        await saver.adelete_thread("T")
+
+        out = await graph_of(saver, vendor).ainvoke(PAY, cfg())
+        assert "__interrupt__" not in out and told(out) == ["charged inv-1 $10"]
+        assert vendor.charged == ["inv-1"]
+        [entry] = await saver.alist_entries("T")
+        assert [e["action"] for e in entry.events()] == ["conversation_ended", "reopened"]
+        assert entry.status.value == "completed" and entry.attempts == 2

@@ -283,6 +283,7 @@ async def amark_reclaimed(engine: LedgerEngine, batch: Batch, plan: Plan) -> Non
 
 
 def raise_changed(plan: Plan) -> None:
+    """The entry a call was to reopen changed under us: another resumer took it."""
     entry = cast(LedgerEntry, plan.entry)
     raise ToolCallInProgress(
         f"the entry {entry.key!r} that {plan.call['name']!r} call {plan.call['id']!r} was "
