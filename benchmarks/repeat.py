@@ -75,12 +75,12 @@ def _span(values: list[float], fmt: str, unit: str) -> str:
 def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
     """Per row (in the first run's order): its ratio over the runs, and for the tool-step
     rows the ledger a call and the ratio at the ledger's floor."""
-    by_row: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    at_floor: dict[tuple[str, str], list[float]] = {}
+    by_row: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    at_floor: dict[tuple[str, str, str], list[float]] = {}
     for run in runs:
         floors = run.get("ledger_floors_us", {})
         for row in run["rows"]:
-            where = (row["config"], row["title"])
+            where = (row["config"], row.get("state", ""), row["title"])
             by_row.setdefault(where, []).append(row)
             calls = TOOL_STEP_CALLS.get(row["key"])
             floor = floors.get(row["config"], {}).get(str(calls))  # JSON: keys are text
@@ -90,18 +90,20 @@ def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
                 at_floor.setdefault(where, []).append(best)
     if not by_row:
         return ["no timed rows in these runs"]
-    width = max(len(title) for _, title in by_row)
+    width = max(len(title) for _, _, title in by_row)
+    sw = max(len(state) for _, state, _ in by_row)
     lines = [
         f"{len(runs)} runs, each in a fresh process: ratio official / ours, the median of "
         "the runs' ratios [lowest–highest]"
     ]
-    for (config, title), rows in by_row.items():
-        line = f"{config:<8} {title:<{width}} {_span([r['ratio'] for r in rows], '.2f', 'x')}"
+    for (config, state, title), rows in by_row.items():
+        ratios = _span([r["ratio"] for r in rows], ".2f", "x")
+        line = f"{config:<8} {state:<{sw}} {title:<{width}} {ratios}"
         medians = [r["median_us"] for r in rows if "ours+stock" in r["median_us"]]
         if medians:
             ledger = [m["ours"] - m["ours+stock"] for m in medians]
             line += f"  ledger {_span(ledger, '+,.0f', ' µs')} a call"
-        if (config, title) in at_floor:
-            line += f"  at the floor {_span(at_floor[config, title], '.2f', 'x')}"
+        if (config, state, title) in at_floor:
+            line += f"  at the floor {_span(at_floor[config, state, title], '.2f', 'x')}"
         lines.append(line)
     return lines

@@ -2,7 +2,7 @@
 provides and the domain objects its ledger hooks receive.
 
 In the manner of DBOS's ``SystemDatabase``: the policy is written once
-(:class:`~langgraph_idem_saver.saver_base.IdemSaverBase`); a backend gives a ``sql``
+(:class:`~langgraph_idem_saver.ledger_policy.LedgerPolicy`); a backend gives a ``sql``
 module that is a :class:`LedgerStatements` (mypy checks it) and implements narrow hooks
 that take these objects, not loose positional lists kept in step by convention.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -22,13 +22,10 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import ImportLayoutError, ImportVerificationError
+from langgraph_idem_saver.import_rows import ImportReport, SourceRow
 from langgraph_idem_saver.saver_checkpoints import CheckpointMethods
 from langgraph_idem_saver.saver_codec import decode_typed
 from langgraph_idem_saver.saver_config import make_config
-
-if TYPE_CHECKING:
-    from langgraph_idem_saver.import_langgraph import ImportReport, SourceRow
-
 
 # one pending write to store: task id, task path, index, channel, decoded value
 Write = tuple[str, str, int, str, Any]

@@ -27,12 +27,8 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.errors import IdemSaverError
 from langgraph_idem_saver.forwarding import blocking, paging
-from langgraph_idem_saver.import_langgraph import (
-    ImportReport,
-    LangGraphTables,
-    aimport_langgraph,
-    awarn_if_unimported,
-)
+from langgraph_idem_saver.import_langgraph import aimport_langgraph, awarn_if_unimported
+from langgraph_idem_saver.import_rows import ImportReport, LangGraphTables
 from langgraph_idem_saver.ledger_policy import LedgerPolicy
 from langgraph_idem_saver.saver_checkpoints import CheckpointMethods
 

@@ -40,7 +40,8 @@ from langgraph_idem_saver.errors import (
     CorruptRecordError,
     ImportLayoutError,
 )
-from langgraph_idem_saver.import_langgraph import STAGING_PREFIX, ImportReport
+from langgraph_idem_saver.import_langgraph import STAGING_PREFIX
+from langgraph_idem_saver.import_rows import ImportReport
 
 WORKER = Path(__file__).with_name("import_worker.py")
 THREADS = ("approval", "chat", "nested")

@@ -19,15 +19,9 @@ from psycopg.rows import TupleRow
 
 from langgraph_idem_saver import import_langgraph
 from langgraph_idem_saver.errors import CorruptRecordError, ImportLayoutError
-from langgraph_idem_saver.import_langgraph import (
-    Key,
-    Layout,
-    SourceRow,
-    imported_writes,
-    staged_range,
-    with_writes,
-)
-from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
+from langgraph_idem_saver.import_langgraph import imported_writes, staged_range
+from langgraph_idem_saver.import_rows import Key, Layout, SourceRow, with_writes
+from langgraph_idem_saver.postgres.host import PostgresHost
 from langgraph_idem_saver.saver_codec import decode_typed
 
 Cursor = AsyncCursor[TupleRow]
@@ -94,7 +88,7 @@ DISCARD_STAGED = tuple(q.format(p="%s") for q in import_langgraph.DISCARD_STAGED
 class PostgresTables:
     """LangGraph's Postgres tables beside an :class:`AsyncPostgresSaver`'s own."""
 
-    def __init__(self, saver: AsyncPostgresSaver) -> None:
+    def __init__(self, saver: PostgresHost) -> None:
         self.saver = saver
         self.schema = "the saver's search_path"
 

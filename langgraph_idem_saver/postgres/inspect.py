@@ -9,19 +9,17 @@ errors); the delete takes the threads' advisory locks first, as every saver dele
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import TupleRow, tuple_row
 
 from langgraph_idem_saver import inspect_types
 from langgraph_idem_saver.errors import CorruptRecordError
-from langgraph_idem_saver.list_deltas import ListDeltaEncoder
 from langgraph_idem_saver.postgres import sql
+from langgraph_idem_saver.postgres.host import PostgresHost
 
-T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 
 IS_IDEM_DATABASE = "SELECT to_regclass('idem_saver_migrations') IS NOT NULL"
@@ -85,24 +83,7 @@ SELECT {inspect_types.TABLE_COUNTS_COLUMNS},
 """
 
 
-class _Host(Protocol):
-    """What the mixin uses of :class:`AsyncPostgresSaver` (its own plumbing)."""
-
-    @property
-    def serde(self) -> SerializerProtocol: ...
-
-    _deltas: ListDeltaEncoder
-
-    def _run(
-        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
-    ) -> Awaitable[T]: ...
-
-    def _unpack(
-        self, type_: str, data: bytes | None, what: str, **location: Any
-    ) -> tuple[str, bytes | None]: ...
-
-
-async def _fetch(host: _Host, query: str, params: dict[str, Any] | None = None) -> list[Any]:
+async def _fetch(host: PostgresHost, query: str, params: dict[str, Any] | None = None) -> list[Any]:
     async def read(cur: Cursor) -> list[Any]:
         await cur.execute(query, params)
         return await cur.fetchall()
@@ -123,7 +104,7 @@ class PostgresInspection:
             row = await cur.fetchone()
         return bool(row and row[0])
 
-    async def athread_summaries(self: _Host) -> list[inspect_types.ThreadSummary]:
+    async def athread_summaries(self: PostgresHost) -> list[inspect_types.ThreadSummary]:
         """Every thread (also those with ledger entries only), with its counts and the
         state of its latest root checkpoint; decodes nothing else."""
         rows = []
@@ -136,7 +117,7 @@ class PostgresInspection:
         ledger = dict(await _fetch(self, LEDGER_PER_THREAD))
         return inspect_types.thread_summaries(self.serde, rows, ledger)
 
-    async def athread_exists(self: _Host, thread_id: str) -> bool:
+    async def athread_exists(self: PostgresHost, thread_id: str) -> bool:
         """Whether the thread has a checkpoint or a ledger entry."""
         [(found,)] = await _fetch(
             self, THREAD_EXISTS, {"t": inspect_types.checked_text(thread_id, "thread_id")}
@@ -144,7 +125,7 @@ class PostgresInspection:
         return bool(found)
 
     async def acheckpoint_history(
-        self: _Host, thread_id: str, checkpoint_ns: str = "", limit: int | None = None
+        self: PostgresHost, thread_id: str, checkpoint_ns: str = "", limit: int | None = None
     ) -> inspect_types.CheckpointHistory:
         """One namespace's checkpoints, newest first (at most ``limit``), and their total."""
         params: dict[str, Any] = {
@@ -165,7 +146,7 @@ class PostgresInspection:
         )
 
     async def acheckpoint_ids_with_prefix(
-        self: _Host, thread_id: str, checkpoint_ns: str, prefix: str, *, limit: int = 10
+        self: PostgresHost, thread_id: str, checkpoint_ns: str, prefix: str, *, limit: int = 10
     ) -> list[str]:
         """Checkpoint ids of one namespace that start with ``prefix`` (sorted)."""
         params = {
@@ -178,7 +159,7 @@ class PostgresInspection:
         return [r[0] for r in await _fetch(self, CHECKPOINT_IDS_WITH_PREFIX, params)]
 
     async def aentry_keys_with_prefix(
-        self: _Host, prefix: str, thread_id: str | None = None, *, limit: int = 10
+        self: PostgresHost, prefix: str, thread_id: str | None = None, *, limit: int = 10
     ) -> list[tuple[str, str]]:
         """``(scope, key)`` of ledger entries whose key starts with ``prefix`` (in one
         thread, or any), oldest first."""
@@ -194,7 +175,7 @@ class PostgresInspection:
         return [(r[0], r[1]) for r in await _fetch(self, query, params)]
 
     async def acheckpoint_nodes(
-        self: _Host, thread_ids: Sequence[str] | None = None
+        self: PostgresHost, thread_ids: Sequence[str] | None = None
     ) -> list[inspect_types.CheckpointNode]:
         """Every checkpoint of these threads (or all) with its parent, metadata and
         pending-write count: what planning a prune needs, no value decoded."""
@@ -206,7 +187,7 @@ class PostgresInspection:
         return [inspect_types.CheckpointNode(r[0], r[1], r[2], r[3], r[4], int(r[5])) for r in rows]
 
     async def adelete_checkpoints(
-        self: _Host, keys: Sequence[tuple[str, str, str]]
+        self: PostgresHost, keys: Sequence[tuple[str, str, str]]
     ) -> inspect_types.DeletedCounts:
         """Delete these checkpoints with their pending writes, and the blobs no remaining
         checkpoint needs; ledger entries stay. One transaction, under the threads' locks
@@ -238,7 +219,7 @@ class PostgresInspection:
         self._deltas.forget(params["threads"])
         return deleted
 
-    async def astorage_counts(self: _Host) -> inspect_types.StorageCounts:
+    async def astorage_counts(self: PostgresHost) -> inspect_types.StorageCounts:
         """Rows of each table, schema version, bytes on disk (the tables with their
         indexes and TOAST)."""
         [(*counts, version, size)] = await _fetch(self, TABLE_COUNTS)

@@ -26,7 +26,7 @@ _JSON = encoder_of(ensure_ascii=False, allow_nan=False)  # json.dumps(rows, thes
 # INTENT_COLUMNS, in order, plus the row's place in the batch (inserted in that order)
 _CLAIM_FIELDS = (*INTENT_COLUMNS, "ord")
 _ARGS = INTENT_COLUMNS.index("args")
-# an outcome's parameters, in order (see saver_base.IdemSaverBase._finish_entry)
+# an outcome's parameters, in order (see ledger_policy.LedgerPolicy._finish_entry)
 _FINISH_FIELDS = (
     "status", "result_type", "result", "error", "finished_at", "scope", "key", "owner"
 )  # fmt: skip

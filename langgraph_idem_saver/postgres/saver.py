@@ -69,7 +69,7 @@ from psycopg_pool import AsyncConnectionPool
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.group_commit import GroupCommit
-from langgraph_idem_saver.import_langgraph import LangGraphTables
+from langgraph_idem_saver.import_rows import LangGraphTables
 from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
 from langgraph_idem_saver.postgres import ledger_sql, sql
@@ -85,6 +85,7 @@ from langgraph_idem_saver.postgres.connection import (
     single,
 )
 from langgraph_idem_saver.postgres.delta_history import PostgresDeltaHistory
+from langgraph_idem_saver.postgres.import_sql import PostgresTables
 from langgraph_idem_saver.postgres.inspect import PostgresInspection
 from langgraph_idem_saver.postgres.jsonb import as_text, metadata_columns, metadata_filter
 from langgraph_idem_saver.postgres.ledger_store import CLAIM_RETRIES, PostgresLedgerStore
@@ -204,8 +205,6 @@ class AsyncPostgresSaver(
     def _langgraph_tables(self) -> LangGraphTables:
         """LangGraph's own Postgres tables on this connection's ``search_path``, for
         ``import_langgraph``."""
-        from langgraph_idem_saver.postgres.import_sql import PostgresTables  # reads through us
-
         return PostgresTables(self)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:

@@ -15,16 +15,10 @@ from typing import Any
 
 from langgraph_idem_saver import import_langgraph
 from langgraph_idem_saver.errors import CorruptRecordError, ImportLayoutError
-from langgraph_idem_saver.import_langgraph import (
-    Key,
-    Layout,
-    SourceRow,
-    imported_writes,
-    staged_range,
-    with_writes,
-)
+from langgraph_idem_saver.import_langgraph import imported_writes, staged_range
+from langgraph_idem_saver.import_rows import Key, Layout, SourceRow, with_writes
 from langgraph_idem_saver.saver_codec import decode_checkpoint, decode_json
-from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver
+from langgraph_idem_saver.sqlite.host import SqliteHost
 
 CHECKPOINT_COLUMNS = frozenset(
     {"thread_id", "checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "type"}
@@ -57,7 +51,7 @@ DISCARD_STAGED = tuple(q.format(p="?") for q in import_langgraph.DISCARD_STAGED)
 class SqliteTables:
     """LangGraph's SQLite tables beside an :class:`AsyncSqliteSaver`'s own."""
 
-    def __init__(self, saver: AsyncSqliteSaver) -> None:
+    def __init__(self, saver: SqliteHost) -> None:
         self.saver = saver
 
     def target(self) -> str:

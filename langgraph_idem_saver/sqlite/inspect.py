@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import aiosqlite
-from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.inspect_types import (
     TABLE_COUNTS_COLUMNS,
@@ -33,11 +32,8 @@ from langgraph_idem_saver.inspect_types import (
     parse_metadata,
     thread_summaries,
 )
-from langgraph_idem_saver.list_deltas import ListDeltaEncoder
 from langgraph_idem_saver.sqlite.blob_gc import collect_blobs
-from langgraph_idem_saver.sqlite.files import SqliteTarget
-
-T = TypeVar("T")
+from langgraph_idem_saver.sqlite.host import SqliteHost
 
 IS_IDEM_DATABASE = (
     "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idem_saver_migrations'"
@@ -92,22 +88,6 @@ COUNT_BLOBS_OF_THREAD = "SELECT COUNT(*) FROM idem_blobs WHERE thread_id = ?"
 TABLE_COUNTS = f"SELECT {TABLE_COUNTS_COLUMNS}"
 
 
-class _Host(Protocol):
-    """What the mixin uses of :class:`AsyncSqliteSaver` (its own plumbing)."""
-
-    @property
-    def serde(self) -> SerializerProtocol: ...
-
-    _target: SqliteTarget | None
-    _deltas: ListDeltaEncoder
-
-    def _run(self, fn: Callable[[sqlite3.Connection], T]) -> Awaitable[T]: ...
-
-    def _write(
-        self, body: Callable[[sqlite3.Connection], T], *, before_tool_runs: bool = False
-    ) -> Awaitable[T]: ...
-
-
 class SqliteInspection:
     """Read-side methods of :class:`AsyncSqliteSaver` (see the module docstring)."""
 
@@ -120,7 +100,7 @@ class SqliteInspection:
         async with conn.execute(IS_IDEM_DATABASE) as cur:
             return await cur.fetchone() is not None
 
-    async def athread_summaries(self: _Host) -> list[ThreadSummary]:
+    async def athread_summaries(self: SqliteHost) -> list[ThreadSummary]:
         """Every thread (also those with ledger entries only), with its counts and the
         state of its latest root checkpoint; decodes nothing else."""
 
@@ -131,14 +111,14 @@ class SqliteInspection:
         rows, ledger = await self._run(read)
         return thread_summaries(self.serde, rows, ledger)
 
-    async def athread_exists(self: _Host, thread_id: str) -> bool:
+    async def athread_exists(self: SqliteHost, thread_id: str) -> bool:
         """Whether the thread has a checkpoint or a ledger entry."""
         params = (checked_text(thread_id, "thread_id"),)
         row = await self._run(lambda c: c.execute(THREAD_EXISTS, params).fetchone())
         return bool(row[0])
 
     async def acheckpoint_history(
-        self: _Host, thread_id: str, checkpoint_ns: str = "", limit: int | None = None
+        self: SqliteHost, thread_id: str, checkpoint_ns: str = "", limit: int | None = None
     ) -> CheckpointHistory:
         """One namespace's checkpoints, newest first (at most ``limit``), and their total."""
         where = (checked_text(thread_id, "thread_id"), checked_text(checkpoint_ns, "checkpoint_ns"))
@@ -154,7 +134,7 @@ class SqliteInspection:
         )
 
     async def acheckpoint_ids_with_prefix(
-        self: _Host, thread_id: str, checkpoint_ns: str, prefix: str, *, limit: int = 10
+        self: SqliteHost, thread_id: str, checkpoint_ns: str, prefix: str, *, limit: int = 10
     ) -> list[str]:
         """Checkpoint ids of one namespace that start with ``prefix`` (sorted)."""
         params = (
@@ -168,7 +148,7 @@ class SqliteInspection:
         return [r[0] for r in rows]
 
     async def aentry_keys_with_prefix(
-        self: _Host, prefix: str, thread_id: str | None = None, *, limit: int = 10
+        self: SqliteHost, prefix: str, thread_id: str | None = None, *, limit: int = 10
     ) -> list[tuple[str, str]]:
         """``(scope, key)`` of ledger entries whose key starts with ``prefix`` (in one
         thread, or any), oldest first."""
@@ -178,7 +158,7 @@ class SqliteInspection:
         return [(r[0], r[1]) for r in rows]
 
     async def acheckpoint_nodes(
-        self: _Host, thread_ids: Sequence[str] | None = None
+        self: SqliteHost, thread_ids: Sequence[str] | None = None
     ) -> list[CheckpointNode]:
         """Every checkpoint of these threads (or all) with its parent, metadata and
         pending-write count: what planning a prune needs, no value decoded."""
@@ -189,7 +169,7 @@ class SqliteInspection:
         return [CheckpointNode(*r) for r in rows]
 
     async def adelete_checkpoints(
-        self: _Host, keys: Sequence[tuple[str, str, str]]
+        self: SqliteHost, keys: Sequence[tuple[str, str, str]]
     ) -> DeletedCounts:
         """Delete these checkpoints with their pending writes, and the blobs no remaining
         checkpoint needs; ledger entries stay. One write transaction.
@@ -216,7 +196,7 @@ class SqliteInspection:
         self._deltas.forget(threads)
         return deleted
 
-    async def astorage_counts(self: _Host) -> StorageCounts:
+    async def astorage_counts(self: SqliteHost) -> StorageCounts:
         """Rows of each table, schema version, bytes on disk (the file and its ``-wal``;
         None for an in-memory database)."""
         threads, checkpoints, blobs, writes, entries, version = await self._run(

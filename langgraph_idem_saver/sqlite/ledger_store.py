@@ -1,6 +1,6 @@
 """The tool-call ledger's storage hooks on SQLite (mixed into :class:`AsyncSqliteSaver`):
 claims committed (and synced) before any tool runs, and the three record primitives. The
-policy over them lives in :class:`~langgraph_idem_saver.saver_base.IdemSaverBase`.
+policy over them lives in :class:`~langgraph_idem_saver.ledger_policy.LedgerPolicy`.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from langgraph_idem_saver.errors import (
     CorruptRecordError,
 )
 from langgraph_idem_saver.group_commit import GroupCommit
-from langgraph_idem_saver.import_langgraph import LangGraphTables
+from langgraph_idem_saver.import_rows import LangGraphTables
 from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_delta
 from langgraph_idem_saver.retention import TTLConfig
@@ -79,6 +79,7 @@ from langgraph_idem_saver.sqlite.files import (
     SqliteTarget,
     parse_target,
 )
+from langgraph_idem_saver.sqlite.import_sql import SqliteTables
 from langgraph_idem_saver.sqlite.inspect import SqliteInspection
 from langgraph_idem_saver.sqlite.ledger_store import SqliteLedgerStore
 from langgraph_idem_saver.sqlite.retention import SqliteRetention, mark_ended
@@ -179,8 +180,6 @@ class AsyncSqliteSaver(
 
     def _langgraph_tables(self) -> LangGraphTables:
         """LangGraph's own SQLite tables in this file, for ``import_langgraph``."""
-        from langgraph_idem_saver.sqlite.import_sql import SqliteTables  # reads through us
-
         return SqliteTables(self)
 
     # --- reads ---------------------------------------------------------------------

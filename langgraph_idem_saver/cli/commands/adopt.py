@@ -21,7 +21,7 @@ from typing import Any
 from langgraph_idem_saver.cli.common import EXIT_OK, EXIT_USAGE, CliError
 from langgraph_idem_saver.cli.database import is_postgres_target
 from langgraph_idem_saver.cli.render import Out
-from langgraph_idem_saver.import_langgraph import ImportReport
+from langgraph_idem_saver.import_rows import ImportReport
 
 
 @contextlib.asynccontextmanager

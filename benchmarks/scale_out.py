@@ -1,0 +1,271 @@
+#!/usr/bin/env python
+"""Several worker processes sharing one PostgreSQL: the safe stack against the stock one.
+
+Each worker is a process of its own running a ``create_agent`` agent turn after turn,
+each turn on a new thread: the model (a fake: the only fake) asks for ``--calls`` parallel
+calls of a no-op tool, the tools run, the model answers. Two stacks, each on its own
+schema of the same server: ``ours`` (our ``AsyncPostgresSaver`` + ``IdempotencyMiddleware``:
+every call claimed in the ledger before it runs) and ``stock`` (LangGraph's
+``AsyncPostgresSaver``, no middleware). Widths 1, 2, 4 (``--widths``), both stacks at each
+width one after the other, each worker for ``--seconds`` once all are started.
+
+Per stack and width: throughput (turns/s over all workers; a turn is three supersteps:
+model, tools, model), p50/p99 turn latency, claim conflicts (``idem_tool_calls.conflicts``
+summed: must be 0 for distinct threads), the server connections seen at most during the
+run, and a PNG chart (``--png``) beside the printed table.
+
+Usage::
+
+    python benchmarks/scale_out.py                    # widths 1,2,4, 10 s each
+    python benchmarks/scale_out.py --widths 1,2,4,8 --seconds 20 --png scale_out.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+STACKS = ("stock", "ours")
+
+
+# --- the worker (a process of its own) ------------------------------------------------
+
+
+async def worker(dsn: str, stack: str, calls: int, seconds: float) -> dict[str, Any]:
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.tools import tool
+
+    class Model(GenericFakeChatModel):
+        """Asks for ``calls`` parallel calls, then answers once their results are in."""
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Model:  # type: ignore[override]
+            return self
+
+        def _generate(self, messages: list[Any], *args: Any, **kwargs: Any) -> ChatResult:
+            if isinstance(messages[-1], ToolMessage):
+                message = AIMessage("done")
+            else:
+                turn = uuid.uuid4().hex[:8]
+                message = AIMessage(
+                    "",
+                    tool_calls=[
+                        {"name": "noop", "args": {"n": i}, "id": f"c{turn}{i}", "type": "tool_call"}
+                        for i in range(calls)
+                    ],
+                )
+            return ChatResult(generations=[ChatGeneration(message=message)])
+
+    @tool
+    async def noop(n: int) -> str:
+        """Does nothing."""
+        return f"ok {n}"
+
+    if stack == "ours":
+        from langgraph_idem_saver.middleware import IdempotencyMiddleware
+        from langgraph_idem_saver.postgres import AsyncPostgresSaver as Saver
+
+        middleware: list[Any] = [IdempotencyMiddleware()]
+    else:
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as Saver  # type: ignore[assignment]
+
+        middleware = []
+    latencies: list[float] = []
+    async with Saver.from_conn_string(dsn) as saver:
+        agent = create_agent(
+            Model(messages=iter([])), tools=[noop], middleware=middleware, checkpointer=saver
+        )
+        tag = uuid.uuid4().hex[:8]
+        await agent.ainvoke({"messages": [("user", "warm")]}, {"configurable": {"thread_id": tag}})
+        print("ready", flush=True)
+        sys.stdin.readline()  # go
+        end = time.perf_counter() + seconds
+        i = 0
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            config = {"configurable": {"thread_id": f"{tag}-{i}"}}
+            out = await agent.ainvoke({"messages": [("user", "go")]}, config)
+            assert out["messages"][-1].content == "done"
+            latencies.append(time.perf_counter() - t0)
+            i += 1
+    return {"latencies": latencies}
+
+
+# --- the driver --------------------------------------------------------------------
+
+
+def new_schema(base: str, name: str) -> str:
+    schema = f"scale_{name}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return make_conninfo(base, options=f"-c search_path={schema}")
+
+
+async def set_up(dsns: dict[str, str]) -> None:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as Official
+
+    from langgraph_idem_saver.postgres import AsyncPostgresSaver as Ours
+
+    for stack, cls in (("stock", Official), ("ours", Ours)):
+        async with cls.from_conn_string(dsns[stack]) as saver:  # type: ignore[attr-defined]
+            await saver.setup()
+
+
+def run_width(dsn: str, base: str, stack: str, width: int, args: argparse.Namespace) -> dict:
+    """``width`` workers of ``stack`` at once; their latencies and the connections seen."""
+    cmd = [sys.executable, __file__, "--worker", dsn, stack, str(args.calls), str(args.seconds)]
+    procs = [
+        subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(width)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        seen = [0]
+        done = threading.Event()
+
+        def watch() -> None:
+            with psycopg.connect(base, autocommit=True) as conn:
+                while not done.is_set():
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                        "'client backend' AND datname = current_database()"
+                    ).fetchone()
+                    seen[0] = max(seen[0], int(row[0]) - 1 if row else 0)  # not ours
+                    done.wait(0.2)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        t0 = time.perf_counter()
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = [json.loads(p.communicate(timeout=args.seconds * 4 + 120)[0]) for p in procs]
+        wall = time.perf_counter() - t0
+        done.set()
+        watcher.join()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    lat = sorted(x for r in results for x in r["latencies"])
+    return {
+        "stack": stack,
+        "width": width,
+        "turns": len(lat),
+        "turns_per_s": len(lat) / max(wall, args.seconds),
+        "p50_ms": 1000 * statistics.median(lat),
+        "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "connections": seen[0],
+    }
+
+
+def conflicts(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT COALESCE(SUM(conflicts), 0) FROM idem_tool_calls").fetchone()
+    return int(row[0]) if row else 0
+
+
+def chart(rows: list[dict], path: str, cores: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for stack in STACKS:
+        mine = [r for r in rows if r["stack"] == stack]
+        widths = [r["width"] for r in mine]
+        a.plot(widths, [r["turns_per_s"] for r in mine], marker="o", label=stack)
+        b.plot(widths, [r["p50_ms"] for r in mine], marker="o", label=f"{stack} p50")
+        b.plot(
+            widths, [r["p99_ms"] for r in mine], marker="x", linestyle="--", label=f"{stack} p99"
+        )
+    for ax in (a, b):
+        ax.axvline(cores, color="grey", linestyle=":", label=f"{cores} cores")
+        ax.set_xlabel("worker processes")
+        ax.set_xticks(sorted({r["width"] for r in rows}))
+        ax.legend()
+    a.set_ylabel("agent turns / s (all workers)")
+    b.set_ylabel("turn latency (ms)")
+    fig.suptitle("create_agent workers sharing one PostgreSQL: ours (ledger) vs stock")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        dsn, stack, calls, seconds = sys.argv[2:6]
+        out = asyncio.run(worker(dsn, stack, int(calls), float(seconds)))
+        print(json.dumps(out), flush=True)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--widths", default="1,2,4")
+    parser.add_argument("--calls", type=int, default=4, help="parallel tool calls a turn")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per worker, per run")
+    parser.add_argument("--dsn", help="a PostgreSQL server (else a throwaway, durable one)")
+    parser.add_argument("--png", default="scale_out.png")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args()
+    server = None
+    base = args.dsn or os.environ.get("IDEM_SAVER_PG_DSN")
+    if not base:
+        import pgserver
+
+        server = pgserver.get_server(
+            tempfile.mkdtemp(prefix="idem-scale-pg-"), cleanup_mode="delete"
+        )
+        base = str(server.get_uri())
+    try:
+        rows = []
+        for width in [int(w) for w in args.widths.split(",")]:
+            dsns = {stack: new_schema(base, stack) for stack in STACKS}  # fresh per width
+            asyncio.run(set_up(dsns))
+            for stack in STACKS:
+                row = run_width(dsns[stack], base, stack, width, args)
+                row["conflicts"] = conflicts(dsns[stack]) if stack == "ours" else None
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    finally:
+        if server is not None:
+            server.cleanup()
+    cores = os.cpu_count() or 1
+    print(
+        f"\n{'width':>5} {'stack':<6} {'turns/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'conns':>5} {'conflicts':>9}  ratio (ours/stock throughput)"
+    )
+    for r in rows:
+        other = next(o for o in rows if o["width"] == r["width"] and o["stack"] == "stock")
+        ratio = f"{r['turns_per_s'] / other['turns_per_s']:.2f}x" if r["stack"] == "ours" else ""
+        conflicts_of = "" if r["conflicts"] is None else str(r["conflicts"])
+        print(
+            f"{r['width']:>5} {r['stack']:<6} {r['turns_per_s']:>8.1f} {r['p50_ms']:>8.1f} "
+            f"{r['p99_ms']:>8.1f} {r['connections']:>5} {conflicts_of:>9}  {ratio}"
+        )
+    print(f"host: {cores} cores, load average {os.getloadavg()[0]:.1f}")
+    chart(rows, args.png, cores)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "cores": cores, "calls": args.calls}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
