@@ -56,7 +56,8 @@ class CallInfo:
     ledger_key: str
 
 
-_CURRENT: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar(
+# the running call (its ``in_call``; the CallInfo is made when first asked for)
+_CURRENT: contextvars.ContextVar[in_call | None] = contextvars.ContextVar(
     "langgraph_idem_saver_current_call", default=None
 )
 
@@ -69,14 +70,14 @@ def vendor_key(scope: str, ledger_key: str) -> str:
 
 def current_call() -> CallInfo:
     """The ledgered call running here; :class:`NotInLedgeredCall` outside one."""
-    info = _CURRENT.get()
-    if info is None:
+    running = _CURRENT.get()
+    if running is None:
         raise NotInLedgeredCall(
             "current_call() is only available inside a tool run through the ledger "
             "(IdempotentToolNode, IdempotencyMiddleware, idempotent_task) and not for a "
             "read-only tool: there is no ledger key here"
         )
-    return info
+    return running.info
 
 
 def info_of(batch: Batch, plan: Plan) -> CallInfo:
@@ -97,22 +98,32 @@ def info_of(batch: Batch, plan: Plan) -> CallInfo:
 
 class in_call:  # a context manager, named as one
     """Around the run of a planned ``RUN`` call's tool: :func:`current_call` answers it,
-    and its ``execute_tool`` span is open (when OpenTelemetry is installed). A class with
+    and its ``execute_tool`` span is open (when OpenTelemetry traces). A class with
     slots, not a generator: entered once per call of a 50-call step, and by
-    ``LedgerEngine.running``'s ``__aenter__``/``__aexit__`` by hand."""
+    ``LedgerEngine.running``'s ``__aenter__``/``__aexit__`` by hand. The
+    :class:`CallInfo` (a digest, a dataclass) is made only when asked for: most tools
+    never call :func:`current_call`."""
 
-    __slots__ = ("info", "span", "token")
+    __slots__ = ("_info", "batch", "plan", "span", "token")
 
     def __init__(self, batch: Batch, plan: Plan) -> None:
-        self.info = info_of(batch, plan)
+        self.batch, self.plan = batch, plan
+        self._info: CallInfo | None = None
         self.span: telemetry.ToolSpan | None = None
-        self.token: contextvars.Token[CallInfo | None] | None = None
+        self.token: contextvars.Token[in_call | None] | None = None
 
-    def __enter__(self) -> CallInfo:
-        self.token = _CURRENT.set(self.info)
-        if telemetry.ENABLED:
+    @property
+    def info(self) -> CallInfo:
+        info = self._info
+        if info is None:
+            info = self._info = info_of(self.batch, self.plan)
+        return info
+
+    def __enter__(self) -> in_call:
+        self.token = _CURRENT.set(self)
+        if telemetry.ENABLED and telemetry.tracing():
             self.span = telemetry.tool_span(self.info)
-        return self.info
+        return self
 
     def __exit__(
         self,

@@ -20,6 +20,7 @@ used here is read through that one object.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import threading
@@ -67,6 +68,10 @@ class _Otel:
         self.context = context
         self.trace = trace
         self.tracer = trace.get_tracer(SCOPE)
+        # providers that record nothing: the API's own, before an SDK is configured
+        self.silent = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+        self.no_span = contextlib.nullcontext(trace.INVALID_SPAN)
+        self.traced = False
         meter = metrics.get_meter(SCOPE)
         self.counters = {
             name: meter.create_counter(name, unit="{call}", description=f"engine: {key}")
@@ -90,6 +95,22 @@ class _Otel:
             callbacks=[_observe_waiting],
             unit="{call}",
             description="unknown outcomes waiting for verify, a human or an operator",
+        )
+
+    def tracing(self) -> bool:
+        """Whether an SDK (or any real provider) takes spans: with the API alone every
+        span is a no-op, not worth making (a few microseconds a tool call)."""
+        if self.traced:
+            return True  # a provider, once set, stays (OpenTelemetry sets it once)
+        self.traced = not isinstance(self.trace.get_tracer_provider(), self.silent)
+        return self.traced
+
+    def span(self, name: str, attributes: dict[str, Any] | None = None) -> Any:
+        """``start_as_current_span``, or a context of the no-op span when not tracing."""
+        if not self.tracing():
+            return self.no_span
+        return self.tracer.start_as_current_span(
+            name, attributes=attributes, record_exception=False, set_status_on_exception=False
         )
 
     def error(self, span: Any, exc: BaseException | None) -> None:
@@ -173,6 +194,11 @@ def _control_flow(exc: BaseException) -> bool:
     return isinstance(exc, GraphBubbleUp)
 
 
+def tracing() -> bool:
+    """Whether spans are recorded (an SDK's tracer provider is set)."""
+    return _otel().tracing()
+
+
 def count(name: str, by: int = 1) -> None:
     """Add ``by`` to the metric of engine counter ``name`` (or a metric name)."""
     metric = COUNTER_NAMES.get(name, name)
@@ -251,9 +277,7 @@ def traced_prepare(fn: F) -> F:
             return
         otel = _otel()
         started = time.perf_counter()
-        with otel.tracer.start_as_current_span(
-            "idem.claim", record_exception=False, set_status_on_exception=False
-        ) as span:
+        with otel.span("idem.claim") as span:
             try:
                 await fn(engine, batch, config)
             except BaseException as exc:
@@ -291,7 +315,7 @@ def traced_answer(fn: F) -> F:
     async def aanswer(engine: Any, batch: Any, plan: Any) -> Any:
         from langgraph_idem_saver.engine.types import Kind
 
-        if plan.kind is Kind.SKIP:
+        if plan.kind is Kind.SKIP or not _otel().tracing():
             return await fn(engine, batch, plan)
         replay = plan.kind in (Kind.REPLAY, Kind.FOLLOW)
         entry = plan.entry if plan.kind is not Kind.FOLLOW else plan.leader.entry
@@ -305,9 +329,7 @@ def traced_answer(fn: F) -> F:
         }
         del attributes["idem.calls"]
         name = "idem.replay" if replay else "idem.answer"
-        with _otel().tracer.start_as_current_span(
-            f"{name} {plan.call['name']}", attributes=attributes
-        ):
+        with _otel().span(f"{name} {plan.call['name']}", attributes):
             return await fn(engine, batch, plan)
 
     return cast(F, aanswer)
@@ -353,12 +375,7 @@ def traced_decision(fn: F) -> F:
             "idem.agent_path": entry.agent_path,
         }
         span_name = f"idem.verify {name}" if by == "verify" else f"idem.unknown_outcome {name}"
-        with otel.tracer.start_as_current_span(
-            span_name,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
+        with otel.span(span_name, attributes) as span:
             try:
                 decision: tuple[str, Any] = await fn(engine, batch, plan, sole=sole)
             except BaseException as exc:
@@ -403,9 +420,7 @@ def traced_resolution(fn: F) -> F:
             "idem.resolution": str(resolution),
             "idem.backend": type(ledger).__name__,
         }
-        with otel.tracer.start_as_current_span(
-            f"idem.resolve {entry.tool_name}", attributes=attributes
-        ):
+        with otel.span(f"idem.resolve {entry.tool_name}", attributes):
             settled = await fn(ledger, entry, resolution, **kwargs)
         otel.counters["idem.unknown.resolved"].add(1)
         return settled

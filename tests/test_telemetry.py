@@ -503,3 +503,56 @@ def test_without_opentelemetry_nothing_is_imported(tmp_path: Path) -> None:
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["enabled"] is False and seen["loaded"] == [] and seen["wrapped"] is False
     assert all(str(k).startswith("idem-") for k in seen["keys"]) and len(set(seen["keys"])) == 3
+
+
+API_ONLY = """
+import asyncio, json, sys
+from langchain_core.tools import tool
+from tool_node_helpers import ai_calls, cfg, tool_graph
+from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode, telemetry
+
+@tool
+async def charge(invoice: str) -> str:
+    '''Charge an invoice.'''
+    return f"charged {invoice}"
+
+async def main(path):
+    seen = {}
+    async with AsyncSqliteSaver.from_conn_string(path) as saver:
+        graph = tool_graph(IdempotentToolNode([charge]), saver)
+        first = {"messages": [ai_calls(("charge", {"invoice": "a"}, "c1"))]}
+        await graph.ainvoke(first, cfg("a"))
+        seen["before"] = telemetry.tracing()
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        spans = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+        trace.set_tracer_provider(provider)
+        second = {"messages": [ai_calls(("charge", {"invoice": "b"}, "c2"))]}
+        await graph.ainvoke(second, cfg("b"))
+        seen["after"] = telemetry.tracing()
+        seen["spans"] = sorted(s.name for s in spans.get_finished_spans())
+    print(json.dumps(seen))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_api_alone_makes_no_spans_until_an_sdk_is_set(tmp_path: Path) -> None:
+    """With the API and no SDK, spans are not even made (they would be no-ops); an SDK
+    provider set later, after the first calls, gets the spans from then on."""
+    env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{HERE}"}
+    done = subprocess.run(
+        [sys.executable, "-c", API_ONLY, str(tmp_path / "db.sqlite")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["before"] is False and seen["after"] is True
+    assert seen["spans"] == ["execute_tool charge", "idem.claim"]
