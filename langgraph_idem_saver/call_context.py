@@ -122,7 +122,7 @@ class in_call:  # a context manager, named as one
     def __enter__(self) -> in_call:
         self.token = _CURRENT.set(self)
         if telemetry.ENABLED and telemetry.tracing():
-            self.span = telemetry.tool_span(self.info)
+            self.span = telemetry.tool_span(self.batch, self.plan)
         return self
 
     def __exit__(
