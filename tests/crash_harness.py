@@ -7,7 +7,15 @@ prints one JSON line with what it saw. Phases:
   no cleanup, no flush of anything the process did not commit itself).
 * ``resume`` - in a fresh process: continue the thread the way an application would
   (``ainvoke(None)`` when a checkpoint is pending, the original input again when nothing
-  was saved), answering unknown-outcome interrupts with ``scenario["answer"]``.
+  was saved), answering unknown-outcome interrupts with ``scenario["answer"]`` - or, with
+  ``"answer": "payload"``, as a human who sees only the interrupt's payload: "completed",
+  with the result the tool would have returned for those arguments.
+
+``scenario["verify"]`` picks the tool's ``verify`` hook: ``True`` (the default: it reads
+the effects file, as a tool would ask its vendor), ``"liar"`` (it always answers "not
+applied", even for a charge that landed) or ``False`` (none: unknown outcomes go to the
+human). The test's own witnesses, never read by the agent: every start of the tool's body
+is a line in ``starts`` and every question to ``verify`` a line in ``asked``.
 
 Crash points are injected from the outside, by a subclass of the real saver and a tool
 that dies: the product code has no test hooks.
@@ -85,6 +93,35 @@ class ScriptedModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
+def charge_result(args: dict[str, Any]) -> str:
+    """What ``charge`` returns for these arguments."""
+    return f"charged {args['invoice']} ${args['amount']}"
+
+
+def witness(scenario: dict[str, Any], name: str, invoice: str) -> None:
+    """One line in the test's witness file ``scenario[name]`` (when the test asked for it),
+    flushed to the kernel before the process may die."""
+    if scenario.get(name):
+        with open(scenario[name], "a") as f:
+            f.write(f"{invoice}\n")
+            f.flush()
+
+
+def answer_of(scenario: dict[str, Any], question: dict[str, Any]) -> dict[str, Any]:
+    """The human's answer to an unknown-outcome interrupt: the scenario's fixed answer, or
+    (``"payload"``) one made from the payload alone - the call happened, with the result
+    the tool returns for its arguments, about this key and attempt."""
+    answer = scenario.get("answer", {"action": "rerun"})
+    if answer != "payload":
+        return dict(answer)
+    return {
+        "action": "completed",
+        "result": charge_result(question["args"]),
+        "key": question["key"],
+        "attempt": question["attempt"],
+    }
+
+
 def die() -> None:
     sys.stdout.flush()
     os._exit(CRASH_EXIT_CODE)
@@ -98,6 +135,7 @@ def build(scenario: dict[str, Any], saver: Any) -> Any:
     @tool
     async def charge(invoice: str, amount: int) -> str:
         """Charge an invoice (the side effect under test)."""
+        witness(scenario, "starts", invoice)
         if crash_at == "after_issued" and invoice == crash_invoice:
             die()
         with effects.open("a") as f:
@@ -108,17 +146,18 @@ def build(scenario: dict[str, Any], saver: Any) -> Any:
         return f"charged {invoice} ${amount}"
 
     def verify(args: dict[str, Any]) -> Any:
-        """The tool's own check: did this invoice's charge land?"""
+        """The tool's own check: did this invoice's charge land? (The liar: never.)"""
+        witness(scenario, "asked", args["invoice"])
         lines = effects.read_text().split() if effects.exists() else []
-        if args["invoice"] in lines:
-            return f"charged {args['invoice']} ${args['amount']}"
+        if args["invoice"] in lines and scenario.get("verify") != "liar":
+            return charge_result(args)
         return NOT_APPLIED
 
     if scenario.get("node") == "stock":
         node: ToolNode = _StockNode([charge], crash_at=crash_at)
     else:
         kwargs: dict[str, Any] = {}
-        if scenario.get("verify", True):
+        if scenario.get("verify", True) is not False:
             kwargs["verify"] = {"charge": verify}
         node = _CrashingNode([charge], crash_at=crash_at, **kwargs)
     model = ScriptedModel(n_calls=scenario.get("n_calls", 1))
@@ -245,15 +284,20 @@ async def main(scenario: dict[str, Any]) -> dict[str, Any]:
                 result = await graph.ainvoke(None, config, durability=durability)
             while result.get("__interrupt__"):
                 interrupts += [i.value for i in result["__interrupt__"]]
-                resume = scenario.get("answer", {"action": "rerun"})
-                answers = {i.id: resume for i in result["__interrupt__"]}
+                answers = {i.id: answer_of(scenario, i.value) for i in result["__interrupt__"]}
                 result = await graph.ainvoke(Command(resume=answers), config, durability=durability)
         entries = await saver.alist_entries(config["configurable"]["thread_id"])
         return {
             "messages": summarize(result["messages"]),
             "interrupts": interrupts,
             "ledger": [[e.tool_name, e.status.value, e.attempts, e.replays] for e in entries],
+            "calls": calls_of(entries),
         }
+
+
+def calls_of(entries: list[Any]) -> dict[str, list[Any]]:
+    """``{invoice: [status, attempts, replays]}`` of a thread's ledger entries."""
+    return {json.loads(e.args)["invoice"]: [e.status.value, e.attempts, e.replays] for e in entries}
 
 
 if __name__ == "__main__":

@@ -21,7 +21,10 @@
   tables, so tests never see each other's rows (and it costs a few ms, not a
   ``CREATE DATABASE``).
 * Fixtures ``pg_server_dsn`` (session) and ``pg_dsn`` (a fresh schema per test); pull
-  them into a conftest with ``from pg_server import pg_dsn, pg_server_dsn``.
+  them into a conftest with ``from pg_server import pg_dsn, pg_server_dsn``. Without a
+  server to be had (no ``$IDEM_SAVER_PG_DSN``, no pgserver) they skip the test - but fail
+  it under ``CI=true`` (:func:`require_postgres`), so CI never passes a Postgres test it
+  did not run.
 """
 
 from __future__ import annotations
@@ -165,11 +168,27 @@ atexit.register(end_leftover_children)
 mark_test_run()  # the processes the tests start know whose they are
 
 
+def in_ci() -> bool:
+    """Whether this run is CI's (``CI`` set, as ``.ci/run`` sets it: ``CI=true``)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_postgres() -> None:
+    """Skip the test when no PostgreSQL can be had - except in CI, where that fails it:
+    a CI run that cannot start a server must not turn every Postgres test green."""
+    if postgres_available():
+        return
+    reason = f"no PostgreSQL: set {ENV_DSN} or install pgserver"
+    if in_ci():
+        pytest.fail(f"{reason} (CI: a Postgres test never skips)", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def pg_server_dsn() -> Iterator[str]:
-    """The session's PostgreSQL DSN (skips the test when none can be had)."""
-    if not postgres_available():
-        pytest.skip(f"no PostgreSQL: set {ENV_DSN} or install pgserver")
+    """The session's PostgreSQL DSN (skips the test when none can be had; fails it in
+    CI). A server that cannot start fails the test anywhere."""
+    require_postgres()
     yield server_dsn()
     drop_created_schemas()
 

@@ -2,6 +2,8 @@
 
 ``python tests/task_crash_worker.py DB EFFECTS THREAD MODE DURABILITY CRASH SHAPE``:
 
+* ``DB`` a SQLite file, or a PostgreSQL DSN (then the Postgres saver);
+
 * ``MODE`` ``ours`` (``@idempotent_task`` with a ``verify`` hook reading the effects file)
   or ``stock`` (``@task``: the control);
 * ``CRASH`` ``after_effect`` (dies in the first task right after its effect),
@@ -64,7 +66,12 @@ async def main(
         else task(name="charge")(charge_body)
     )
 
-    async with AsyncSqliteSaver.from_conn_string(db) as saver:
+    opener: Any = AsyncSqliteSaver
+    if db.startswith(("postgresql:", "postgres:")) or "dbname=" in db:  # a DSN
+        from langgraph_idem_saver import AsyncPostgresSaver
+
+        opener = AsyncPostgresSaver
+    async with opener.from_conn_string(db) as saver:
 
         @entrypoint(checkpointer=saver)
         async def pay(invoices: list[str]) -> list[str]:

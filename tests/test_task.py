@@ -1,6 +1,6 @@
 """``idempotent_task``: the Functional API's ``@task`` with the ledger - in process on both
-backends, and with real crashes (``tests/task_crash_worker.py``) against the stock
-``@task`` as the control."""
+backends, and with real crashes (``tests/task_crash_worker.py``, on SQLite and at every
+crash point on Postgres) against the stock ``@task`` as the control."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from langgraph.func import entrypoint
 from langgraph.types import Command, RetryPolicy
+from pg_server import fresh_dsn
 from tool_node_helpers import Counter, cfg
 
 from langgraph_idem_saver import NOT_APPLIED, CallStatus, ConfigError
@@ -124,12 +125,12 @@ def test_tool_call_key_policy_is_refused() -> None:
 
 
 def run_worker(
-    tmp: Path, mode: str, durability: str, crash: str, shape: str
+    tmp: Path, mode: str, durability: str, crash: str, shape: str, db: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable,
         str(WORKER),
-        str(tmp / "wf.db"),
+        db or str(tmp / "wf.db"),
         str(tmp / "fx"),
         "t",
         mode,
@@ -152,6 +153,28 @@ def test_crash_and_resume_each_effect_once(
     died = run_worker(tmp_path, "ours", durability, crash, shape)
     assert died.returncode == 137, died.stderr[-2000:]
     resumed = run_worker(tmp_path, "ours", durability, "none", shape)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert Tally((tmp_path / "fx").read_text().splitlines()) == {"inv-a": 1, "inv-b": 1}
+    assert json.loads(resumed.stdout) == ["charged inv-a", "charged inv-b"]
+
+
+@pytest.mark.parametrize(
+    ("crash", "shape", "durability"),
+    [
+        ("after_effect", "sequence", "sync"),
+        ("between_tasks", "sequence", "exit"),
+        ("after_effect", "parallel", "async"),
+    ],
+)
+def test_crash_and_resume_on_postgres_each_effect_once(
+    tmp_path: Path, pg_server_dsn: str, crash: str, shape: str, durability: str
+) -> None:
+    """Every crash point of the worker, with the checkpoints and the ledger on a real
+    PostgreSQL server (a fresh schema each)."""
+    db = fresh_dsn(pg_server_dsn)
+    died = run_worker(tmp_path, "ours", durability, crash, shape, db)
+    assert died.returncode == 137, died.stderr[-2000:]
+    resumed = run_worker(tmp_path, "ours", durability, "none", shape, db)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert Tally((tmp_path / "fx").read_text().splitlines()) == {"inv-a": 1, "inv-b": 1}
     assert json.loads(resumed.stdout) == ["charged inv-a", "charged inv-b"]

@@ -35,20 +35,36 @@ scenario reports:
   the saver cannot read back, or a ledger it cannot read;
 * **errors** - a process that failed with anything but the documented "someone else is
   on it, retry" errors of a concurrent resumer;
-* **open** (ours) - ledger entries left ``issued``: unknown outcomes nobody will settle.
+* **open** (ours) - ledger entries left ``issued``: unknown outcomes nobody will settle;
+* **asked** (ours, one process a round) - ``verify`` or the human asked about a call
+  whose claim a process holds that the parent did not kill: a call whose process lived
+  must have its outcome committed, so nobody may be asked about it (the children note
+  every question and the pids holding its entry in an ``asked`` file; see
+  ``torture_worker.py``).
 
 Variants (see :data:`VARIANTS`): our saver + ``IdempotentToolNode`` with the default keys
 (tool-call ids, orphan adoption) and one process per round; the same with concurrent
-resumers; and the control, LangGraph's own saver + the stock ``ToolNode`` on the
-concurrent schedules. Ours must show none of the problems above on both backends and
-under every durability; the control must show at least one duplicate per backend and
-durability - proof that the harness sees one - and no corrupt database. ``pytest -s``
-prints the summary table.
+resumers; the same without a ``verify`` hook, a human who sees only the payload answering
+"completed" (an invoice may then be missing, and only one the human was asked about); the
+same with a ``verify`` that always says "not applied" (an invoice may then be charged
+twice, and only one it was asked about); and the control, LangGraph's own saver + the
+stock ``ToolNode`` on the concurrent schedules. Ours must show none of the problems
+above on both backends and under every durability; the control must show at least one
+duplicate per backend and durability - proof that the harness sees one - and no corrupt
+database. ``pytest -s`` prints the summary table.
 
 Two processes that both run the same *model* step get two model answers, with different
 tool-call ids: LangGraph forks the thread. Under the default key those would be two
 calls; fork slots (``engine/forks.py``) make them one, and the concurrent variant holds
 them to it, besides the ledger's own concurrency (claims, waits, reclaims, verify races).
+
+More seeds, for whoever changes the engine (CI runs the fixed ones): the environment
+variables of :func:`exploration` - ``IDEM_SAVER_TORTURE_SEEDS=N`` adds ``N`` seeds to every
+variant (from ``IDEM_SAVER_TORTURE_FIRST_SEED``, default 1000: a failing seed is replayed
+with ``IDEM_SAVER_TORTURE_SEEDS=1 IDEM_SAVER_TORTURE_FIRST_SEED=<seed>``) and
+``IDEM_SAVER_TORTURE_KILL_ROUNDS=M`` draws up to ``M`` kill rounds a scenario (default
+3). E.g. ``IDEM_SAVER_TORTURE_SEEDS=20 pytest tests/test_torture.py -k sqlite -s``;
+``tests/README.md`` lists every such knob.
 """
 
 from __future__ import annotations
@@ -66,9 +82,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +117,50 @@ class Variant:
     options: tuple[tuple[str, Any], ...] = ()
 
 
-VARIANTS = [
+@dataclass(frozen=True)
+class Exploration:
+    """How far the torture goes: seeds added to every variant, kill rounds a scenario."""
+
+    extra_seeds: int = 0
+    first_seed: int = 1000
+    max_kill_rounds: int = 3
+
+
+def exploration(environ: Mapping[str, str]) -> Exploration:
+    """The opt-in knobs (``IDEM_SAVER_TORTURE_SEEDS``, ``_FIRST_SEED``, ``_KILL_ROUNDS``);
+    unset, the fixed seeds CI runs. A value that is not a whole number in range is refused
+    (``ValueError``), never silently read as the default."""
+
+    def number(name: str, default: int, least: int) -> int:
+        text = environ.get(f"IDEM_SAVER_TORTURE_{name}", "").strip()
+        if not text:
+            return default
+        if not text.isdigit() or int(text) < least:
+            raise ValueError(f"IDEM_SAVER_TORTURE_{name}={text!r}: a whole number >= {least}")
+        return int(text)
+
+    return Exploration(
+        extra_seeds=number("SEEDS", 0, 0),
+        first_seed=number("FIRST_SEED", 1000, 0),
+        max_kill_rounds=number("KILL_ROUNDS", 3, 1),
+    )
+
+
+def with_extra_seeds(variants: Sequence[Variant], explore: Exploration) -> list[Variant]:
+    """Every variant with ``explore.extra_seeds`` more seeds (not already among its own)."""
+    extra = range(explore.first_seed, explore.first_seed + explore.extra_seeds)
+    return [replace(v, seeds=(*v.seeds, *(s for s in extra if s not in v.seeds))) for v in variants]
+
+
+EXPLORE = exploration(os.environ)
+FIXED_VARIANTS = [
     Variant("ours", "ours", pairs=False, seeds=(1, 2, 3)),
     Variant("ours/pairs", "ours", pairs=True, seeds=(2, 5, 9)),
+    Variant("ours/human", "ours", pairs=False, seeds=(4,), options=(("verify", "absent"),)),
+    Variant("ours/liar", "ours", pairs=False, seeds=(6,), options=(("verify", "liar"),)),
     Variant("stock", "stock", pairs=True, seeds=(1, 2)),
 ]
+VARIANTS = with_extra_seeds(FIXED_VARIANTS, EXPLORE)
 """Per backend and durability. The seeds are fixed: a failing one replays the same kill
 schedule (the moments relative to the processes' progress vary a little from run to run).
 
@@ -115,7 +170,7 @@ both re-run a *model* step fork the thread, each fork with its own tool-call ids
 Its seeds are those that gave duplicates before fork slots existed - sync: 2, 9;
 exit: 5, 9; async: 2 left an entry unsettled - so this is their regression test."""
 
-MAX_KILL_ROUNDS = 3
+MAX_KILL_ROUNDS = EXPLORE.max_kill_rounds
 CLEAN_ROUNDS = 3
 """Resumes without kills after the kill rounds; a thread unfinished after them is stuck."""
 MAX_DELAY = 0.25
@@ -294,12 +349,21 @@ class Scenario:
     schedule: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     kills: int = 0
+    killed_pids: set[int] = field(default_factory=set)
     pair_rounds: int = 0
     rounds: int = 0
 
     @property
     def effects(self) -> Path:
         return Path(self.spec["effects"])
+
+    def asked(self) -> list[dict[str, Any]]:
+        """Every question the children noted (``torture_worker.note_asked``)."""
+        try:
+            lines = Path(self.spec["asked"]).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in lines]
 
 
 def run_round(zygote: Zygote, sc: Scenario, round_no: int, kills: list[Kill | None]) -> None:
@@ -352,6 +416,7 @@ def run_round(zygote: Zygote, sc: Scenario, round_no: int, kills: list[Kill | No
         report = read_report(child.out)
         if child.killed and report is None:
             sc.kills += 1
+            sc.killed_pids.add(child.pid)
             continue
         if report is None:
             sc.errors.append(f"round {round_no} proc {i}: died (exit {child.exitcode}), no report")
@@ -445,13 +510,37 @@ class Row:
     open_entries: int
     checkpoints: int
     schedule: list[str]
+    asked: list[dict[str, Any]] = field(default_factory=list)
+    killed_pids: set[int] = field(default_factory=set)
+    verify: str = "truthful"
+    pairs: bool = False
+
+    def asked_about(self) -> Counter[str]:
+        return Counter(q["invoice"] for q in self.asked)
 
     def problems(self) -> list[str]:
         out = []
-        if self.duplicates:
-            out.append(f"duplicates {self.duplicates}")
-        if self.missing:
-            out.append(f"missing {self.missing}")
+        # the liar's "not applied" re-runs a call it is asked about: at most once a question
+        allowed = self.asked_about() if self.verify == "liar" else Counter[str]()
+        duplicates = {inv: n for inv, n in self.duplicates.items() if n - 1 > allowed.get(inv, 0)}
+        if duplicates:
+            out.append(f"duplicates {duplicates}")
+        # the human's "completed" may be about a charge that never landed
+        missing = [
+            inv
+            for inv in self.missing
+            if not (self.verify == "absent" and inv in self.asked_about())
+        ]
+        if missing:
+            out.append(f"missing {missing}")
+        # (with two resumers at once, the other may settle or re-claim the entry between
+        # the question and its look-up: who held it then is not the question's answer)
+        for q in [] if self.pairs else self.asked:
+            if not q["owners"] or not set(q["owners"]) <= self.killed_pids:
+                out.append(
+                    f"{q['who']} asked about {q['invoice']} held by {q['owners']}, not a "
+                    f"killed process ({sorted(self.killed_pids)}): a lost outcome"
+                )
         if not self.finished:
             out.append("unfinished")
         out += [f"corrupt: {c}" for c in self.corrupt]
@@ -488,6 +577,7 @@ def run_scenario(
         "effects": str(folder / "effects"),
         "latency": LATENCY,
         "thread_id": f"torture-{seed}",
+        "asked": str(folder / "asked"),
         **dict(variant.options),
     }
     if backend == "sqlite":
@@ -524,6 +614,10 @@ def run_scenario(
         open_entries=final.open_entries,
         checkpoints=final.checkpoints,
         schedule=sc.schedule,
+        asked=sc.asked(),
+        killed_pids=set(sc.killed_pids),
+        verify=str(dict(variant.options).get("verify", "truthful")),
+        pairs=variant.pairs,
     )
 
 
@@ -535,9 +629,9 @@ ROWS: list[Row] = []
 def summary_table(rows: list[Row]) -> str:
     """Counts per variant, backend and durability (what ``pytest -s`` shows)."""
     head = (
-        f"{'variant':9} {'backend':8} {'durab.':6} {'runs':>4} {'rounds':>6} {'kills':>5} "
+        f"{'variant':10} {'backend':8} {'durab.':6} {'runs':>4} {'rounds':>6} {'kills':>5} "
         f"{'pairs':>5} {'dup.':>4} {'extra':>5} {'miss.':>5} {'unfin.':>6} {'corrupt':>7} "
-        f"{'errors':>6} {'open':>4}"
+        f"{'errors':>6} {'open':>4} {'asked':>5}"
     )
     lines = [head, "-" * len(head)]
     groups: dict[tuple[str, str, str], list[Row]] = {}
@@ -545,13 +639,13 @@ def summary_table(rows: list[Row]) -> str:
         groups.setdefault((row.variant, row.backend, row.durability), []).append(row)
     for (variant, backend, durability), rs in sorted(groups.items()):
         lines.append(
-            f"{variant:9} {backend:8} {durability:6} {len(rs):>4} "
+            f"{variant:10} {backend:8} {durability:6} {len(rs):>4} "
             f"{sum(r.rounds for r in rs):>6} {sum(r.kills for r in rs):>5} "
             f"{sum(r.pair_rounds for r in rs):>5} {sum(len(r.duplicates) for r in rs):>4} "
             f"{sum(n - 1 for r in rs for n in r.duplicates.values()):>5} "
             f"{sum(len(r.missing) for r in rs):>5} {sum(not r.finished for r in rs):>6} "
             f"{sum(len(r.corrupt) for r in rs):>7} {sum(len(r.errors) for r in rs):>6} "
-            f"{sum(r.open_entries for r in rs):>4}"
+            f"{sum(r.open_entries for r in rs):>4} {sum(len(r.asked) for r in rs):>5}"
         )
     return "\n".join(lines)
 
@@ -574,7 +668,7 @@ def torture_report() -> Iterator[None]:
         print(
             "\n\ntorture summary (dup. = invoices charged more than once, extra = surplus "
             "charges, pairs = rounds with two concurrent resumers, open = ledger entries "
-            "not completed)\n" + summary_table(ROWS)
+            "not completed, asked = questions to verify or the human)\n" + summary_table(ROWS)
         )
 
 
@@ -612,3 +706,29 @@ def test_random_sigkills_never_charge_twice(
     # errors under concurrent resumers are its business: shown in the table, not asserted)
     corrupt = [r.describe() for r in stock if r.corrupt]
     assert not corrupt, "the control's databases:\n" + "\n".join(corrupt)
+
+
+def test_the_exploration_knobs() -> None:
+    """Unset, CI's fixed seeds; set, more seeds for every variant and more kill rounds;
+    a bad value is refused, never read as the default."""
+    assert exploration({}) == Exploration()
+    assert with_extra_seeds(FIXED_VARIANTS, exploration(os.environ)) == VARIANTS
+    knobs = {
+        "IDEM_SAVER_TORTURE_SEEDS": "4",
+        "IDEM_SAVER_TORTURE_FIRST_SEED": "1",
+        "IDEM_SAVER_TORTURE_KILL_ROUNDS": "6",
+    }
+    explore = exploration(knobs)
+    assert explore == Exploration(extra_seeds=4, first_seed=1, max_kill_rounds=6)
+    more = with_extra_seeds(FIXED_VARIANTS, explore)
+    assert [v.seeds for v in more] == [
+        (1, 2, 3, 4),
+        (2, 5, 9, 1, 3, 4),
+        (4, 1, 2, 3),
+        (6, 1, 2, 3, 4),
+        (1, 2, 3, 4),
+    ]
+    assert [replace(v, seeds=()) for v in more] == [replace(v, seeds=()) for v in FIXED_VARIANTS]
+    for name, bad in [("SEEDS", "x"), ("SEEDS", "-1"), ("FIRST_SEED", "1.5"), ("KILL_ROUNDS", "0")]:
+        with pytest.raises(ValueError, match=f"IDEM_SAVER_TORTURE_{name}"):
+            exploration({f"IDEM_SAVER_TORTURE_{name}": bad})

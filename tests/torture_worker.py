@@ -41,8 +41,18 @@ The side effect: ``charge`` appends one line (the invoice) to the ``effects`` fi
 ``O_APPEND`` and ``fsync`` - a line in the file is a charge that happened, whatever
 happens to the process afterwards. It sleeps before (the request) and after (the
 vendor's reply) the effect: a kill in the second sleep is the classic "charged, but the
-agent never learned it" window. The ``verify`` hook reads the same file, as a tool would
-ask its payment provider whether a charge with this idempotency key exists.
+agent never learned it" window. The ``verify`` hook (``scenario["verify"]``) reads the
+same file, as a tool would ask its payment provider whether a charge with this idempotency
+key exists (``"truthful"``, the default); or it always answers "not applied" (``"liar"``:
+a call it is wrongly asked about runs twice); or there is none (``"absent"``: unknown
+outcomes are interrupts, answered by a human who sees only the payload - "completed",
+with the result the tool returns for those arguments).
+
+Whoever is asked - ``verify`` or the human - the child first notes, in the scenario's
+``asked`` file (one JSON line each), the invoice and the pids of the processes that hold
+its ``issued`` entries: in rounds of one process the parent checks that each of them is
+a process it killed. A call whose process lived to the end of its run must never be
+asked about: its outcome was committed.
 
 ``stack`` chooses the parts: ``"ours"`` (our saver + :class:`IdempotentToolNode`) or
 ``"stock"`` (LangGraph's own saver + ``langgraph.prebuilt.ToolNode``) - the control
@@ -69,6 +79,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import Command
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as the zygote script from a checkout
@@ -193,23 +204,58 @@ def make_charge(effects: Path, latency: float) -> BaseTool:
     return charge
 
 
-def make_node(scenario: dict[str, Any]) -> ToolNode:
-    """The tools node of the stack under test."""
+def owner_pid(owner: str) -> int | None:
+    """The pid in a claim's owner id (``host:pid:nonce-...``; see ``ledger.make_owner``)."""
+    parts = owner.split(":")
+    return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+
+
+async def note_asked(scenario: dict[str, Any], saver: Any, who: str, invoice: str) -> None:
+    """One line in the ``asked`` file: who was asked about ``invoice``, and the pids of the
+    other processes holding its ``issued`` entries (the parent checks it killed them)."""
+    if saver is None or not scenario.get("asked"):
+        return
+    entries = await saver.alist_entries(config_of(scenario)["configurable"]["thread_id"])
+    owners = sorted(
+        pid
+        for e in entries
+        if e.status.value == "issued"
+        and json.loads(e.args)["invoice"] == invoice
+        and (pid := owner_pid(e.owner)) != os.getpid()
+    )
+    line = json.dumps({"who": who, "invoice": invoice, "owners": owners}) + "\n"
+    fd = os.open(scenario["asked"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_node(scenario: dict[str, Any], saver: Any = None) -> ToolNode:
+    """The tools node of the stack under test (``saver``: where ``verify`` looks up the
+    entries it is asked about, for the ``asked`` file)."""
     effects = Path(scenario["effects"])
     charge = make_charge(effects, float(scenario.get("latency", 0.01)))
     if scenario["stack"] == "stock":
         return ToolNode([charge])
+    kind = scenario.get("verify", "truthful")
 
-    def verify(args: dict[str, Any]) -> Any:
-        """Did this invoice's charge land? (asks the "vendor": the effects file)"""
-        if args["invoice"] in effect_lines(effects):
+    async def verify(args: dict[str, Any]) -> Any:
+        """Did this invoice's charge land? (asks the "vendor": the effects file; the liar
+        says no, always)"""
+        await note_asked(scenario, saver, "verify", args["invoice"])
+        if kind != "liar" and args["invoice"] in effect_lines(effects):
             return charge_result(args["invoice"], args["amount"])
         return NOT_APPLIED
 
+    hooks: dict[str, Any] = {}
+    if kind != "absent":
+        hooks["on_unknown"] = "raise"  # every unknown outcome must be settled by verify
+        hooks["verify"] = {"charge": verify}
     return IdempotentToolNode(
         [charge],
-        verify={"charge": verify},
-        on_unknown="raise",  # every unknown outcome must be settled by verify
+        **hooks,
         key_policy=scenario.get("key_policy", "tool_call"),
         wait_seconds=float(scenario.get("wait_seconds", 15.0)),
         poll_seconds=0.01,
@@ -277,7 +323,9 @@ async def adrive(graph: Any, scenario: dict[str, Any]) -> dict[str, Any]:
     if values:
         # even when `state.next` is empty: under durability "async" a finished task's
         # writes may be pending without their checkpoint, and only a run applies them
-        values = await graph.ainvoke(None, config, durability=durability)
+        values = await answered(
+            graph, scenario, await graph.ainvoke(None, config, durability=durability)
+        )
     if scenario.get("role", "app") == "app" or durability == "exit":
         seen = {m.content for m in values.get("messages", []) if isinstance(m, HumanMessage)}
         for text in scenario["inputs"]:
@@ -287,8 +335,33 @@ async def adrive(graph: Any, scenario: dict[str, Any]) -> dict[str, Any]:
                 values = await graph.ainvoke(
                     {"messages": [HumanMessage(content=text)]}, config, durability=durability
                 )
+                values = await answered(graph, scenario, values)
     if values.get("__interrupt__"):
         raise RuntimeError(f"unexpected interrupt: {values['__interrupt__']!r}")
+    return values
+
+
+async def answered(graph: Any, scenario: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """Without a ``verify`` hook: answer every unknown-outcome interrupt as a human who sees
+    only its payload ("completed", the result the tool returns for those arguments, about
+    that key and attempt) until the run goes through. Otherwise ``values`` as they are."""
+    if scenario.get("verify") != "absent":
+        return values
+    while values.get("__interrupt__"):
+        answers: dict[str, Any] = {}
+        for pending in values["__interrupt__"]:
+            question = pending.value
+            args = question["args"]
+            await note_asked(scenario, graph.checkpointer, "human", args["invoice"])
+            answers[pending.id] = {
+                "action": "completed",
+                "result": charge_result(args["invoice"], args["amount"]),
+                "key": question["key"],
+                "attempt": question["attempt"],
+            }
+        values = await graph.ainvoke(
+            Command(resume=answers), config_of(scenario), durability=scenario["durability"]
+        )
     return values
 
 
@@ -305,7 +378,7 @@ def _barrier(round_dir: Path, n: int) -> None:
 async def arun(scenario: dict[str, Any]) -> dict[str, Any]:
     """One application process's work on the thread; returns its report."""
     async with open_saver(scenario) as saver:
-        graph = build_graph(make_node(scenario), saver)
+        graph = build_graph(make_node(scenario, saver), saver)
         _barrier(Path(scenario["round_dir"]), int(scenario.get("n", 1)))
         values = await adrive(graph, scenario)
         messages = summarize(values.get("messages", []))
