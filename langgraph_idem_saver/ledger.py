@@ -36,6 +36,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.counts import Counts
+from langgraph_idem_saver.held_outcomes import given_up
 
 
 class CallStatus(str, Enum):
@@ -156,12 +157,18 @@ class LedgerEntry(CallRecord):
         """True when the call was issued, never finished, and its claim has lapsed.
 
         A claim lapses when its lease expires, or at once when its owner is a process on
-        this machine that no longer exists (a crash here need not wait out the lease).
+        this machine that no longer exists (a crash here need not wait out the lease), or
+        is this process and gave the call up (its outcome could never be written:
+        :mod:`~langgraph_idem_saver.held_outcomes`) - no wait on itself.
         """
         if self.status is not CallStatus.ISSUED:
             return False
         now = time.time() if now is None else now
-        return self.lease_expires_at <= now or owner_is_dead(self.owner)
+        return (
+            self.lease_expires_at <= now
+            or owner_is_dead(self.owner)
+            or (given_up(self.scope, self.key, self.owner) and minted_here(self.owner))
+        )
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(LedgerEntry))

@@ -570,15 +570,14 @@ async def test_a_one_call_steps_adoption_read_is_static_and_reads_what_it_finds(
 
 
 @pytest.mark.parametrize("calls", [1, 3], ids=["one outcome", "outcomes together"])
-async def test_outcomes_commit_without_waiting_for_the_wal_flush_claims_wait(
+async def test_outcomes_and_claims_commit_after_the_wal_flush(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch, calls: int
 ) -> None:
-    """An outcome's own transaction runs with ``synchronous_commit`` off (the step's
-    checkpoint write flushes it right after; a crash before that leaves the call an
-    unknown outcome: docs/guarantees.md); a claim's keeps the session's setting (on):
-    the row that lets a tool run is on disk before it runs. Nothing leaks into the
-    session. Observed inside each statement's transaction, on a connection that is not
-    in autocommit (the saver then wraps each call in a transaction)."""
+    """An outcome's transaction keeps the session's ``synchronous_commit`` (on), as a
+    claim's does: a server crash cannot roll back an outcome whose step's checkpoint
+    writes then land on the restarted server (tests/test_db_restart.py). Observed inside
+    each statement's transaction, on a connection that is not in autocommit (the saver
+    then wraps each call in a transaction)."""
     inside: dict[str, str] = {}
     original = psycopg.AsyncCursor.execute
 
@@ -606,7 +605,7 @@ async def test_outcomes_commit_without_waiting_for_the_wal_flush_claims_wait(
             batch = [intent(i, key=f"sc-{calls}-{i}") for i in range(calls)]
             await saver.aclaim(batch, owner="me", lease_seconds=60)
             await asyncio.gather(*(record(saver, "t", i.key) for i in batch))
-        assert inside == {"claim": "on", "outcome" if calls == 1 else "outcomes": "off"}
+        assert inside == {"claim": "on", "outcome" if calls == 1 else "outcomes": "on"}
         cur = await conn.execute("SHOW synchronous_commit")
         assert (await cur.fetchone())[0] == "on"  # type: ignore[index]
         await conn.rollback()

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline, BaseConnection,
 from psycopg import sql as psql
 from psycopg.abc import Params
 from psycopg.rows import TupleRow, tuple_row
-from psycopg_pool import AsyncConnectionPool, PoolClosed
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from langgraph_idem_saver.errors import (
     ConfigError,
@@ -36,7 +38,11 @@ from langgraph_idem_saver.errors import (
     SerializationError,
     StorageFullError,
 )
+from langgraph_idem_saver.held_outcomes import Held, HeldOutcomes
 from langgraph_idem_saver.postgres import sql
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.postgres.reconnect import OwnedConnection
 
 T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
@@ -118,6 +124,12 @@ def run_in_transaction(conn: psycopg.Connection[Any], steps: Steps[T], tx: bool 
         return run_steps(steps, cur)
 
 
+# after a pooled connection was lost, for BRIDGE_SECONDS a call waits BRIDGE_WAIT seconds
+# for the pool's connection and then opens its own (PostgresConnection._bridged)
+BRIDGE_SECONDS = 60.0
+BRIDGE_WAIT = 0.25
+BRIDGE_DRY_SECONDS = 1.0  # after a wait in vain, calls barely wait for this long
+
 # SQLSTATEs meaning the session is gone: connection exceptions (class 08) and the
 # server shutting the backend down (admin / crash / cannot connect now).
 _LOST_SQLSTATES = ("57P01", "57P02", "57P03")
@@ -130,21 +142,38 @@ class PostgresConnection:
     pipe: AsyncPipeline | None
     lock: asyncio.Lock
     supports_pipeline: bool
+    # the connection ``from_conn_string`` opened (reopened after a restart), else None
+    _owned: OwnedConnection | None = None
+    # outcomes the database could not take yet: written before the next statement
+    _held: HeldOutcomes | None = None
+    # when a pooled connection was last found lost (time.monotonic), 0.0: never
+    _pool_lost_at: float = 0.0
+    # until when the pool is taken for empty (it had no connection within BRIDGE_WAIT)
+    _pool_dry_until: float = 0.0
 
     if TYPE_CHECKING:
         is_setup: bool
 
         async def setup(self) -> None: ...
 
+        async def _write_held(self, held: list[Held]) -> None: ...
+
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
         """A connection for one call: the pool's next one, or ours under the lock."""
         conn = self.conn
         if isinstance(conn, AsyncConnectionPool):
+            if self._pool_lost_at and time.monotonic() - self._pool_lost_at < BRIDGE_SECONDS:
+                async with self._bridged(conn) as bridged:
+                    yield bridged
+                return
             async with conn.connection() as pooled:
                 yield pooled
             return
         async with self.lock:
+            if self.conn.closed and self._owned is not None:  # lost, and ours: a new one
+                conn, self.pipe = await self._owned.reopen()
+                self.conn = conn
             if conn.closed:
                 raise ConnectionClosedError(
                     "the PostgreSQL connection is closed; open a new connection and create "
@@ -152,6 +181,34 @@ class PostgresConnection:
                     "`), or pass an AsyncConnectionPool, which replaces lost connections"
                 )
             yield conn
+
+    @asynccontextmanager
+    async def _bridged(self, pool: AsyncConnectionPool[Any]) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection soon after the pool lost its own: the pool's, if it has one within
+        ``BRIDGE_WAIT``, else one of our own for this call. psycopg_pool replaces lost
+        connections with growing pauses (1 s, 2, 4, 8...), so after a server restart it
+        can stay empty for as long again as the server was down; the saver's calls meanwhile
+        run on connections it opens with the pool's settings, and closes after the call.
+        After a wait in vain, the calls of the next ``BRIDGE_DRY_SECONDS`` barely wait."""
+        dry = time.monotonic() < self._pool_dry_until  # it just had none: barely wait
+        try:
+            pooled = await pool.getconn(timeout=0.02 if dry else BRIDGE_WAIT)
+        except PoolTimeout:
+            if not dry:
+                self._pool_dry_until = time.monotonic() + BRIDGE_DRY_SECONDS
+        else:
+            try:
+                yield pooled
+            finally:
+                await pool.putconn(pooled)
+            return
+        try:
+            conninfo, kwargs = await _resolved(pool.conninfo), await _resolved(pool.kwargs)
+            own = await AsyncConnection.connect(conninfo, **(kwargs or {}))
+        except psycopg.OperationalError as exc:  # the server still down
+            raise ConnectionClosedError(f"cannot connect to PostgreSQL: {exc}") from exc
+        async with own:
+            yield own
 
     async def _execute(
         self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
@@ -210,7 +267,29 @@ class PostgresConnection:
     ) -> T:
         if not self.is_setup:  # a coroutine less on every call of a set-up saver
             await self.setup()
+        if self._held:  # outcomes the database could not take: before anything else
+            await self._held.write(self._write_held)
         return await self._execute(fn, tx=tx, pipeline=pipeline)
+
+    async def _write_held_at_close(self) -> None:
+        """The last chance of the outcomes this saver holds (its owned connection is about
+        to close): written now, or - the database still unreachable - given up
+        (``held_outcomes.give_up``: this process reads their calls as unknown at once)."""
+        held = self._held
+        if not held:
+            return
+        try:
+            await held.write(self._write_held)
+        except Exception:
+            held.give_up()
+
+    def _reconnects(self) -> bool:
+        """Whether a lost connection is replaced by the next call: an open pool's, or the
+        one ``from_conn_string`` owns (a user's single connection is not ours to replace)."""
+        conn = self.conn
+        if isinstance(conn, AsyncConnectionPool):
+            return not conn.closed
+        return self._owned is not None
 
     async def _run_steps(self, steps: Steps[T], *, tx: bool = False) -> T:
         """``_run`` of a :data:`Steps` body (what the sync saver's loop path runs too)."""
@@ -227,7 +306,7 @@ class PostgresConnection:
         try:
             return await self._run_steps(make_steps())
         except ConnectionClosedError:
-            if not isinstance(self.conn, AsyncConnectionPool):
+            if not self._reconnects():
                 raise
             return await self._run_steps(make_steps())
 
@@ -238,6 +317,11 @@ class PostgresConnection:
         same for the async connection (or pool) and for the sync one of the direct path
         (``conn``: the connection the call used, if it got one)."""
         pooled = isinstance(self.conn, AsyncConnectionPool)
+        if isinstance(exc, PoolTimeout):  # the server down (or the pool exhausted) so long
+            return ConnectionClosedError(
+                f"no PostgreSQL connection within the pool's timeout ({exc}); retry the "
+                "call once the server is reachable"
+            )
         if isinstance(exc, PoolClosed):
             return ConnectionClosedError(
                 f"the connection pool is closed ({exc}); open it (`pool.open()`, `await "
@@ -255,6 +339,11 @@ class PostgresConnection:
                 hint = (
                     "the pool discards the dead connection: retry the call (the outcome "
                     "of a write in flight is unknown until you read it back)"
+                )
+            elif self._owned is not None:
+                hint = (
+                    "the saver opens a new connection at its next call: retry the call (the "
+                    "outcome of a write in flight is unknown until you read it back)"
                 )
             else:
                 hint = (
@@ -291,9 +380,18 @@ class PostgresConnection:
         (a server restart or ``pg_terminate_backend`` kills them all), so the next call
         gets a live one."""
         if isinstance(self.conn, AsyncConnectionPool):
+            self._pool_lost_at = time.monotonic()  # bridged for a while (_bridged)
             # the pool closing or the server being down leaves nothing to do here
             with contextlib.suppress(Exception):
                 await self.conn.check()
+
+
+async def _resolved(value: T | Callable[[], T] | Callable[[], Awaitable[T]]) -> T:
+    """A pool setting as psycopg_pool takes it: a value, or a (sync or async) function."""
+    if not callable(value):
+        return value
+    found = value()
+    return await found if inspect.isawaitable(found) else found
 
 
 def _mid_command(conn: BaseConnection[Any]) -> bool:

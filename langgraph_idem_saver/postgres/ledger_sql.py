@@ -171,17 +171,13 @@ ORDER BY seq
 
 SELECT_ENTRY = f"SELECT {LEDGER_COLUMNS} FROM idem_tool_calls WHERE scope = %s AND key = %s"
 
-# An outcome's commit does not wait for the WAL flush (``synchronous_commit`` off for
-# its own transaction alone, ``set_config(..., true)``, evaluated once before the write):
-# atomic and visible at once, it is flushed with the next synchronous commit - the step's
-# checkpoint write, right after the node returns (the WAL is one sequence: flushing a
-# later commit flushes every earlier one) - or by the WAL writer within
-# ``wal_writer_delay``. A server or OS crash before that can roll it back with the step's
-# writes, and LangGraph then runs the step again: the call, still ``issued``, is an
-# unknown outcome - verified, never silently re-run. Claims keep the synchronous commit:
-# the row that lets a tool run is on disk before it runs. (The flush was ~0.1 ms of a
-# ~0.18 ms one-row outcome alone; 50 outcomes in one statement: 0.77 -> 0.55 ms.)
-_OUTCOME_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"
+# An outcome's commit waits for the WAL flush (the server's ``synchronous_commit``, on by
+# default), as a claim's does. It once set ``synchronous_commit`` off for its own
+# transaction (flushed with the step's checkpoint write, the WAL being one sequence), but
+# a *server* crash does not take the client with it: the unflushed outcome was lost, the
+# pool reconnected, the step's checkpoint writes landed on the restarted server, and the
+# ledger kept the call ``issued`` under a thread that had used its result
+# (tests/test_db_restart.py). The flush is one a batch of outcomes (group_commit.py).
 
 # The outcomes of calls that finished together, ONE statement: per row the entry as
 # finished; a row not returned was not ours to finish (no longer issued, or re-owned).
@@ -214,7 +210,7 @@ END
     volatile=True,
     plan_each_call=True,
 )
-_FINISH_STEP_CALL = f"FROM idem_finish_step(%s::json) WHERE {_OUTCOME_COMMIT}"
+_FINISH_STEP_CALL = "FROM idem_finish_step(%s::json)"
 FINISH_STEP = f"SELECT {LEDGER_COLUMNS} {_FINISH_STEP_CALL}"
 # the same, returning the keys alone (what the engine needs: which outcomes were recorded)
 FINISH_STEP_KEYS = f"SELECT scope, key {_FINISH_STEP_CALL}"
@@ -243,7 +239,7 @@ END
 """,
     volatile=True,
 )
-_FINISH_ONE_CALL = f"FROM idem_finish_one(%s, %s, %s, %s, %s, %s, %s, %s) WHERE {_OUTCOME_COMMIT}"
+_FINISH_ONE_CALL = "FROM idem_finish_one(%s, %s, %s, %s, %s, %s, %s, %s)"
 FINISH_ONE = f"SELECT {LEDGER_COLUMNS} {_FINISH_ONE_CALL}"
 FINISH_ONE_KEY = f"SELECT scope, key {_FINISH_ONE_CALL}"
 

@@ -14,9 +14,10 @@ from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
 from langgraph_idem_saver.backend import Claims, Guarded, step_params
-from langgraph_idem_saver.errors import LedgerStateError
+from langgraph_idem_saver.errors import ConnectionClosedError, LedgerStateError
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup, slot_of
 from langgraph_idem_saver.postgres import ledger_sql as sql
+from langgraph_idem_saver.postgres.held_writes import PostgresHeldWrites, Run
 from langgraph_idem_saver.postgres.ledger_rows import claim_rows, finish_rows
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ Cursor = AsyncCursor[TupleRow]
 CLAIM_RETRIES = 5
 
 
-class PostgresLedgerStore:
+class PostgresLedgerStore(PostgresHeldWrites):
     """Ledger rows on PostgreSQL: claims, outcomes, guarded updates, reads."""
 
     if TYPE_CHECKING:
@@ -76,7 +77,11 @@ class PostgresLedgerStore:
                 await cur.execute(q, p)
                 return await cur.fetchall()
 
-            rows = await self._run(claim)
+            try:
+                rows = await self._run(claim)
+            except ConnectionClosedError:  # committed or not, no tool runs under it
+                self._hold_claims_lost(claims)
+                raise
             found = sorted((r for r in rows if r[0] == "f"), key=lambda r: r[1])  # seq
             if found:
                 return [self.entry_of(r[2:]) for r in found], None
@@ -128,14 +133,16 @@ class PostgresLedgerStore:
     def _finish_matched(self, answer: tuple[bool, TupleRow | None]) -> bool:
         return answer[0]
 
-    async def _finish_all(
-        self, batch: list[tuple[tuple[Any, ...], bool]]
+    async def _finish_batch(
+        self, batch: list[tuple[tuple[Any, ...], bool]], run: Run | None = None
     ) -> list[tuple[bool, TupleRow | None]]:
         """Record the outcomes of calls that finished together: ONE statement (one round
         trip, one commit) for all, prepared: ``FINISH_STEP`` (its rows as one JSON
         document) for several, ``FINISH_ONE`` for one. Per outcome, whether it was ours to
         record, and its row. The rows come back whole only when one is asked for
-        (``read_back``); the engine asks for none, and then only keys travel back."""
+        (``read_back``); the engine asks for none, and then only keys travel back.
+        ``run``: how to run it (``_run``; the held writes' path runs it directly)."""
+        run = run or self._run
         back = any(back for _, back in batch)
         if len(batch) == 1:  # one outcome: scalar parameters, no JSON (FINISH_ONE)
             ((params, _),) = batch
@@ -145,7 +152,7 @@ class PostgresLedgerStore:
                 row = await cur.fetchone()
                 return [(row is not None, row)]
 
-            return await self._run(finish_one)
+            return await run(finish_one)  # type: ignore[no-any-return]
         query = sql.FINISH_STEP if back else sql.FINISH_STEP_KEYS
 
         async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
@@ -157,7 +164,7 @@ class PostgresLedgerStore:
                 out.append((row is not None, row))
             return out
 
-        return await self._run(finish)
+        return await run(finish)  # type: ignore[no-any-return]
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 
@@ -166,7 +173,11 @@ class PostgresLedgerStore:
             await cur.execute(query, params)
             return cur.rowcount
 
-        return await self._run(write)
+        try:
+            return await self._run(write)
+        except ConnectionClosedError:
+            self._hold_lost(query, params)  # a release: run again before the next statement
+            raise
 
     async def _guarded_update(self, update: Guarded) -> LedgerEntry | None:
         """One ``UPDATE ... RETURNING`` statement (the server's durability applies)."""
@@ -175,7 +186,11 @@ class PostgresLedgerStore:
             await cur.execute(update.query, update.params)
             return await cur.fetchone()
 
-        row = await self._run(run)
+        try:
+            row = await self._run(run)
+        except ConnectionClosedError:
+            self._hold_lost(update.query, update.params)  # a re-claim, an abandon: see there
+            raise
         return None if row is None else self.entry_of(row)
 
     async def _select_entries(self, query: str, params: tuple[Any, ...]) -> list[LedgerEntry]:

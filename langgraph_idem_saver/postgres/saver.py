@@ -56,18 +56,16 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
-import psycopg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, AsyncPipeline, Capabilities
-from psycopg.rows import TupleRow, dict_row
+from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
-from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.import_rows import LangGraphTables
 from langgraph_idem_saver.ledger_queries import LedgerSql
@@ -80,7 +78,6 @@ from langgraph_idem_saver.postgres.connection import (
     PostgresConnection,
     Statement,
     Steps,
-    connect_error,
     migrate,
     single,
 )
@@ -89,6 +86,7 @@ from langgraph_idem_saver.postgres.import_sql import PostgresTables
 from langgraph_idem_saver.postgres.inspect import PostgresInspection
 from langgraph_idem_saver.postgres.jsonb import as_text, metadata_columns, metadata_filter
 from langgraph_idem_saver.postgres.ledger_store import CLAIM_RETRIES, PostgresLedgerStore
+from langgraph_idem_saver.postgres.reconnect import OwnedConnection
 from langgraph_idem_saver.postgres.retention import PostgresRetention, mark_ended
 from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
@@ -169,26 +167,24 @@ class AsyncPostgresSaver(
     ) -> AsyncIterator[AsyncPostgresSaver]:
         """Connect to ``conn_string`` for the block (autocommit, prepared statements).
 
-        ``pipeline=True`` runs the connection in pipeline mode, as LangGraph's does.
+        ``pipeline=True`` runs the connection in pipeline mode, as LangGraph's does. The
+        saver owns this connection: one lost (a server restart) is replaced by a new one
+        at the next call (``postgres/reconnect.py``), and the block's end writes the
+        outcomes it still holds (``held_outcomes.py``) before closing it.
         """
         ttl = TTLConfig.of(ttl)  # refused before connecting
+        owned = OwnedConnection(conn_string, pipeline=pipeline)
+        conn, pipe = await owned.open()
         try:
-            conn = await AsyncConnection.connect(
-                conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
-            )
-        except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
-            error = connect_error(exc, conn_string)
-            raise error from (None if isinstance(error, ConfigError) else exc)
-        async with conn:
-            if pipeline:
-                async with conn.pipeline() as pipe:
-                    saver = cls(conn, pipe=pipe, serde=serde, ttl=ttl)
-                    await saver.setup()
-                    yield saver
-            else:
-                saver = cls(conn, serde=serde, ttl=ttl)
-                await saver.setup()
+            saver = cls(conn, pipe=pipe, serde=serde, ttl=ttl)
+            saver._owned = owned
+            await saver.setup()
+            try:
                 yield saver
+            finally:
+                await saver._write_held_at_close()
+        finally:
+            await owned.aclose()
 
     # --- plumbing -------------------------------------------------------------------
 
