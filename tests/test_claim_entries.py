@@ -114,7 +114,7 @@ async def test_the_engine_builds_every_field_of_an_intent(saver: Any) -> None:
     from langchain_core.tools import tool
 
     from langgraph_idem_saver import IdempotentToolNode
-    from langgraph_idem_saver.engine.core import INTENT_FIELDS
+    from langgraph_idem_saver.engine.intents import INTENT_FIELDS
     from langgraph_idem_saver.engine.types import Kind
 
     @tool

@@ -6,12 +6,13 @@ module::
 
     plan      add_call()            which calls are ledgered (read-only tools are not)
     key       aprepare()            canonical args, the key, the intent - before any write
+              intents.key_calls()   (pure: no ledger read or write)
     adopt     adoption.aadopt_orphans   a call whose message was lost gets its entry back
     claim     aclaim()              ONE transaction: an ``issued`` row per new call
     settle    asettle()             replay / conflict / wait / unknown outcome:
               unknown.adecide()         operator approval -> verify -> policy -> interrupt
               unknown.aapply()          record the decision
-    run       running()             the front door runs the tool inside it
+    run       running()             the front door runs the tool inside it (outcomes.py)
     finish    afinish()             ``completed``/``failed`` with the result, committed
               outcomes_at_end()     (a whole step) each call's write started, all awaited
               araised()             the tool raised: unknown outcome (or released)
@@ -19,7 +20,8 @@ module::
     answer    aanswer()             a call not run: replayed, settled, or its twin's
 
 A front door builds a :class:`Batch` of :class:`Plan` s, calls :meth:`aprepare`, runs the
-calls planned ``Kind.RUN`` and reports each outcome. Nothing here knows ``ToolNode``.
+calls planned ``Kind.RUN`` and reports each outcome. Nothing here knows ``ToolNode``
+beyond its ``ToolInvocationError`` (arguments refused before the tool ran: no effect).
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
-import inspect
 import threading
 import time
 from collections.abc import Awaitable, Coroutine
@@ -43,7 +43,6 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
 from langgraph_idem_saver import telemetry
-from langgraph_idem_saver.call_context import in_call
 from langgraph_idem_saver.checkpointer_unwrap import describe, ledger_in
 from langgraph_idem_saver.engine.adoption import (
     aadopt_orphans,
@@ -56,9 +55,16 @@ from langgraph_idem_saver.engine.earlier import (
     closed_superseded,
     raise_changed,
 )
-from langgraph_idem_saver.engine.forks import SlotCounter, fork_point, siblings_refused
+from langgraph_idem_saver.engine.forks import siblings_refused
+from langgraph_idem_saver.engine.intents import key_calls, site_of
 from langgraph_idem_saver.engine.loops import on_loop, running_loop
 from langgraph_idem_saver.engine.options import LedgerOptions
+from langgraph_idem_saver.engine.outcomes import (
+    Outcomes,
+    Running,
+    StepOutcomes,
+    await_outcomes,
+)
 from langgraph_idem_saver.engine.results import dumps, replayed_result, retarget, text_of
 from langgraph_idem_saver.engine.types import (
     Batch,
@@ -73,18 +79,6 @@ from langgraph_idem_saver.engine.types import (
     live,
 )
 from langgraph_idem_saver.engine.unknown import aapply, adecide
-from langgraph_idem_saver.errors import ConfigError
-from langgraph_idem_saver.keys import (
-    KeyContext,
-    KeyPolicy,
-    agent_path_of,
-    args_hash,
-    builtin_key,
-    canonical_args,
-    compute_key,
-    scope_of,
-    storable_call_id,
-)
 from langgraph_idem_saver.ledger import (
     CallIntent,
     CallStatus,
@@ -130,94 +124,6 @@ def settle_future(plan: Plan, *, result: Any = None, exc: BaseException | None =
         plan.outcome.set_exception(exc)
     else:
         plan.outcome.set_result(result)
-
-
-INTENT_FIELDS = frozenset(f.name for f in dataclasses.fields(CallIntent))
-
-
-def intent_of(values: dict[str, Any]) -> CallIntent:
-    """A call's intent from every one of its fields (:data:`INTENT_FIELDS`), built
-    without the frozen dataclass's ``__init__``: ~3 µs a call less, in steps of 50."""
-    return CallIntent._of(values)
-
-
-class Running:
-    """``LedgerEngine.running``'s context manager: a class, not an
-    ``asynccontextmanager``, because it is entered once per tool call and stays alive
-    while the tool runs - a generator-based one is four more objects a call (the async
-    generator, its manager, the event loop's weak reference to it...) for the garbage
-    collector to walk and promote, in steps of 50 parallel calls."""
-
-    __slots__ = ("batch", "call", "engine", "plan")
-
-    def __init__(self, engine: LedgerEngine, batch: Batch, plan: Plan) -> None:
-        self.engine, self.batch, self.plan = engine, batch, plan
-        self.call = in_call(batch, plan)  # current_call() and its span (call_context.py)
-
-    async def __aenter__(self) -> None:
-        self.plan.started = True
-        self.call.__enter__()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
-    ) -> None:  # the exception, if any, propagates
-        self.call.__exit__(exc_type, exc, tb)
-        if isinstance(exc, Exception):
-            await self.engine.araised(self.batch, self.plan, exc)
-        elif isinstance(exc, asyncio.CancelledError):
-            await self.engine.acancelled(self.batch, self.plan)
-
-
-class StepOutcomes:
-    """``LedgerEngine.outcomes_at_end``'s context manager.
-
-    A wide step's calls each record an outcome; awaited by the call that made it, every
-    outcome is a wakeup of its call's task and a future for the group commit to resolve
-    (~130 bytecodes a call of a 50-call step, 8% of the ledger's Python). Inside this
-    block :meth:`LedgerEngine.afinish` starts the write (``record_outcome_soon``: submitted
-    to the group commit at once, so each outcome is still committed as soon as its call
-    finished) and returns; the block's end awaits them all, so the front door still
-    returns only once every outcome of the step is committed (``docs/guarantees.md``).
-
-    Only when the ledger's coroutines run on this loop (not through a hop to another).
-    At the block's end collecting stops first: a call that finishes later (the block
-    left by an exception while siblings still run) awaits its own outcome. The first
-    outcome error is raised after all were awaited; when the block itself raised, its
-    exception wins.
-    """
-
-    __slots__ = ("batch", "engine")
-
-    def __init__(self, engine: LedgerEngine, batch: Batch) -> None:
-        self.engine, self.batch = engine, batch
-
-    async def __aenter__(self) -> None:
-        batch = self.batch
-        loop = batch.ledger_loop
-        if batch.ledger is not None and (loop is None or loop is running_loop()):
-            batch.outcomes = []
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
-    ) -> None:
-        outcomes, self.batch.outcomes = self.batch.outcomes, None
-        if outcomes:
-            await self.engine.aoutcomes(outcomes, raising=exc is None)
-
-
-def forget(written: Awaitable[None]) -> None:
-    """Drop an outcome nobody will await (its caller was cancelled): the write goes on
-    (the group commit's own task), and neither an unawaited coroutine nor an
-    unretrieved error is reported for it."""
-    if inspect.iscoroutine(written):
-        written.close()
-    elif isinstance(written, asyncio.Future):
-        written.add_done_callback(_retrieved)
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 class LedgerEngine:
@@ -328,86 +234,16 @@ class LedgerEngine:
         batch.ledger_loop = ledger.loop
         batch.serde = ledger.serde
 
-        configurable = config.get("configurable", {})
-        raw_thread_id = configurable.get("thread_id")
-        if raw_thread_id is None:
-            raise ConfigError(
-                f"{self.name!r} needs config['configurable']['thread_id'] to scope its ledger "
-                "entries"
-            )
-        thread_id = str(raw_thread_id)
-        scope = scope_of(thread_id, self.options.namespace)
-        batch.scope = scope
+        site = site_of(config, self.options.namespace, self.name)
+        batch.scope = site.scope
         batch.owner = self.owner
-        agent_path = agent_path_of(str(configurable.get("checkpoint_ns", "")))
-        raw_run_id = config.get("run_id") or config.get("metadata", {}).get("run_id")
-        run_id = None if raw_run_id is None else str(raw_run_id)
-
         # Keys first, for every call: a bad argument or key_fn fails before any claim.
-        leaders: dict[str, Plan] = {}
-        slots = SlotCounter(fork_point(config, thread_id))
-        policies: dict[str, KeyPolicy] = {}  # per tool, asked once a step
-        for plan in pending:
-            call = plan.call
-            name, call_id = call["name"], str(call["id"])
-            canon = canonical_args(call["args"], tool_name=name, tool_call_id=call_id)
-            storable_call_id(call_id, name)
-            digest = args_hash(canon)
-            policy = policies.get(name)
-            if policy is None:
-                policy = policies[name] = self.options.policy_for(name)
-            origin = batch.origins.get(call_id, "")
-            if callable(policy):  # a key_fn looks at the call in its context
-                ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest, origin)
-                key = compute_key(policy, call, ctx)
-            else:
-                key = builtin_key(
-                    policy,
-                    agent_path=agent_path,
-                    tool_call_id=call_id,
-                    message_id=origin,
-                    tool_name=name,
-                    canonical=canon,
-                )
-            plan.policy = policy
-            leader = leaders.get(key)
-            intent = {
-                "scope": scope,
-                "key": key,
-                "thread_id": thread_id,
-                "agent_path": agent_path,
-                "tool_name": name,
-                "args_hash": digest,
-                "args": canon.encode("utf-8"),
-                "tool_call_id": call_id,
-                "run_id": run_id,
-                "position": None,
-                "branch": None,
-                "occurrence": 0,
-            }
-            if leader is None:  # a leader (the first call of its key) takes the next fork slot
-                spot = slots.slot(policy, name, digest)
-                if spot is not None:
-                    intent["position"], intent["branch"], intent["occurrence"] = spot
-            plan.intent = intent_of(intent)
-            if leader is None:
-                leaders[key] = plan
-                continue
-            assert leader.intent is not None
-            if leader.intent.args_hash != digest or leader.intent.tool_name != name:
-                self.counters.bump("conflicts")
-                raise IdempotencyConflict(
-                    f"tool calls {leader.call['id']!r} and {call['id']!r} of one step share "
-                    f"ledger key {key!r} but not their tool/arguments"
-                )
-            plan.kind = Kind.FOLLOW
-            plan.leader = leader
-            if leader.outcome is None:
-                leader.outcome = concurrent.futures.Future()
+        step = key_calls(
+            pending, site, config, batch.origins, self.options.policy_for, self.counters
+        )
 
         # Any exception from here on (conflict, interrupt(), timeout) releases the fresh
         # claims of this run: the front door calls ``arelease_unstarted`` in a finally.
-        step = list(leaders.values())
         lookup = step_lookup(batch, step)
         if lookup is None:
             await self.aclaim(batch, step)
@@ -606,31 +442,13 @@ class LedgerEngine:
         result_type, data = self.dumps(batch, result)
         status = CallStatus.FAILED if failed else CallStatus.COMPLETED
         error = text_of(result.content) if failed else None
+        fields: dict[str, Any] = {"owner": batch.owner, "status": status, "error": error}
+        fields.update(result_type=result_type, result=data)
         outcomes = batch.outcomes
         if outcomes is not None:  # written now, awaited with the step's (outcomes_at_end)
-            written = ledger.record_outcome_soon(
-                batch.scope,
-                key,
-                owner=batch.owner,
-                status=status,
-                result_type=result_type,
-                result=data,
-                error=error,
-            )
-            outcomes.append((plan, written))
+            outcomes.append((plan, ledger.record_outcome_soon(batch.scope, key, **fields)))
             return result
-        await self.lg(
-            batch,
-            ledger.arecord_outcome(
-                batch.scope,
-                key,
-                owner=batch.owner,
-                status=status,
-                result_type=result_type,
-                result=data,
-                error=error,
-            ),
-        )
+        await self.lg(batch, ledger.arecord_outcome(batch.scope, key, **fields))
         self.recorded(plan)
         return result
 
@@ -646,33 +464,11 @@ class LedgerEngine:
         return StepOutcomes(self, batch)
 
     @telemetry.traced_outcomes
-    async def aoutcomes(
-        self, outcomes: list[tuple[Plan, Awaitable[None]]], *, raising: bool
-    ) -> None:
+    async def aoutcomes(self, outcomes: Outcomes, *, raising: bool) -> None:
         """Await every outcome written by :meth:`afinish` in a block of
         :meth:`outcomes_at_end`: each is committed, or its error is raised - the first
         one, after all were awaited - when ``raising``."""
-        first: Exception | None = None
-        executed = 0
-        try:
-            for at, (plan, written) in enumerate(outcomes):
-                try:
-                    await written
-                except Exception as exc:
-                    if first is None:
-                        first = exc
-                    continue
-                except BaseException:  # cancelled: the rest stay unawaited
-                    for _, left in outcomes[at + 1 :]:
-                        forget(left)
-                    raise
-                plan.owned = False  # as ``recorded``, counted once a step
-                executed += 1
-        finally:
-            if executed:
-                self.counters.bump("executed", executed)
-        if first is not None and raising:
-            raise first
+        await await_outcomes(outcomes, self.counters, raising=raising)
 
     def running(self, batch: Batch, plan: Plan) -> Running:
         """Around a front door's run of a ``Kind.RUN`` call's tool: marks it started, and

@@ -1,0 +1,142 @@
+"""The ``run`` and ``finish`` steps' context managers: around one call's tool, and
+around a whole step's outcomes.
+
+They see the engine only through two small protocols (what ends a started call, what
+awaits a step's outcomes), so nothing here imports ``LedgerEngine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from langgraph_idem_saver.call_context import in_call
+from langgraph_idem_saver.engine.loops import running_loop
+from langgraph_idem_saver.engine.types import Batch, IdempotencyCounters, Plan
+
+Outcomes = list[tuple[Plan, Awaitable[None]]]
+"""A step's outcome writes, started by ``afinish`` and awaited at the block's end."""
+
+
+class EndsCalls(Protocol):
+    """What settles a started call's claim when its run ends without a result."""
+
+    async def araised(self, batch: Batch, plan: Plan, exc: BaseException) -> None: ...
+
+    async def acancelled(self, batch: Batch, plan: Plan) -> None: ...
+
+
+class AwaitsOutcomes(Protocol):
+    """What awaits a step's outcome writes (traced by the engine)."""
+
+    async def aoutcomes(self, outcomes: Outcomes, *, raising: bool) -> None: ...
+
+
+class Running:
+    """``LedgerEngine.running``'s context manager: a class, not an
+    ``asynccontextmanager``, because it is entered once per tool call and stays alive
+    while the tool runs - a generator-based one is four more objects a call (the async
+    generator, its manager, the event loop's weak reference to it...) for the garbage
+    collector to walk and promote, in steps of 50 parallel calls."""
+
+    __slots__ = ("batch", "call", "engine", "plan")
+
+    def __init__(self, engine: EndsCalls, batch: Batch, plan: Plan) -> None:
+        self.engine, self.batch, self.plan = engine, batch, plan
+        self.call = in_call(batch, plan)  # current_call() and its span (call_context.py)
+
+    async def __aenter__(self) -> None:
+        self.plan.started = True
+        self.call.__enter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:  # the exception, if any, propagates
+        self.call.__exit__(exc_type, exc, tb)
+        if isinstance(exc, Exception):
+            await self.engine.araised(self.batch, self.plan, exc)
+        elif isinstance(exc, asyncio.CancelledError):
+            await self.engine.acancelled(self.batch, self.plan)
+
+
+class StepOutcomes:
+    """``LedgerEngine.outcomes_at_end``'s context manager.
+
+    A wide step's calls each record an outcome; awaited by the call that made it, every
+    outcome is a wakeup of its call's task and a future for the group commit to resolve
+    (~130 bytecodes a call of a 50-call step, 8% of the ledger's Python). Inside this
+    block :meth:`LedgerEngine.afinish` starts the write (``record_outcome_soon``: submitted
+    to the group commit at once, so each outcome is still committed as soon as its call
+    finished) and returns; the block's end awaits them all, so the front door still
+    returns only once every outcome of the step is committed (``docs/guarantees.md``).
+
+    Only when the ledger's coroutines run on this loop (not through a hop to another).
+    At the block's end collecting stops first: a call that finishes later (the block
+    left by an exception while siblings still run) awaits its own outcome. The first
+    outcome error is raised after all were awaited; when the block itself raised, its
+    exception wins.
+    """
+
+    __slots__ = ("batch", "engine")
+
+    def __init__(self, engine: AwaitsOutcomes, batch: Batch) -> None:
+        self.engine, self.batch = engine, batch
+
+    async def __aenter__(self) -> None:
+        batch = self.batch
+        loop = batch.ledger_loop
+        if batch.ledger is not None and (loop is None or loop is running_loop()):
+            batch.outcomes = []
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        outcomes, self.batch.outcomes = self.batch.outcomes, None
+        if outcomes:
+            await self.engine.aoutcomes(outcomes, raising=exc is None)
+
+
+async def await_outcomes(
+    outcomes: Outcomes, counters: IdempotencyCounters, *, raising: bool
+) -> None:
+    """Await every outcome of a step: each committed one is no longer its call's claim
+    to release, and counted ``executed`` (once a step); the first error is raised, after
+    all were awaited, when ``raising``. Cancelled, the rest are dropped (:func:`forget`)."""
+    first: Exception | None = None
+    executed = 0
+    try:
+        for at, (plan, written) in enumerate(outcomes):
+            try:
+                await written
+            except Exception as exc:
+                if first is None:
+                    first = exc
+                continue
+            except BaseException:  # cancelled: the rest stay unawaited
+                for _, left in outcomes[at + 1 :]:
+                    forget(left)
+                raise
+            plan.owned = False  # as ``LedgerEngine.recorded``
+            executed += 1
+    finally:
+        if executed:
+            counters.bump("executed", executed)
+    if first is not None and raising:
+        raise first
+
+
+def forget(written: Awaitable[None]) -> None:
+    """Drop an outcome nobody will await (its caller was cancelled): the write goes on
+    (the group commit's own task), and neither an unawaited coroutine nor an
+    unretrieved error is reported for it."""
+    if inspect.iscoroutine(written):
+        written.close()
+    elif isinstance(written, asyncio.Future):
+        written.add_done_callback(_retrieved)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
