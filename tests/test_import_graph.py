@@ -10,9 +10,8 @@ name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``. Import
 ``a.b`` also runs ``a/__init__.py``, but Python finds a package in ``sys.modules`` while
 its ``__init__`` runs, so parent packages are not counted as edges.
 
-Circles not cut yet are listed by name in ``KNOWN_CIRCLES``, each with the issue that
-removes it: the test fails when a circle appears or grows, and when a listed one is gone
-(then the list must shrink with it), so the list is always the exact set.
+The package has no circle: the test fails on the first one that appears, naming its
+modules.
 """
 
 from __future__ import annotations
@@ -28,15 +27,6 @@ import langgraph_idem_saver
 PACKAGE = Path(langgraph_idem_saver.__file__).parent
 NAME = "langgraph_idem_saver"
 
-# Circles still in the package, as sets of modules (a strongly connected component of the
-# graph). Issue #39 ("Cut the circles") removes each of them.
-KNOWN_CIRCLES: dict[str, frozenset[str]] = {
-    # the SQL text imports the runtime that imports it: issue #39 splits the migrations
-    # from the runtime modules
-    "postgres sql <-> delta_history <-> connection": frozenset(
-        f"{NAME}.postgres.{m}" for m in ("sql", "delta_history", "connection")
-    ),
-}
 # The shared saver code and the import of LangGraph's tables never name a backend, at
 # any level (not in a function, not for type checking): each backend hands its reader of
 # LangGraph's tables through ``IdemSaverBase._langgraph_tables``.
@@ -194,11 +184,8 @@ def test_relative_imports_resolve(tmp_path: Path) -> None:
 
 
 def test_no_import_circle() -> None:
-    found = circles(import_graph())
-    new = [sorted(c) for c in found if not any(c <= known for known in KNOWN_CIRCLES.values())]
-    assert not new, f"import circle(s) at module level: {new}"
-    gone = [name for name, known in KNOWN_CIRCLES.items() if not any(c <= known for c in found)]
-    assert not gone, f"circle(s) cut: remove {gone} from KNOWN_CIRCLES"
+    found = [sorted(c) for c in circles(import_graph())]
+    assert not found, f"import circle(s) at module level: {found}"
 
 
 @pytest.mark.parametrize("module", BACKEND_FREE)
@@ -212,9 +199,29 @@ def test_the_shared_saver_code_names_no_backend(module: str) -> None:
     assert "isinstance(saver, Async" not in text and ".__module__" not in text
 
 
-@pytest.mark.parametrize("name", sorted(KNOWN_CIRCLES))
-def test_known_circles_do_not_grow(name: str) -> None:
-    """A listed circle may shrink but not take in another module."""
-    known = KNOWN_CIRCLES[name]
-    grown = [sorted(c - known) for c in circles(import_graph()) if c & known and not c <= known]
-    assert not grown, f"{name} took in {grown}"
+# The Postgres SQL text (statements, the functions migrations create, the migrations)
+# and the pure helpers it is built with: none reaches a runtime module, so the
+# migrations sit below ``connection.py``, which runs them.
+PG_SQL_TEXT = ("sql", "tuple_sql", "ledger_sql", "delta_history_sql", "migrations")
+PG_TEXT_HELPERS = ("functions", "blob_chain")
+
+
+def reached_from(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen - {start}
+
+
+@pytest.mark.parametrize("module", PG_SQL_TEXT)
+def test_postgres_sql_text_imports_no_runtime_module(module: str) -> None:
+    prefix = f"{NAME}.postgres."
+    reached = reached_from(import_graph(), prefix + module)
+    runtime = sorted(
+        m
+        for m in reached
+        if m.startswith(prefix) and m.removeprefix(prefix) not in PG_SQL_TEXT + PG_TEXT_HELPERS
+    )
+    assert not runtime, f"postgres.{module} reaches {runtime}"

@@ -1,7 +1,7 @@
 """The blob of one channel version with the chain of bases its delta extends, as SQL.
 
 Both reads that load channel values in one statement (``sql.SELECT_TUPLES`` and
-``delta_history.delta_history_sql``) embed it as a ``CROSS JOIN LATERAL`` subquery, so
+``delta_history_sql.delta_history_sql``) embed it as a ``CROSS JOIN LATERAL`` subquery, so
 the walk is written once: each step is a primary-key probe (``LATERAL ... LIMIT 1``: a
 plain join there gets planned as a scan of the channel's blobs), ordered by depth.
 """

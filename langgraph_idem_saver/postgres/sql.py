@@ -1,18 +1,10 @@
-"""The PostgreSQL backend's checkpoint SQL, and its migrations.
+"""The PostgreSQL backend's checkpoint SQL: writes, deletion, copy and prune.
 
-``MIGRATIONS[i]`` brings a database from schema version ``i - 1`` to ``i``; the versions
-applied are recorded in ``idem_saver_migrations (v INTEGER PRIMARY KEY)``, so
-``len(MIGRATIONS) - 1`` is the schema version this release writes. Never edit a migration
-that has shipped: append a new one. Each migration is a list of single statements (no
-``CREATE INDEX CONCURRENTLY``: every migration runs inside one transaction, under an
-advisory lock, so ``setup()`` works on any connection, inside or outside a transaction,
-and concurrent workers calling it do not race).
-
-The layout mirrors the SQLite backend (``idem_`` prefix, blobs per (thread, ns, channel,
-version) written only for ``new_versions``). Every text key column uses ``COLLATE "C"``:
-checkpoint ids, task paths and ledger keys then sort by code point, exactly as SQLite and
-LangGraph's in-memory saver sort them, whatever the database's default locale, and the
-primary-key indexes serve those orders.
+The reads (``aget_tuple``, ``alist``) are in ``tuple_sql.py``, the schema and its
+migrations in ``migrations.py``, the ledger's statements in ``ledger_sql.py``: SQL-text
+modules that import no runtime module. Their names used by the savers and by
+``connection.py``'s ``setup()`` are re-exported here, so one ``sql`` namespace serves
+the runtime.
 
 All values are bound parameters. Statements that take a variable number of rows take
 them as a multi-row VALUES list (built per row count and cached: a handful of distinct,
@@ -22,63 +14,34 @@ prepared statements) or as arrays they ``unnest``, so every call is a single sta
 
 from __future__ import annotations
 
-from langgraph_idem_saver.postgres.blob_chain import blob_chain_sql
-from langgraph_idem_saver.postgres.delta_history import DELTA_HISTORY_FUNCTION
-from langgraph_idem_saver.postgres.functions import TUPLE_RESULT, plpgsql_function
-from langgraph_idem_saver.postgres.ledger_sql import (
-    FINISH_ONE_FUNCTION,
-    FINISH_STEP_FUNCTION,
-    STEP_FOUND_FUNCTION,
+# Re-exported for the runtime: the schema and its lock keys (connection.py's setup()),
+# the checkpoint reads (the savers). Defined in SQL-text modules below this one.
+from langgraph_idem_saver.postgres.migrations import INSERT_MIGRATION as INSERT_MIGRATION
+from langgraph_idem_saver.postgres.migrations import MIGRATION_LOCK_KEY as MIGRATION_LOCK_KEY
+from langgraph_idem_saver.postgres.migrations import MIGRATIONS as MIGRATIONS
+from langgraph_idem_saver.postgres.migrations import SCHEMA_VERSION as SCHEMA_VERSION
+from langgraph_idem_saver.postgres.migrations import (
+    SELECT_MIGRATIONS_TABLE as SELECT_MIGRATIONS_TABLE,
 )
-
-# The pg_advisory_xact_lock key setup() holds while it migrates (an arbitrary constant,
-# fixed forever: every release must take the same lock).
-MIGRATION_LOCK_KEY = 0x1DE3_5A7E_0C1D_0001
-
-# Per-thread advisory locks, (THREAD_LOCK_SPACE, hashtext(thread_id)) in the two-key
-# space (apart from the bigint migration lock and from other applications' keys). What
-# deletes blobs (delete, prune) holds the thread's lock exclusively for its transaction;
-# an aput that writes a delta holds it shared while it checks that the delta's base is
-# still stored. So no blob is deleted between that check and the delta's commit, and a
-# delete or prune sees every delta committed before it started deleting. Two threads
-# whose ids hash alike merely share a lock. Fixed forever, like MIGRATION_LOCK_KEY.
-THREAD_LOCK_SPACE = 0x1DE3_5A7E
-
-# a delta put's check of its bases (see _PUT_WITH_DELTAS for why a function)
-MISSING_BASES_FUNCTION = plpgsql_function(
-    "idem_missing_bases(p_bases json)",
-    "SETOF text",
-    f"""
-DECLARE
-    r json;
-BEGIN
-    IF p_bases IS NULL THEN
-        RETURN;
-    END IF;
-    PERFORM pg_advisory_xact_lock_shared({THREAD_LOCK_SPACE}, hashtext(p_bases -> 0 ->> 0));
-    FOR r IN SELECT * FROM json_array_elements(p_bases) LOOP
-        IF NOT EXISTS (
-            SELECT 1 FROM idem_blobs AS b
-            WHERE b.thread_id = r ->> 0 AND b.checkpoint_ns = r ->> 1
-                AND b.channel = r ->> 2 AND b.version = r ->> 3
-        ) THEN
-            RETURN NEXT r ->> 2;
-        END IF;
-    END LOOP;
-END
-""",
-    volatile=True,
+from langgraph_idem_saver.postgres.migrations import SELECT_SCHEMA_VERSION as SELECT_SCHEMA_VERSION
+from langgraph_idem_saver.postgres.migrations import TAKE_MIGRATION_LOCK as TAKE_MIGRATION_LOCK
+from langgraph_idem_saver.postgres.migrations import THREAD_LOCK_SPACE as THREAD_LOCK_SPACE
+from langgraph_idem_saver.postgres.tuple_sql import (
+    CHECKPOINT_TUPLE_FUNCTION as CHECKPOINT_TUPLE_FUNCTION,
 )
-
-
-# MIGRATIONS (the schema, by version) is at the end of this module: its later entries
-# create functions over statements defined below.
-
-
-TAKE_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(%s)"
-SELECT_MIGRATIONS_TABLE = "SELECT to_regclass('idem_saver_migrations') IS NOT NULL"
-SELECT_SCHEMA_VERSION = "SELECT MAX(v) FROM idem_saver_migrations"
-INSERT_MIGRATION = "INSERT INTO idem_saver_migrations (v) VALUES (%s) ON CONFLICT DO NOTHING"
+from langgraph_idem_saver.postgres.tuple_sql import LIST_AFTER as LIST_AFTER
+from langgraph_idem_saver.postgres.tuple_sql import LIST_AFTER_IN_NS as LIST_AFTER_IN_NS
+from langgraph_idem_saver.postgres.tuple_sql import LIST_AFTER_IN_THREAD as LIST_AFTER_IN_THREAD
+from langgraph_idem_saver.postgres.tuple_sql import LIST_IN_NS_FUNCTION as LIST_IN_NS_FUNCTION
+from langgraph_idem_saver.postgres.tuple_sql import LIST_LIMIT as LIST_LIMIT
+from langgraph_idem_saver.postgres.tuple_sql import PAGE_BOUND as PAGE_BOUND
+from langgraph_idem_saver.postgres.tuple_sql import SELECT_LATEST_TUPLE as SELECT_LATEST_TUPLE
+from langgraph_idem_saver.postgres.tuple_sql import SELECT_LIST_IN_NS_CALL as SELECT_LIST_IN_NS_CALL
+from langgraph_idem_saver.postgres.tuple_sql import SELECT_TUPLE_BY_ID as SELECT_TUPLE_BY_ID
+from langgraph_idem_saver.postgres.tuple_sql import SELECT_TUPLE_CALL as SELECT_TUPLE_CALL
+from langgraph_idem_saver.postgres.tuple_sql import SELECT_TUPLES as SELECT_TUPLES
+from langgraph_idem_saver.postgres.tuple_sql import WHERE_BY_ID as WHERE_BY_ID
+from langgraph_idem_saver.postgres.tuple_sql import WHERE_LATEST as WHERE_LATEST
 
 # --- checkpoints ------------------------------------------------------------------
 
@@ -205,138 +168,6 @@ def put_writes_sql(n_writes: int) -> str:
         _put_writes_cache[n_writes] = query
     return query
 
-
-# Checkpoint tuples with their channel values and pending writes, in one statement.
-# The inner query picks the rows (by an index, stopping at LIMIT); only then are the
-# blobs looked up, one primary-key probe per entry of the checkpoint's channel_versions
-# ({channel: version}) — the LATERAL ... LIMIT 1 keeps the planner from turning that into
-# a hash join over all of a thread's blobs, which it would pick for a thread that is
-# most of the table — and the writes, by the writes table's primary-key prefix. A blob
-# stored as a delta (list_deltas.py) brings its chain along: the versions it extends,
-# followed by primary key (recursively, LATERAL ... LIMIT 1 again: a plain join there
-# gets planned as a scan of the channel's blobs) back to one stored whole, ordered by
-# depth; a whole value costs nothing more. Text columns come back as bytea
-# (convert_to) so that each aggregate is one 2-D bytea array. The recursion stops
-# after ``blob_chain.CHAIN_LIMIT`` bases: a longer chain is corrupt (reported by resolve_value).
-#
-# The inner LIMIT is a constant (PAGE_BOUND, the largest page any read asks for) and the
-# rows wanted are cut by the outer LIMIT. With prepared statements PostgreSQL
-# switches to a generic plan after five executions; a generic plan cannot see a LIMIT
-# parameter's value and assumes 10% of the table, and then plans a sequential scan and
-# a sort of every checkpoint (22 ms instead of 0.1 ms on 50k checkpoints). A constant
-# bound keeps the index scan in every plan, generic or custom; the outer LIMIT still stops
-# the scan (and the blob look-ups) after the rows asked for. aget_tuple's outer LIMIT is
-# the constant 1 (its generic plan then costs what its custom plan does, so PostgreSQL
-# keeps it and stops planning each call); alist's is ``%(limit)s``.
-PAGE_BOUND = 100
-SELECT_TUPLES = """
-SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type,
-    c.checkpoint, c.metadata, c.metadata_exact,
-    (SELECT array_agg(ARRAY[convert_to(v.key, 'UTF8'), convert_to(b.type, 'UTF8'), b.blob,
-                            convert_to(b.version, 'UTF8'), convert_to(b.base_version, 'UTF8')]
-                      ORDER BY v.key, b.depth)
-     FROM jsonb_each_text(c.channel_versions) AS v
-     CROSS JOIN LATERAL (
-        _BLOB_CHAIN
-     ) AS b
-     WHERE b.type <> 'empty') AS channel_values,
-    (SELECT array_agg(ARRAY[convert_to(w.task_id, 'UTF8'), convert_to(w.channel, 'UTF8'),
-                            convert_to(w.type, 'UTF8'), w.value]
-                      ORDER BY w.task_path, w.task_id, w.idx)
-     FROM idem_writes AS w
-     WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
-       AND w.checkpoint_id = c.checkpoint_id) AS pending_writes
-FROM (
-    SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint,
-        metadata, metadata_exact, channel_versions
-    FROM idem_checkpoints
-    {where}
-    ORDER BY checkpoint_id DESC, thread_id DESC, checkpoint_ns DESC
-    LIMIT _PAGE_BOUND
-) AS c
-ORDER BY c.checkpoint_id DESC, c.thread_id DESC, c.checkpoint_ns DESC
-LIMIT {limit}
-""".replace("_PAGE_BOUND", str(PAGE_BOUND)).replace(
-    "_BLOB_CHAIN",
-    blob_chain_sql(
-        thread_id="c.thread_id", ns="c.checkpoint_ns", channel="v.key", version="v.value"
-    ),
-)
-
-WHERE_BY_ID = (
-    "WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s "
-    "AND checkpoint_id = %(checkpoint_id)s"
-)
-WHERE_LATEST = "WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s"
-
-SELECT_TUPLE_BY_ID = SELECT_TUPLES.format(where=WHERE_BY_ID, limit=1)
-SELECT_LATEST_TUPLE = SELECT_TUPLES.format(where=WHERE_LATEST, limit=1)
-
-# aget_tuple sends these two reads through a function (migration 10), with sequential
-# scans off: sent as they are, prepared (``prepare_threshold=0``), the generic plan
-# PostgreSQL caches after five executions was built for the tables as they were then.
-# On a fresh database that is a sequential scan of the checkpoints, of the writes and of
-# the blobs (once per channel): kept as the tables grew, each aget_tuple then read every
-# row (40,000 blobs, 20,000 checkpoints and 20,000 writes in the test) until autovacuum
-# next analyzed them. In the function every plan PostgreSQL may cache probes indexes.
-_IN_NS = "WHERE thread_id = p_thread_id AND checkpoint_ns = p_ns"
-CHECKPOINT_TUPLE_FUNCTION = plpgsql_function(
-    "idem_checkpoint_tuple(p_thread_id text, p_ns text, p_checkpoint_id text)",
-    TUPLE_RESULT,
-    f"""
-BEGIN
-    IF p_checkpoint_id IS NULL THEN
-        RETURN QUERY {SELECT_TUPLES.format(where=_IN_NS, limit=1)};
-    ELSE
-        RETURN QUERY {
-        SELECT_TUPLES.format(where=_IN_NS + " AND checkpoint_id = p_checkpoint_id", limit=1)
-    };
-    END IF;
-END
-""",
-    use_column=True,
-    generic_plan=True,
-)
-# alist's pages in one namespace of a thread (what ``get_state_history`` reads), with no
-# metadata filter, through a function for the same reason (migration 11); ``p_upper``:
-# only checkpoints older than it (``before``, and the last row of the previous page).
-# The caller orders by ordinality: the result's columns lack the tables' "C" collation.
-LIST_IN_NS_FUNCTION = plpgsql_function(
-    "idem_list_in_ns(p_thread_id text, p_ns text, p_upper text, p_limit integer)",
-    TUPLE_RESULT,
-    f"""
-BEGIN
-    IF p_upper IS NULL THEN
-        RETURN QUERY {SELECT_TUPLES.format(where=_IN_NS, limit="p_limit")};
-    ELSE
-        RETURN QUERY {
-        SELECT_TUPLES.format(where=_IN_NS + " AND checkpoint_id < p_upper", limit="p_limit")
-    };
-    END IF;
-END
-""",
-    use_column=True,
-    generic_plan=True,
-)
-_TUPLE_COLUMNS = (
-    "thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, "
-    "metadata, metadata_exact, channel_values, pending_writes"
-)
-SELECT_LIST_IN_NS_CALL = (
-    f"SELECT {_TUPLE_COLUMNS} FROM idem_list_in_ns("
-    "%(thread_id)s, %(ns)s, %(upper)s, %(limit)s) WITH ORDINALITY AS f ORDER BY f.ordinality"
-)
-
-# the tuple of a checkpoint (``checkpoint_id`` given) or the latest (``checkpoint_id`` None)
-SELECT_TUPLE_CALL = "SELECT * FROM idem_checkpoint_tuple(%(thread_id)s, %(ns)s, %(checkpoint_id)s)"
-LIST_LIMIT = "%(limit)s"  # alist's outer LIMIT: the page size, bound per call
-
-# keyset pagination: the next page starts strictly after the last row returned. The
-# columns a config fixes are left out, so the comparison matches an index's columns
-# (the primary key, or idem_checkpoints_thread_order) and seeks instead of filtering.
-LIST_AFTER_IN_NS = "checkpoint_id < %(c_id)s"
-LIST_AFTER_IN_THREAD = "(checkpoint_id, checkpoint_ns) < (%(c_id)s, %(c_ns)s)"
-LIST_AFTER = "(checkpoint_id, thread_id, checkpoint_ns) < (%(c_id)s, %(c_thread)s, %(c_ns)s)"
 
 # --- deletion, copy, prune ----------------------------------------------------------
 
@@ -501,212 +332,3 @@ DELETE FROM idem_writes AS w USING gone AS g
 WHERE w.thread_id = %(thread)s AND w.checkpoint_ns = g.checkpoint_ns
   AND w.checkpoint_id = g.checkpoint_id
 """
-
-
-MIGRATIONS: list[list[str]] = [
-    # 0: the bookkeeping table itself
-    [
-        "CREATE TABLE IF NOT EXISTS idem_saver_migrations (v INTEGER PRIMARY KEY)",
-    ],
-    # 1: checkpoints, blobs, writes
-    [
-        """
-        CREATE TABLE IF NOT EXISTS idem_checkpoints (
-            thread_id TEXT COLLATE "C" NOT NULL,
-            checkpoint_ns TEXT COLLATE "C" NOT NULL DEFAULT '',
-            checkpoint_id TEXT COLLATE "C" NOT NULL,
-            parent_checkpoint_id TEXT COLLATE "C",
-            run_id TEXT COLLATE "C",
-            type TEXT NOT NULL,
-            checkpoint BYTEA NOT NULL,
-            metadata JSONB NOT NULL,
-            -- the exact metadata JSON, only when JSONB cannot hold it as is (NUL
-            -- characters, unpaired surrogates, floats JSONB would print as integers);
-            -- ``metadata`` then holds a filterable approximation
-            metadata_exact TEXT,
-            channel_versions JSONB NOT NULL,
-            PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
-        )
-        """,
-        """
-        CREATE INDEX IF NOT EXISTS idem_checkpoints_thread_order
-            ON idem_checkpoints (thread_id, checkpoint_id, checkpoint_ns)
-        """,
-        """
-        CREATE INDEX IF NOT EXISTS idem_checkpoints_run_id
-            ON idem_checkpoints (run_id) WHERE run_id IS NOT NULL
-        """,
-        """
-        CREATE TABLE IF NOT EXISTS idem_blobs (
-            thread_id TEXT COLLATE "C" NOT NULL,
-            checkpoint_ns TEXT COLLATE "C" NOT NULL DEFAULT '',
-            channel TEXT COLLATE "C" NOT NULL,
-            version TEXT COLLATE "C" NOT NULL,
-            type TEXT NOT NULL,
-            blob BYTEA,
-            PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
-        )
-        """,
-        """
-        CREATE TABLE IF NOT EXISTS idem_writes (
-            thread_id TEXT COLLATE "C" NOT NULL,
-            checkpoint_ns TEXT COLLATE "C" NOT NULL DEFAULT '',
-            checkpoint_id TEXT COLLATE "C" NOT NULL,
-            task_id TEXT COLLATE "C" NOT NULL,
-            task_path TEXT COLLATE "C" NOT NULL DEFAULT '',
-            idx INTEGER NOT NULL,
-            channel TEXT COLLATE "C" NOT NULL,
-            type TEXT NOT NULL,
-            value BYTEA,
-            PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
-        )
-        """,
-    ],
-    # 2: the tool-call ledger
-    [
-        """
-        CREATE TABLE IF NOT EXISTS idem_tool_calls (
-            scope TEXT COLLATE "C" NOT NULL,
-            key TEXT COLLATE "C" NOT NULL,
-            thread_id TEXT COLLATE "C" NOT NULL,
-            agent_path TEXT COLLATE "C" NOT NULL DEFAULT '',
-            tool_name TEXT COLLATE "C" NOT NULL,
-            args_hash TEXT COLLATE "C" NOT NULL,
-            args BYTEA NOT NULL,
-            tool_call_id TEXT COLLATE "C" NOT NULL,
-            run_id TEXT COLLATE "C",
-            status TEXT NOT NULL CHECK (status IN ('issued', 'completed', 'failed')),
-            attempts INTEGER NOT NULL DEFAULT 1,
-            replays INTEGER NOT NULL DEFAULT 0,
-            conflicts INTEGER NOT NULL DEFAULT 0,
-            owner TEXT COLLATE "C" NOT NULL,
-            issued_at DOUBLE PRECISION NOT NULL,
-            lease_expires_at DOUBLE PRECISION NOT NULL,
-            finished_at DOUBLE PRECISION,
-            result_type TEXT,
-            result BYTEA,
-            error TEXT,
-            adopted_by TEXT COLLATE "C",
-            -- insertion order (SQLite's rowid): listings come back in the order claimed
-            seq BIGINT GENERATED BY DEFAULT AS IDENTITY,
-            PRIMARY KEY (scope, key)
-        )
-        """,
-        """
-        CREATE INDEX IF NOT EXISTS idem_tool_calls_thread
-            ON idem_tool_calls (thread_id, seq)
-        """,
-        """
-        CREATE INDEX IF NOT EXISTS idem_tool_calls_signature
-            ON idem_tool_calls (scope, agent_path, tool_name, args_hash)
-        """,
-        """
-        CREATE INDEX IF NOT EXISTS idem_tool_calls_issued
-            ON idem_tool_calls (seq) WHERE status = 'issued'
-        """,
-        """
-        CREATE INDEX IF NOT EXISTS idem_tool_calls_run_id
-            ON idem_tool_calls (run_id) WHERE run_id IS NOT NULL
-        """,
-    ],
-    # 3: list channels stored as appended deltas of an earlier version (list_deltas.py):
-    # a row with a base_version holds only the items appended to that version's list.
-    # In a DO block: a statement whose status is "ALTER ..." makes psycopg drop its
-    # prepared statements, and on a pipelined connection the DEALLOCATE ALL it queues
-    # for that is sent *after* the next statement was prepared, which then fails with
-    # "prepared statement _pg3_N does not exist".
-    [
-        """
-        DO $$ BEGIN
-            ALTER TABLE idem_blobs ADD COLUMN IF NOT EXISTS base_version TEXT COLLATE "C";
-        END $$
-        """,
-    ],
-    # 4: the ledger's audit trail: what operators and humans decided about an entry
-    # (JSON list of {"at", "by", "action", ...}); in a DO block for the reason above
-    [
-        """
-        DO $$ BEGIN
-            ALTER TABLE idem_tool_calls ADD COLUMN IF NOT EXISTS history TEXT;
-        END $$
-        """,
-    ],
-    # 5: fork slots (engine/forks.py): where in the thread's history a call was made
-    # (position: thread, namespace, step), from which checkpoint (branch) and which
-    # identical call of its step it is (occurrence). Unique per position, tool and
-    # arguments, so two forked branches of one step cannot both claim the same call.
-    [
-        """
-        DO $$ BEGIN
-            ALTER TABLE idem_tool_calls ADD COLUMN IF NOT EXISTS position TEXT COLLATE "C";
-            ALTER TABLE idem_tool_calls ADD COLUMN IF NOT EXISTS branch TEXT COLLATE "C";
-            ALTER TABLE idem_tool_calls ADD COLUMN IF NOT EXISTS occurrence INTEGER;
-        END $$
-        """,
-        """
-        CREATE UNIQUE INDEX IF NOT EXISTS idem_tool_calls_fork_slot
-            ON idem_tool_calls (scope, position, tool_name, args_hash, occurrence)
-            WHERE position IS NOT NULL
-        """,
-    ],
-    # 6: a call's outcome is a HOT update (heap-only: no index entry written). Recording
-    # it changes status/result/error/finished_at; the partial index of issued rows had
-    # status in its predicate, which made PostgreSQL add an entry to all six indexes for
-    # every outcome (~7 WAL records a call). Without it, and with room left in each page
-    # for the finished versions of its rows (fillfactor 25: a 50-call step with results
-    # of ~200 bytes is all HOT, ~1 KB results two thirds, results TOASTed out of line
-    # all), the outcome writes the row alone: on a 50-call step the statement's execution
-    # went 2.5 -> 1.0 ms and its WAL 64 -> 17 KB. Pages hold fewer fresh rows but no
-    # dead versions, so the table is about the same size. Listing every issued call
-    # (``alist_issued``: operator commands) now reads the table; no statement on a tool
-    # call's path used that index. In a DO block for the reason given at 3.
-    [
-        """
-        DO $$ BEGIN
-            DROP INDEX IF EXISTS idem_tool_calls_issued;
-            ALTER TABLE idem_tool_calls SET (fillfactor = 25);
-        END $$
-        """,
-    ],
-    # 7: the adoption read of a step (ledger_sql.STEP_FOUND_FUNCTION): a function that
-    # plans it on every call, so that no plan cached while the ledger was small (a
-    # prepared statement's generic plan) reads it as it grows
-    [STEP_FOUND_FUNCTION],
-    # 8: the same function reads a one-call step with a static query (no planning per
-    # call), and one outcome alone is a function too (ledger_sql.FINISH_ONE_FUNCTION).
-    # 7 and 8 both run the current definition (CREATE OR REPLACE): a database at any
-    # version ends with it.
-    [STEP_FOUND_FUNCTION, FINISH_ONE_FUNCTION],
-    # 9: a delta put's check of its bases is a function (MISSING_BASES_FUNCTION),
-    # so no plan cached while the blobs table was small scans it later
-    [MISSING_BASES_FUNCTION],
-    # 10: aget_tuple's read is a function (CHECKPOINT_TUPLE_FUNCTION): no plan cached
-    # while the tables were small scans them later
-    [CHECKPOINT_TUPLE_FUNCTION],
-    # 11: alist's pages in one namespace are a function too (LIST_IN_NS_FUNCTION)
-    [LIST_IN_NS_FUNCTION],
-    # 12: and the DeltaChannel history of one channel (delta_history.py)
-    [DELTA_HISTORY_FUNCTION],
-    # 13: the outcomes of calls that finish together are a function too, prepared like
-    # any statement (ledger_sql.FINISH_STEP_FUNCTION)
-    [FINISH_STEP_FUNCTION],
-    # 14: a step's adoption read of several calls is static queries, one per tool and
-    # one per spot (ledger_sql.STEP_FOUND_FUNCTION), not one planned on each call.
-    # 7, 8 and 14 all run the current definition: a database at any version ends with it.
-    [STEP_FOUND_FUNCTION],
-    # 15: the checkpoint reads (aget_tuple, alist in a namespace, the DeltaChannel
-    # history) use their generic plan - index probes, with sequential scans off - in
-    # every session, whatever the statistics (functions.plpgsql_function's
-    # ``generic_plan``); 10, 11, 12 and 15 all run the current definitions
-    [CHECKPOINT_TUPLE_FUNCTION, LIST_IN_NS_FUNCTION, DELTA_HISTORY_FUNCTION],
-]
-
-SCHEMA_VERSION = len(MIGRATIONS) - 1
-
-
-# The ledger's statements (ledger_sql.py) and the DeltaChannel history query
-# (delta_history.py) live with their jobs; reachable from here as before.
-from langgraph_idem_saver.postgres.delta_history import (  # noqa: E402
-    delta_history_sql as delta_history_sql,
-)
-from langgraph_idem_saver.postgres.ledger_sql import *  # noqa: E402, F403
