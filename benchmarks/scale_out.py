@@ -38,7 +38,10 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
+# "ours-norecord": the middleware without recorded model responses (record_model=False):
+# the tool ledger alone, to show what the model's records cost
 STACKS = ("stock", "ours")
+ALL_STACKS = ("stock", "ours", "ours-norecord")
 
 
 # --- the worker (a process of its own) ------------------------------------------------
@@ -76,11 +79,11 @@ async def worker(dsn: str, stack: str, calls: int, seconds: float) -> dict[str, 
         """Does nothing."""
         return f"ok {n}"
 
-    if stack == "ours":
+    if stack.startswith("ours"):
         from langgraph_idem_saver.middleware import IdempotencyMiddleware
         from langgraph_idem_saver.postgres import AsyncPostgresSaver as Saver
 
-        middleware: list[Any] = [IdempotencyMiddleware()]
+        middleware: list[Any] = [IdempotencyMiddleware(record_model=stack == "ours")]
     else:
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as Saver  # type: ignore[assignment]
 
@@ -121,8 +124,9 @@ async def set_up(dsns: dict[str, str]) -> None:
 
     from langgraph_idem_saver.postgres import AsyncPostgresSaver as Ours
 
-    for stack, cls in (("stock", Official), ("ours", Ours)):
-        async with cls.from_conn_string(dsns[stack]) as saver:  # type: ignore[attr-defined]
+    for stack, dsn in dsns.items():
+        cls = Official if stack == "stock" else Ours
+        async with cls.from_conn_string(dsn) as saver:  # type: ignore[attr-defined]
             await saver.setup()
 
 
@@ -190,7 +194,7 @@ def chart(rows: list[dict], path: str, cores: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for stack in STACKS:
+    for stack in dict.fromkeys(r["stack"] for r in rows):
         mine = [r for r in rows if r["stack"] == stack]
         widths = [r["width"] for r in mine]
         a.plot(widths, [r["turns_per_s"] for r in mine], marker="o", label=stack)
@@ -222,6 +226,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="per worker, per run")
     parser.add_argument("--dsn", help="a PostgreSQL server (else a throwaway, durable one)")
     parser.add_argument("--png", default="scale_out.png")
+    parser.add_argument("--stacks", default=",".join(STACKS), help=",".join(ALL_STACKS))
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     server = None
@@ -233,14 +238,16 @@ def main() -> int:
             tempfile.mkdtemp(prefix="idem-scale-pg-"), cleanup_mode="delete"
         )
         base = str(server.get_uri())
+    stacks = [st for st in args.stacks.split(",") if st in ALL_STACKS]
     try:
         rows = []
         for width in [int(w) for w in args.widths.split(",")]:
-            dsns = {stack: new_schema(base, stack) for stack in STACKS}  # fresh per width
+            # fresh schemas per width
+            dsns = {stack: new_schema(base, stack.replace("-", "_")) for stack in stacks}
             asyncio.run(set_up(dsns))
-            for stack in STACKS:
+            for stack in stacks:
                 row = run_width(dsns[stack], base, stack, width, args)
-                row["conflicts"] = conflicts(dsns[stack]) if stack == "ours" else None
+                row["conflicts"] = conflicts(dsns[stack]) if stack != "stock" else None
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
@@ -248,15 +255,15 @@ def main() -> int:
             server.cleanup()
     cores = os.cpu_count() or 1
     print(
-        f"\n{'width':>5} {'stack':<6} {'turns/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+        f"\n{'width':>5} {'stack':<13} {'turns/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'conns':>5} {'conflicts':>9}  ratio (ours/stock throughput)"
     )
     for r in rows:
         other = next(o for o in rows if o["width"] == r["width"] and o["stack"] == "stock")
-        ratio = f"{r['turns_per_s'] / other['turns_per_s']:.2f}x" if r["stack"] == "ours" else ""
+        ratio = f"{r['turns_per_s'] / other['turns_per_s']:.2f}x" if r["stack"] != "stock" else ""
         conflicts_of = "" if r["conflicts"] is None else str(r["conflicts"])
         print(
-            f"{r['width']:>5} {r['stack']:<6} {r['turns_per_s']:>8.1f} {r['p50_ms']:>8.1f} "
+            f"{r['width']:>5} {r['stack']:<13} {r['turns_per_s']:>8.1f} {r['p50_ms']:>8.1f} "
             f"{r['p99_ms']:>8.1f} {r['connections']:>5} {conflicts_of:>9}  {ratio}"
         )
     print(f"host: {cores} cores, load average {os.getloadavg()[0]:.1f}")
