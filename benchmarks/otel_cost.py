@@ -1,11 +1,12 @@
 """What OpenTelemetry costs the ledger: a 50-call ``IdempotentToolNode`` step on SQLite,
-in three modes, each in fresh processes, interleaved:
+in four modes, each in fresh processes, interleaved:
 
 * ``none`` - OpenTelemetry not importable (``sys.modules["opentelemetry"] = None``): the
   engine's hooks are the undecorated functions (``telemetry.ENABLED`` is False);
 * ``api``  - the API installed, no SDK configured: OpenTelemetry's no-op spans;
 * ``sdk``  - the SDK with a ``BatchSpanProcessor`` over an exporter that drops the spans,
-  and a ``MeterProvider`` whose reader exports to nowhere every 60 s.
+  and a ``MeterProvider`` whose reader exports to nowhere every 60 s;
+* ``sdk-1%`` - the same, sampling 1% of traces (``ParentBased(TraceIdRatioBased(0.01))``).
 
 ``python benchmarks/otel_cost.py [--rounds 3] [--steps 30]`` prints each mode's median
 milliseconds a step, wall-clock and CPU (the process's, all threads: what a busy host
@@ -24,14 +25,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("none", "api", "sdk")
+MODES = ("none", "api", "sdk", "sdk-1%")
 
 CHILD = r"""
 import asyncio, json, sys, time
 mode, path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if mode == "none":
     sys.modules["opentelemetry"] = None
-if mode == "sdk":
+if mode.startswith("sdk"):
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
@@ -53,7 +54,9 @@ if mode == "sdk":
         def shutdown(self, timeout_millis=30_000, **kwargs):
             pass
 
-    provider = TracerProvider()
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    sampler = ParentBased(TraceIdRatioBased(0.01)) if mode == "sdk-1%" else None
+    provider = TracerProvider(sampler=sampler)
     provider.add_span_processor(BatchSpanProcessor(Drop()))
     trace.set_tracer_provider(provider)
     reader = PeriodicExportingMetricReader(DropMetrics(), export_interval_millis=60_000)
@@ -100,9 +103,10 @@ def run(mode: str, steps: int, where: Path, round_: int) -> tuple[list[float], l
         [sys.executable, "-c", CHILD, mode, str(path), str(steps)],
         capture_output=True,
         text=True,
-        check=True,
         cwd=ROOT,
     )
+    if done.returncode != 0:
+        raise SystemExit(f"the {mode} run failed:\n{done.stderr[-3000:]}")
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["enabled"] is (mode != "none"), seen
     return seen["times"], seen["cpu"]
@@ -117,7 +121,7 @@ def main() -> None:
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
-            order = MODES[round_ % 3 :] + MODES[: round_ % 3]
+            order = MODES[round_ % len(MODES) :] + MODES[: round_ % len(MODES)]
             for mode in order:
                 wall, used = run(mode, args.steps, Path(tmp), round_)
                 samples[mode] += wall
@@ -126,11 +130,11 @@ def main() -> None:
     base_cpu = statistics.median(cpu["none"])
     n = args.rounds * args.steps
     print(f"50 calls a step, SQLite, n={n} steps a mode; medians")
-    print(f"{'mode':<6} {'wall ms':>9} {'vs none':>8} {'cpu ms':>9} {'vs none':>8}")
+    print(f"{'mode':<7} {'wall ms':>9} {'vs none':>8} {'cpu ms':>9} {'vs none':>8}")
     for mode in MODES:
         wall_ms, cpu_ms = statistics.median(samples[mode]), statistics.median(cpu[mode])
         print(
-            f"{mode:<6} {wall_ms * 1000:>9.2f} {wall_ms / base:>8.3f}"
+            f"{mode:<7} {wall_ms * 1000:>9.2f} {wall_ms / base:>8.3f}"
             f" {cpu_ms * 1000:>9.2f} {cpu_ms / base_cpu:>8.3f}"
         )
 
