@@ -1299,9 +1299,9 @@ async def test_no_call_scans_a_table_with_a_plan_cached_while_it_was_small(
     them until a table is next analyzed. After the tables have grown to 20,000 rows of
     other threads each, a chat turn (aget_tuple, delta puts, writes), a history read, a
     tool step of the ledger, a thread copy, a prune and a delete read their rows through
-    indexes: no sequential scan of any table. (Before 2026-11-26 (``04697dd``), aget_tuple's read, the
-    delta put's check of its base and the maintenance statements scanned whole tables
-    here.)"""
+    indexes: no sequential scan of any table. (Before 2026-11-26 (``04697dd``),
+    aget_tuple's read, the delta put's check of its base and the maintenance statements
+    scanned whole tables here.)"""
     from langchain_core.messages import AIMessage, HumanMessage
     from langchain_core.tools import tool
     from langgraph.graph import START, MessagesState, StateGraph
