@@ -40,9 +40,13 @@ class Outcome:
     def duplicates(self) -> dict[str, int]:
         return {e: n for e, n in Counter(self.effects).items() if n > 1}
 
+    def started(self) -> set[str]:
+        """The threads the workers started (the rest were left when the schedule ended)."""
+        return {e["thread"] for e in self.events if e["kind"] == "started"}
+
     def missing(self) -> list[str]:
         done = set(self.effects)
-        expected = [f"{t}/inv-{i}" for t in self.threads for i in range(CALLS)]
+        expected = [f"{t}/inv-{i}" for t in sorted(self.started()) for i in range(CALLS)]
         return [e for e in expected if e not in done]
 
     def finished(self) -> set[str]:
@@ -90,17 +94,19 @@ def run_schedule(
     *,
     stack: str,
     seed: int,
-    threads_per_worker: int = 8,
+    threads_per_worker: int = 40,
     lanes: int = 3,
     kills: int = 2,
     tool_seconds: tuple[float, float] = (0.05, 0.4),
     seconds: float = 45.0,
 ) -> Outcome:
     """Run one worker per connection kind (``dsns``: ``pool``/``single`` -> DSN) under
-    ``kills`` server crashes drawn from ``seed``."""
+    ``kills`` server crashes drawn from ``seed``. Each worker has ``threads_per_worker``
+    threads to run, more than the schedule lasts: two seconds after the last restart no
+    new one starts (``Outcome.started`` names those that did)."""
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="idem-restart-run-"))
-    effects, events, go = work / "effects", work / "events", work / "go"
+    effects, events, go, stop = work / "effects", work / "events", work / "go", work / "stop"
     procs: list[subprocess.Popen[bytes]] = []
     threads: list[str] = []
     restarts: list[tuple[float, float]] = []
@@ -116,6 +122,7 @@ def run_schedule(
                 "events": str(events),
                 "ready": str(work / f"ready-{n}"),
                 "go": str(go),
+                "stop": str(stop),
                 "seed": seed * 100 + n,
                 "threads": mine,
                 "lanes": lanes,
@@ -147,6 +154,8 @@ def run_schedule(
             killed = server.kill()
             time.sleep(rng.uniform(0.2, 0.8))  # the server down
             restarts.append((killed, server.start()))
+        time.sleep(2.0)  # threads finishing on the restarted server
+        stop.write_text("stop")  # then no new thread starts; those running finish
         deadline = time.monotonic() + seconds + 30  # the workers stop at `seconds`
         codes = []
         for p in procs:

@@ -1,10 +1,11 @@
 """One worker process of the database-restart test (tests/test_db_restart.py).
 
 ``python tests/db_restart_worker.py CONFIG`` (``CONFIG``: a JSON object) runs
-``config["threads"]`` ``create_agent`` threads, ``lanes`` at a time, each asking for three
-charges at once (parallel tool calls, each its own ``Send`` task) and then answering,
-while the test SIGKILLs and restarts the PostgreSQL *server* under it. The worker is
-never killed: it is the application living through the restart.
+``config["threads"]`` ``create_agent`` threads (until ``stop``, a file, appears: then no
+new one starts), ``lanes`` at a time, each asking for three charges at once (parallel
+tool calls, each its own ``Send`` task) and then answering, while the test SIGKILLs and
+restarts the PostgreSQL *server* under it. The worker is never killed: it is the
+application living through the restart.
 
 * ``stack`` ``ours``: ``AsyncPostgresSaver`` and ``IdempotencyMiddleware`` (its ``verify``
   reads the effects file, and logs what it was asked and found: a call this live
@@ -203,8 +204,13 @@ class Worker:
         deadline = time.monotonic() + self.config["seconds"]
         lanes = asyncio.Semaphore(self.config["lanes"])
 
+        stop = Path(self.config["stop"])
+
         async def lane(thread: str) -> None:
             async with lanes:
+                if stop.exists():  # the schedule is over: no new thread
+                    return
+                self.event("started", thread=thread)
                 await self.drive(thread, deadline)
 
         await asyncio.gather(*(lane(t) for t in self.config["threads"]))

@@ -329,7 +329,7 @@ async def test_killed_after_the_first_outcome_is_visible_nothing_stays_issued(
     others are written when the server is back. The check sees ``issued`` rows: the
     claims are listed while the tools run."""
     effects: list[str] = []
-    delays = {"inv-0": 0.0, "inv-1": 0.6, "inv-2": 1.2}
+    delays = {"inv-0": 0.3, "inv-1": 0.9, "inv-2": 1.5}  # every claim in before an outcome
 
     @tool
     async def charge(invoice: str) -> str:
@@ -407,8 +407,9 @@ def worker_dsns(crashable: CrashableServer) -> Iterator[tuple[str, str]]:
 def test_workers_live_through_server_kills(
     crashable: CrashableServer, worker_dsns: tuple[str, str]
 ) -> None:
-    """Two worker processes (a pool, a ``from_conn_string`` connection), eight threads
-    each, three parallel charges a thread, the server SIGKILLed twice at seeded moments.
+    """Two worker processes (a pool, a ``from_conn_string`` connection), three threads at
+    a time each, three parallel charges a thread, the server SIGKILLed twice at seeded
+    moments (new threads start until two seconds after the last restart).
     Ours: every effect once, every thread finished, no call left ``issued``, no raw
     driver exception, no result the process had turned unknown (``verify`` never finds
     the effect it is asked about: only calls cancelled mid-run are asked), and threads
@@ -425,7 +426,7 @@ def test_workers_live_through_server_kills(
     assert ours.returncodes == [0, 0], ours.stderr
     assert len(ours.restarts) == 2
     assert ours.duplicates() == {} and ours.missing() == []
-    assert ours.finished() == set(ours.threads)
+    assert ours.finished() == ours.started() and len(ours.started()) >= 8
     assert ours.raw_driver_errors() == {}
     assert set(ours.errors()) <= {"langgraph_idem_saver.errors.ConnectionClosedError"}
     assert ours.asked_about_done() == []

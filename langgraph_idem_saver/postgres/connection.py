@@ -303,6 +303,18 @@ class PostgresConnection:
         exited yet. A read changes nothing, so running it again is always safe; a write is
         never retried here (its outcome is unknown: the error says so).
         """
+        return await self._again_on_lost(make_steps)
+
+    async def _write_steps(self, make_steps: Callable[[], Steps[T]]) -> T:
+        """``_run_steps`` for a checkpoint write, run once more on a fresh connection when
+        its connection was lost. The write is an upsert of the same rows (a checkpoint, its
+        blobs, a task's writes: ``ON CONFLICT ... DO UPDATE`` with the same values), so
+        running it again stores what running it once does, whether or not the first
+        attempt committed: a run whose writes landed is not reported failed for an answer
+        lost in transit."""
+        return await self._again_on_lost(make_steps)
+
+    async def _again_on_lost(self, make_steps: Callable[[], Steps[T]]) -> T:
         try:
             return await self._run_steps(make_steps())
         except ConnectionClosedError:

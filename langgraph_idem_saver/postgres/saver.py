@@ -183,6 +183,7 @@ class AsyncPostgresSaver(
                 yield saver
             finally:
                 await saver._write_held_at_close()
+                saver._owned = None  # closed for good with the block: never reopened
         finally:
             await owned.aclose()
 
@@ -305,11 +306,17 @@ class AsyncPostgresSaver(
     # --- writes --------------------------------------------------------------------
 
     async def _put_checkpoint(self, put: CheckpointPut) -> list[EncodedBlob]:
-        """One statement, one round trip (a second when a delta's base is gone)."""
-        return await self._run_steps(self._put_steps(put))
+        """One statement, one round trip (a second when a delta's base is gone); encoded
+        once, run again on a fresh connection if the first one is lost (_write_steps)."""
+        args = self._put_args(put)
+        return await self._write_steps(lambda: self._put_rounds(*args))
 
     def _put_steps(self, put: CheckpointPut) -> Steps[list[EncodedBlob]]:
         """``_put_checkpoint``'s statements; validated and encoded at once."""
+        return self._put_rounds(*self._put_args(put))
+
+    def _put_args(self, put: CheckpointPut) -> tuple[str, str, list[EncodedBlob], tuple[Any, ...]]:
+        """What ``_put_rounds`` writes: validated and encoded (once a put)."""
         thread_id, ns, checkpoint = put.thread_id, put.ns, put.checkpoint
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
@@ -332,7 +339,7 @@ class AsyncPostgresSaver(
             metadata_exact,
             encode_versions(checkpoint["channel_versions"]),
         )
-        return self._put_rounds(thread_id, ns, blobs, checkpoint_params)
+        return thread_id, ns, blobs, checkpoint_params
 
     def _put_rounds(
         self, thread_id: str, ns: str, blobs: list[EncodedBlob], checkpoint_params: tuple[Any, ...]
@@ -363,7 +370,8 @@ class AsyncPostgresSaver(
             rows = [self._deltas.whole(self.serde, b) if b.channel in missing else b for b in rows]
 
     async def _insert_writes(self, rows: list[tuple[Any, ...]]) -> None:
-        await self._run_steps(single(self._writes_statement(rows)))
+        statement = self._writes_statement(rows)
+        await self._write_steps(lambda: single(statement))
 
     @staticmethod
     def _writes_statement(rows: list[tuple[Any, ...]]) -> Statement:
