@@ -34,12 +34,12 @@ from langgraph_idem_saver import telemetry
 from langgraph_idem_saver.engine.results import loads_recorded
 from langgraph_idem_saver.errors import CorruptRecordError, LedgerStateError
 from langgraph_idem_saver.ledger import (
-    RERUN_APPROVED,
     CallStatus,
     LedgerEntry,
     LedgerStats,
     ToolCallLedger,
 )
+from langgraph_idem_saver.owners import RERUN_APPROVED
 
 Resolution = Literal["completed", "failed", "rerun"]
 

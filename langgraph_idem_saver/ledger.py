@@ -10,7 +10,7 @@ A ledger entry is the durable record of one logical side-effecting tool call:
 
 An ``issued`` entry whose lease has expired has an *unknown outcome*: its process died
 somewhere between the claim and the final write, so the side effect may or may not have
-happened. The tool node never re-runs such a call silently (see ``tool_node``).
+happened. The engine never re-runs such a call silently (see ``engine.unknown``).
 
 Backends (SQLite, Postgres) implement :class:`ToolCallLedger`'s small set of record
 methods; all policy (keys, status transitions, leases, replay) lives in the core so the
@@ -21,11 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
-import threading
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, fields
@@ -37,6 +33,10 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.held_outcomes import given_up
+from langgraph_idem_saver.owners import RERUN_APPROVED, minted_here, owner_is_dead
+
+# make_owner lives in ``owners``; still importable from here for code written against this module
+from langgraph_idem_saver.owners import make_owner as make_owner
 
 
 class CallStatus(str, Enum):
@@ -172,85 +172,6 @@ class LedgerEntry(CallRecord):
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(LedgerEntry))
-
-_HOST = socket.gethostname()
-
-RERUN_APPROVED = "rerun-approved:"
-"""Owner prefix of an ``issued`` entry an operator released for a re-run (its lease is
-over, so it reads as an unknown outcome that needs no question)."""
-
-
-_process_lock = threading.Lock()
-_process_prefix: tuple[int, str] = (-1, "")
-
-
-def process_owner_prefix() -> str:
-    """``host:pid:<process nonce>-``: what every owner minted by this process starts with.
-
-    The process nonce tells apart two processes that got the same pid (after a reboot, in
-    containers sharing a host name, or a ``fork`` child): it is renewed whenever the pid
-    changes. Computed under a lock, so threads never see half of it.
-    """
-    global _process_prefix
-    pid = os.getpid()
-    current = _process_prefix
-    if current[0] == pid:
-        return current[1]
-    with _process_lock:
-        if _process_prefix[0] != pid:
-            _process_prefix = (pid, f"{_HOST}:{pid}:{uuid.uuid4().hex[:8]}-")
-        return _process_prefix[1]
-
-
-def make_owner() -> str:
-    """An owner id for claims: ``host:pid:nonce``, unique per call.
-
-    The nonce starts with this process's nonce (:func:`process_owner_prefix`), so
-    :func:`minted_here` can tell this process's claims from any other's without keeping a
-    registry of owners (which would grow with every node built).
-    """
-    return f"{process_owner_prefix()}{uuid.uuid4().hex[:12]}"
-
-
-def minted_here(owner: str) -> bool:
-    """Whether ``owner`` was minted by this very process (not a forked parent, not an
-    earlier process that had the same pid)."""
-    return owner.startswith(process_owner_prefix())
-
-
-def owner_is_dead(owner: str) -> bool:
-    """Whether ``owner`` names a process on this host that has exited.
-
-    Conservative: an owner on another host, in an unparsable format, or whose pid is
-    alive (even if the pid was reused by an unrelated process) counts as alive, so the
-    caller waits for the lease - never the other way round.
-    """
-    parts = owner.split(":")
-    if len(parts) < 3:
-        return False
-    host, pid_text = ":".join(parts[:-2]), parts[-2]
-    if host != _HOST or not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    """A killed child not yet reaped by its parent still answers ``kill(pid, 0)``."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            return stat.read().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return False
-
 
 @dataclass(frozen=True)
 class ClaimOutcome:

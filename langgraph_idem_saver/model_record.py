@@ -58,9 +58,8 @@ from langgraph_idem_saver.ledger import (
     CallStatus,
     LedgerEntry,
     ToolCallLedger,
-    make_owner,
-    minted_here,
 )
+from langgraph_idem_saver.owners import make_owner, minted_here
 
 __all__ = [
     "MODEL_TOOL_NAME",

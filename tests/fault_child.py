@@ -170,7 +170,8 @@ async def put_loop(spec: dict[str, Any]) -> None:
 
 
 async def ledger_loop(spec: dict[str, Any]) -> None:
-    from langgraph_idem_saver.ledger import CallIntent, CallStatus, make_owner
+    from langgraph_idem_saver.ledger import CallIntent, CallStatus
+    from langgraph_idem_saver.owners import make_owner
 
     db = Db(spec["backend"], spec["where"])
     owner = make_owner()

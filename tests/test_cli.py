@@ -46,7 +46,7 @@ from langgraph_idem_saver.cli import (
     redact_dsn,
 )
 from langgraph_idem_saver.demo import ScriptedModel
-from langgraph_idem_saver.ledger import make_owner
+from langgraph_idem_saver.owners import make_owner
 
 try:
     from pg_server import afresh_dsn, postgres_available

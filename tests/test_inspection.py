@@ -29,7 +29,7 @@ from langgraph_idem_saver.inspection import (
     decode_args,
     decode_result,
 )
-from langgraph_idem_saver.ledger import make_owner
+from langgraph_idem_saver.owners import make_owner
 
 CALL = {"name": "charge", "args": {"invoice": "inv-9", "amount": 5}, "id": "call_9"}
 

@@ -33,7 +33,8 @@ from tool_node_helpers import cfg
 
 from langgraph_idem_saver import NOT_APPLIED, IdempotentToolNode
 from langgraph_idem_saver.errors import LedgerStateError
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, owner_is_dead
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry
+from langgraph_idem_saver.owners import owner_is_dead
 
 # --- part 1: maintenance operations on real graph runs -----------------------------------
 

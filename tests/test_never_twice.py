@@ -41,7 +41,7 @@ from tool_node_helpers import (
 from langgraph_idem_saver import CallStatus, ConfigError, LedgerStateError
 from langgraph_idem_saver.engine.core import REPLAY_EVENT
 from langgraph_idem_saver.inspection import aresolve_unknown, aretry_failed, astale_claims
-from langgraph_idem_saver.ledger import minted_here
+from langgraph_idem_saver.owners import minted_here
 from langgraph_idem_saver.tool_node import NOT_APPLIED, IdempotentToolNode, NotAppliedError
 
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")

@@ -12,7 +12,8 @@ import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 
 from langgraph_idem_saver import AsyncSqliteSaver, StorageFullError
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, make_owner
+from langgraph_idem_saver.ledger import CallIntent, CallStatus
+from langgraph_idem_saver.owners import make_owner
 from langgraph_idem_saver.sqlite import sql
 
 

@@ -8,7 +8,8 @@ from typing import Any
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from langgraph_idem_saver.ledger import CallIntent, make_owner
+from langgraph_idem_saver.ledger import CallIntent
+from langgraph_idem_saver.owners import make_owner
 
 
 async def test_the_allowlisted_copy_shares_storage_and_ledger(saver: Any) -> None:

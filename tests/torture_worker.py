@@ -205,7 +205,7 @@ def make_charge(effects: Path, latency: float) -> BaseTool:
 
 
 def owner_pid(owner: str) -> int | None:
-    """The pid in a claim's owner id (``host:pid:nonce-...``; see ``ledger.make_owner``)."""
+    """The pid in a claim's owner id (``host:pid:nonce-...``; see ``owners.make_owner``)."""
     parts = owner.split(":")
     return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
 

@@ -30,8 +30,8 @@ from langgraph_idem_saver.ledger import (
     LedgerEntry,
     StepCandidates,
     StepLookup,
-    minted_here,
 )
+from langgraph_idem_saver.owners import minted_here
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.engine.core import LedgerEngine

@@ -85,9 +85,8 @@ from langgraph_idem_saver.ledger import (
     ClaimOutcome,
     LedgerEntry,
     ToolCallLedger,
-    make_owner,
-    minted_here,
 )
+from langgraph_idem_saver.owners import make_owner, minted_here
 
 T = TypeVar("T")
 

@@ -44,7 +44,8 @@ from langgraph.types import interrupt
 from langgraph_idem_saver.engine.results import text_of
 from langgraph_idem_saver.engine.types import Batch, Kind, Plan, ToolCallInProgress
 from langgraph_idem_saver.errors import ConfigError
-from langgraph_idem_saver.ledger import RERUN_APPROVED, CallStatus, LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.owners import RERUN_APPROVED
 from langgraph_idem_saver.retention import ENDED  # appended by deleting transactions
 
 if TYPE_CHECKING:
