@@ -50,7 +50,6 @@ from langgraph.types import CachePolicy, RetryPolicy
 from langgraph_idem_saver.call_context import in_call
 from langgraph_idem_saver.engine import (
     Batch,
-    IdempotencyCounters,
     Kind,
     LedgerEngine,
     LedgerOptions,
@@ -206,9 +205,3 @@ def _answered(call: Plan, result: Any) -> Any:
             f"task {call.call['name']!r} was recorded as failed: {entry.error or result}"
         )
     return result
-
-
-def counters_of(task_function: Any) -> IdempotencyCounters:
-    """The in-process counters of an ``idempotent_task`` (executed, replayed, ...)."""
-    counters: IdempotencyCounters = task_function.counters
-    return counters
