@@ -43,7 +43,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from pydantic import BaseModel
 
 from langgraph_idem_saver.counts import Counts

@@ -27,6 +27,10 @@ upgrade that changes one fails here, naming it, instead of somewhere deep in a s
   hook ``traceable``-wrapped around the bound method) and ``HumanInTheLoopMiddleware``'s
   state key ``hitl_edited_tool_calls``: read by ``middleware_order.py`` to refuse the
   middleware orders that defeat the ledger and to ledger the call a reviewer's edit runs.
+* LangGraph's config key ``checkpoint_map`` (``CONFIG_KEY_CHECKPOINT_MAP``, private:
+  ``engine/upstream.py`` is the one module that imports it) read by ``engine/forks.py``,
+  and ``CONFIG_KEY_CHECKPOINTER``, public in ``langgraph.constants`` but kept there only
+  "for backwards compatibility": read by the engine, adoption and ``model_record.py``.
 """
 
 from __future__ import annotations
@@ -393,3 +397,80 @@ def test_chat_models_name_their_identifying_parameters() -> None:
         "langchain-core", "BaseChatModel._identifying_params", "model_record.py"
     )
     assert model_identity(one) != model_identity(other)
+
+
+# --- LangGraph's config keys (engine/upstream.py, engine/forks.py, the checkpointer key) ----
+
+
+def test_langgraph_config_keys_keep_their_names() -> None:
+    from langgraph import constants
+    from langgraph._internal import _constants
+
+    from langgraph_idem_saver.engine import upstream
+
+    assert upstream.CONFIG_KEY_CHECKPOINT_MAP == "checkpoint_map", changed(
+        "langgraph", "the config key of checkpoint_map", "engine/upstream.py"
+    )
+    assert _constants.CONFIG_KEY_CHECKPOINT_MAP == upstream.CONFIG_KEY_CHECKPOINT_MAP
+    assert "CONFIG_KEY_CHECKPOINTER" in constants.__all__, changed(
+        "langgraph",
+        "langgraph.constants (no longer exports CONFIG_KEY_CHECKPOINTER)",
+        "engine/core.py, engine/adoption.py and model_record.py",
+    )
+    assert constants.CONFIG_KEY_CHECKPOINTER == "__pregel_checkpointer", changed(
+        "langgraph", "the config key of the checkpointer", "engine/core.py"
+    )
+
+
+def test_a_subgraph_task_config_carries_the_checkpointer_and_checkpoint_map() -> None:
+    """What LangGraph stores under the two keys, seen from a node of a subgraph: the
+    run's checkpointer, and per graph namespace from the root down the checkpoint id
+    the step started from (what ``engine.forks.fork_point`` takes the branch from)."""
+    from typing import TypedDict
+
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+    from langgraph.graph import START, StateGraph
+
+    from langgraph_idem_saver.engine.forks import fork_point
+    from langgraph_idem_saver.engine.upstream import CONFIG_KEY_CHECKPOINT_MAP
+
+    class State(TypedDict):
+        x: int
+
+    seen: list[RunnableConfig] = []
+
+    def inner(state: State, config: RunnableConfig) -> State:
+        seen.append(config)
+        return {"x": state["x"] + 1}
+
+    sub = StateGraph(State)
+    sub.add_node("inner", inner)
+    sub.add_edge(START, "inner")
+    root = StateGraph(State)
+    root.add_node("outer", sub.compile())
+    root.add_edge(START, "outer")
+    saver = InMemorySaver()
+    root.compile(checkpointer=saver).invoke({"x": 0}, {"configurable": {"thread_id": "t"}})
+
+    [config] = seen
+    configurable = config["configurable"]
+    assert configurable.get(CONFIG_KEY_CHECKPOINTER) is saver, changed(
+        "langgraph", "what a task's config holds under CONFIG_KEY_CHECKPOINTER", "engine"
+    )
+    checkpoint_map = configurable.get(CONFIG_KEY_CHECKPOINT_MAP)
+    graph_ns = str(configurable["checkpoint_ns"]).rpartition("|")[0]
+    assert isinstance(checkpoint_map, dict) and set(checkpoint_map) == {"", graph_ns}, changed(
+        "langgraph", f"checkpoint_map (now {checkpoint_map!r})", "engine/forks.py"
+    )
+    root_ids = {
+        c.config["configurable"]["checkpoint_id"]
+        for c in saver.list({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
+    }
+    assert checkpoint_map[""] in root_ids, changed(
+        "langgraph", "checkpoint_map's root entry (not a checkpoint id)", "engine/forks.py"
+    )
+    point = fork_point(config, "t")
+    assert point is not None and point.branch == checkpoint_map[graph_ns], changed(
+        "langgraph", "the config fork_point reads", "engine/forks.py"
+    )

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from langchain_core.runnables import RunnableConfig
-from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 
 from langgraph_idem_saver.engine.earlier import closed_superseded, of_ended_conversation
 from langgraph_idem_saver.engine.history import alist_saved

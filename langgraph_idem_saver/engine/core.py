@@ -37,8 +37,8 @@ from typing import Any, TypeVar, cast
 from langchain_core.callbacks.manager import adispatch_custom_event
 from langchain_core.messages import ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
 

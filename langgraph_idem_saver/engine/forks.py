@@ -32,9 +32,9 @@ from __future__ import annotations
 import dataclasses
 
 from langchain_core.runnables import RunnableConfig
-from langgraph._internal._constants import CONFIG_KEY_CHECKPOINT_MAP
 
 from langgraph_idem_saver.engine.types import Kind, Plan
+from langgraph_idem_saver.engine.upstream import CONFIG_KEY_CHECKPOINT_MAP
 from langgraph_idem_saver.keys import fork_position
 
 
