@@ -49,7 +49,7 @@ from typing import Any
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import CorruptRecordError
-from langgraph_idem_saver.saver_base import decode_typed
+from langgraph_idem_saver.saver_codec import decode_typed
 
 MAX_CHAIN = 16
 CACHE_SIZE = 512

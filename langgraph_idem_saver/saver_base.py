@@ -31,9 +31,6 @@ from langgraph_idem_saver.import_langgraph import aimport_langgraph, awarn_if_un
 from langgraph_idem_saver.import_rows import ImportReport, LangGraphTables
 from langgraph_idem_saver.ledger_policy import LedgerPolicy
 from langgraph_idem_saver.saver_checkpoints import CheckpointMethods
-
-# ``list_deltas`` still imports ``decode_typed`` from here; its home is ``saver_codec``
-from langgraph_idem_saver.saver_codec import decode_typed as decode_typed
 from langgraph_idem_saver.surrogates import lossless
 
 __all__ = [

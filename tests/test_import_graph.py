@@ -151,7 +151,7 @@ def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 def test_the_graph_is_read() -> None:
     """The reader sees the edges it must (else "no circle" would prove nothing)."""
     graph = import_graph()
-    assert f"{NAME}.saver_codec" in graph[f"{NAME}.saver_base"]  # from a.b import c
+    assert f"{NAME}.saver_codec" in graph[f"{NAME}.list_deltas"]  # from a.b import c
     assert f"{NAME}.sqlite.sql" in graph[f"{NAME}.sqlite.saver"]  # from a import b
     assert f"{NAME}.sqlite.host" in graph[f"{NAME}.sqlite.import_sql"]
     # ``everywhere`` adds what runs late: an import in a function, or only for mypy

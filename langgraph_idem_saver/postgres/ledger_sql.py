@@ -2,8 +2,8 @@
 LedgerStatements` (the base's ``_sql``), plus the batch claim's statements.
 
 Kept apart from the checkpoint SQL (``sql.py``) because the ledger's statements are the
-backend contract the policy in ``saver_base`` is written against; the tables themselves
-are created by ``sql.MIGRATIONS``.
+backend contract the policy in ``ledger_policy`` is written against; the tables themselves
+are created by ``migrations.MIGRATIONS``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The tool-call ledger's storage hooks on PostgreSQL (mixed into
 :class:`AsyncPostgresSaver`): a batch of claims in one pipelined transaction, outcomes of
 calls that finish together in one transaction, and the three record primitives. The
-policy over them lives in :class:`~langgraph_idem_saver.saver_base.IdemSaverBase`.
+policy over them lives in :class:`~langgraph_idem_saver.ledger_policy.LedgerPolicy`.
 """
 
 from __future__ import annotations
