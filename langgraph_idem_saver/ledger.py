@@ -35,9 +35,6 @@ from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.held_outcomes import given_up
 from langgraph_idem_saver.owners import RERUN_APPROVED, minted_here, owner_is_dead
 
-# make_owner lives in ``owners``; still importable from here for code written against this module
-from langgraph_idem_saver.owners import make_owner as make_owner
-
 
 class CallStatus(str, Enum):
     """The three states of a ledger entry."""

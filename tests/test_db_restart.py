@@ -39,17 +39,23 @@ from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from pg_restart import CrashableServer
-from pg_server import afresh_dsn, postgres_available
+from pg_server import afresh_dsn, require_postgres
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from tool_node_helpers import ToolCallingFakeModel
 
 from langgraph_idem_saver import AsyncPostgresSaver, CallStatus, ToolCallInProgress
 from langgraph_idem_saver.errors import ConnectionClosedError
-from langgraph_idem_saver.ledger import CallIntent, make_owner
+from langgraph_idem_saver.ledger import CallIntent
 from langgraph_idem_saver.middleware import IdempotencyMiddleware
+from langgraph_idem_saver.owners import make_owner
 
-pytestmark = pytest.mark.skipif(not postgres_available(), reason="no PostgreSQL")
+
+@pytest.fixture(autouse=True)
+def _postgres_required() -> None:
+    """Skipped without a PostgreSQL, except in CI, where that fails (pg_server)."""
+    require_postgres()
+
 
 OWNER = "host:1:owner"
 
