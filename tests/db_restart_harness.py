@@ -94,7 +94,7 @@ def run_schedule(
     *,
     stack: str,
     seed: int,
-    threads_per_worker: int = 40,
+    threads_per_worker: int = 400,  # more than any host runs before the schedule ends
     lanes: int = 3,
     kills: int = 2,
     tool_seconds: tuple[float, float] = (0.05, 0.4),
