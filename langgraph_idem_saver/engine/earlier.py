@@ -200,19 +200,34 @@ async def _aupdate(
     except NotImplementedError:  # a ledger without operator updates: no mark kept
         if status is CallStatus.ISSUED:
             return None
-        return await engine.lg(
-            batch,
-            ledger.aresolve(
-                batch.scope,
-                entry.key,
-                status=status,
-                result_type=result_type,
-                result=result,
-                error=error,
-                expected_attempts=entry.attempts,
-                expected_owner=entry.owner,
-            ),
-        )
+        return await aresolve_as_decided(engine, batch, entry, status, result_type, result, error)
+
+
+async def aresolve_as_decided(
+    engine: LedgerEngine,
+    batch: Batch,
+    entry: LedgerEntry,
+    status: CallStatus,
+    result_type: str | None,
+    result: bytes | None,
+    error: str | None,
+) -> LedgerEntry | None:
+    """Settle ``entry`` guarded by the attempt and owner it was decided about (None: the
+    row changed since)."""
+    ledger = cast(ToolCallLedger, batch.ledger)
+    return await engine.lg(
+        batch,
+        ledger.aresolve(
+            batch.scope,
+            entry.key,
+            status=status,
+            result_type=result_type,
+            result=result,
+            error=error,
+            expected_attempts=entry.attempts,
+            expected_owner=entry.owner,
+        ),
+    )
 
 
 def earlier_reason(plan: Plan) -> str | None:

@@ -21,6 +21,7 @@ from langgraph_idem_saver import telemetry
 from langgraph_idem_saver.engine.earlier import (  # a superseded call answers nothing
     aclose_superseded,
     areopen,
+    aresolve_as_decided,
     closed_superseded,
 )
 from langgraph_idem_saver.engine.loops import call_maybe_async
@@ -242,21 +243,8 @@ async def asettle_entry(
 ) -> LedgerEntry | None:
     """Record the decided outcome of an unknown entry, guarded by the attempt and owner
     it was decided about (None: the row changed since)."""
-    ledger = cast(ToolCallLedger, batch.ledger)
     result_type, data = engine.dumps(batch, result)
-    return await engine.lg(
-        batch,
-        ledger.aresolve(
-            batch.scope,
-            entry.key,
-            status=status,
-            result_type=result_type,
-            result=data,
-            error=error,
-            expected_attempts=entry.attempts,
-            expected_owner=entry.owner,
-        ),
-    )
+    return await aresolve_as_decided(engine, batch, entry, status, result_type, data, error)
 
 
 def answer_instructions(entry: LedgerEntry, *, sole: bool) -> dict[str, Any]:
