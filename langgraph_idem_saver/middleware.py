@@ -164,7 +164,7 @@ class IdempotencyMiddleware(AgentMiddleware):
         config = request.runtime.config
         try:
             await self.engine.aprepare(batch, config)
-            await anote_edit(self.engine, batch, plan, executed)
+            await anote_edit(batch, plan, executed)
             if plan.kind is not Kind.RUN:
                 return await self.engine.aanswer(batch, plan)
             async with self.engine.running(batch, plan):
@@ -181,7 +181,7 @@ class IdempotencyMiddleware(AgentMiddleware):
         config = request.runtime.config
         try:
             run_private(self.engine.aprepare(batch, config))
-            run_private(anote_edit(self.engine, batch, plan, executed))
+            run_private(anote_edit(batch, plan, executed))
             if plan.kind is not Kind.RUN:
                 return run_private(self.engine.aanswer(batch, plan))
             plan.started = True

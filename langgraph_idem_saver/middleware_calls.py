@@ -12,14 +12,13 @@ ran) to the entry's audit trail, so an edit is visible in ``LedgerEntry.events()
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.messages import AIMessage, ToolCall
 
-from langgraph_idem_saver.engine import Batch, Kind, LedgerEngine, Plan
-from langgraph_idem_saver.ledger import CallStatus, LedgerEntry
+from langgraph_idem_saver.engine.context import anote_event
+from langgraph_idem_saver.engine.types import Batch, Kind, Plan
 from langgraph_idem_saver.middleware_order import reviewer_edit
 
 __all__ = ["Executed", "anote_edit", "executed_call"]
@@ -67,25 +66,17 @@ def executed_call(call: ToolCall, tool: Any, state: Any, messages: Any, tools: A
     return Executed(call, tool, dict(original["args"]), edited_by or "a middleware")
 
 
-async def anote_edit(engine: LedgerEngine, batch: Batch, plan: Plan, executed: Executed) -> None:
+async def anote_edit(batch: Batch, plan: Plan, executed: Executed) -> None:
     """Append an ``edited`` event to the entry we just claimed (a claim of ours, first
     attempt or a re-run): what the model asked, what runs, and who changed it."""
     entry = plan.entry
-    ledger = batch.ledger
-    if (
-        executed.model_args is None
-        or plan.kind is not Kind.RUN
-        or not plan.owned
-        or entry is None
-        or ledger is None
-    ):
+    if executed.model_args is None or plan.kind is not Kind.RUN or not plan.owned or entry is None:
         return
     if any(
         e.get("action") == "edited" and e.get("attempt") == entry.attempts for e in entry.events()
     ):
         return  # noted when this attempt was claimed (a re-entered task claims it again)
     event = {
-        "at": time.time(),
         "by": executed.edited_by,
         "action": "edited",
         "attempt": entry.attempts,
@@ -93,22 +84,7 @@ async def anote_edit(engine: LedgerEngine, batch: Batch, plan: Plan, executed: E
         "args": dict(executed.call["args"]),
         "tool": executed.call["name"],
     }
-    try:
-        updated = await engine.lg(
-            batch,
-            ledger.aoperator_update(
-                entry,
-                status=CallStatus.ISSUED,
-                owner=entry.owner,
-                lease_expires_at=entry.lease_expires_at,
-                result_type=None,
-                result=None,
-                error=entry.error,
-                finished_at=None,
-                event=event,
-            ),
-        )
-    except NotImplementedError:  # a ledger without an audit trail
-        return
-    if isinstance(updated, LedgerEntry):
+    # a claim of ours: issued, so the entry's own status and fields are what it keeps
+    updated = await anote_event(batch, entry, event)  # None: a ledger without an audit trail
+    if updated is not None:
         plan.entry = updated

@@ -58,9 +58,9 @@ from langgraph_idem_saver.engine import (
     UnknownToolOutcome,
     VerifyFn,
 )
-from langgraph_idem_saver.engine.earlier import OnEarlierCall
 from langgraph_idem_saver.engine.loops import run_private
 from langgraph_idem_saver.engine.nested import RUNNING_TASK, RunningTask, amark_caller
+from langgraph_idem_saver.engine.types import OnEarlierCall
 from langgraph_idem_saver.errors import ConfigError, IdemSaverError
 from langgraph_idem_saver.keys import KeyFn
 from langgraph_idem_saver.ledger import CallStatus, ToolCallLedger
@@ -141,7 +141,7 @@ def idempotent_task(
                     await engine.aprepare(batch, get_config())
                     if call.kind is not Kind.RUN:
                         return _answered(call, await engine.aanswer(batch, call))
-                    token = RUNNING_TASK.set(RunningTask(engine, batch, call))
+                    token = RUNNING_TASK.set(RunningTask(batch, call))
                     try:
                         async with engine.running(batch, call):
                             value = await func(*args, **kwargs)
@@ -165,7 +165,7 @@ def idempotent_task(
                     if call.kind is not Kind.RUN:
                         return _answered(call, run_private(engine.aanswer(batch, call)))
                     call.started = True
-                    token = RUNNING_TASK.set(RunningTask(engine, batch, call))
+                    token = RUNNING_TASK.set(RunningTask(batch, call))
                     try:
                         with in_call(batch, call):  # current_call(), its span
                             value = func(*args, **kwargs)

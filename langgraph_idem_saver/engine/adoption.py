@@ -13,11 +13,11 @@ import asyncio
 import os
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 
+from langgraph_idem_saver.engine.context import EngineContext, on_ledger_loop
 from langgraph_idem_saver.engine.earlier import closed_superseded, of_ended_conversation
 from langgraph_idem_saver.engine.history import alist_saved
 from langgraph_idem_saver.engine.loops import on_loop
@@ -32,9 +32,6 @@ from langgraph_idem_saver.ledger import (
     StepLookup,
 )
 from langgraph_idem_saver.owners import minted_here
-
-if TYPE_CHECKING:
-    from langgraph_idem_saver.engine.core import LedgerEngine
 
 # Tool call ids that adopted an orphan in this process (bounded, most recent kept). An
 # entry adopted by one of them belongs to a live run here, maybe a sibling task whose
@@ -78,7 +75,7 @@ def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
 
 
 async def aadopt_orphans(
-    engine: LedgerEngine,
+    ctx: EngineContext,
     batch: Batch,
     leaders: list[Plan],
     config: RunnableConfig,
@@ -168,12 +165,12 @@ async def aadopt_orphans(
         for e in matching:
             if e.key in durable or (e.adopted_by or "") in durable:
                 continue  # its message exists: a sibling's (or an earlier) call
-            adopted = await _atake(engine, batch, e, intent.tool_call_id)
+            adopted = await _atake(batch, e, intent.tool_call_id)
             if adopted is None:
                 continue
             taken.add(e.key)
             plan.entry, plan.ledger_key = adopted, adopted.key
-            engine.counters.bump("adopted")
+            ctx.counters.bump("adopted")
             break
 
 
@@ -188,15 +185,13 @@ def _maybe_orphan(e: LedgerEntry, known: set[str], known_keys: set[str]) -> bool
     )
 
 
-async def _atake(
-    engine: LedgerEngine, batch: Batch, e: LedgerEntry, tool_call_id: str
-) -> LedgerEntry | None:
+async def _atake(batch: Batch, e: LedgerEntry, tool_call_id: str) -> LedgerEntry | None:
     """Adopt ``e`` for ``tool_call_id``; None when a sibling task of this process took it."""
     assert batch.ledger is not None
     # noted before the write: a sibling task of this process that reads the
     # entry right after it must already see it as adopted here, not as an orphan
     _note_adopted_here(tool_call_id)
-    adopted = await engine.lg(
+    adopted = await on_ledger_loop(
         batch,
         batch.ledger.aadopt(batch.scope, e.key, tool_call_id=tool_call_id, previous=e.adopted_by),
     )
@@ -205,14 +200,14 @@ async def _atake(
     # Someone adopted it first. A call of this process (a sibling task) is another call:
     # look further. Another process resuming the same lost call is this call: follow its
     # entry (wait for it, replay, or settle it), never claim the call afresh.
-    latest = await engine.lg(batch, batch.ledger.aget_entry(batch.scope, e.key))
+    latest = await on_ledger_loop(batch, batch.ledger.aget_entry(batch.scope, e.key))
     if latest is None or _adopted_here(latest.adopted_by):
         return None
     return latest
 
 
 async def aadopt_superseded(
-    engine: LedgerEngine,
+    ctx: EngineContext,
     batch: Batch,
     plans: list[Plan],
     config: RunnableConfig,
@@ -276,12 +271,12 @@ async def aadopt_superseded(
         for e in mine or lost:
             if not mine and (e.key in (durable or ()) or (e.adopted_by or "") in (durable or ())):
                 continue  # its message exists: a call of another live branch
-            adopted = e if mine else await _atake(engine, batch, e, intent.tool_call_id)
+            adopted = e if mine else await _atake(batch, e, intent.tool_call_id)
             if adopted is None:
                 continue
             taken.add(e.key)
             plan.entry, plan.ledger_key, plan.superseded = adopted, adopted.key, True
-            engine.counters.bump("adopted")
+            ctx.counters.bump("adopted")
             break
 
 

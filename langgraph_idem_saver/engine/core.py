@@ -31,13 +31,11 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Coroutine
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from langchain_core.callbacks.manager import adispatch_custom_event
 from langchain_core.messages import ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolInvocationError
@@ -49,6 +47,7 @@ from langgraph_idem_saver.engine.adoption import (
     aadopt_superseded,
     step_lookup,
 )
+from langgraph_idem_saver.engine.context import EngineContext, on_ledger_loop
 from langgraph_idem_saver.engine.earlier import (
     adecide_earlier,
     areopen,
@@ -57,7 +56,6 @@ from langgraph_idem_saver.engine.earlier import (
 )
 from langgraph_idem_saver.engine.forks import siblings_refused
 from langgraph_idem_saver.engine.intents import key_calls, site_of
-from langgraph_idem_saver.engine.loops import on_loop, running_loop
 from langgraph_idem_saver.engine.options import LedgerOptions
 from langgraph_idem_saver.engine.outcomes import (
     Outcomes,
@@ -65,7 +63,7 @@ from langgraph_idem_saver.engine.outcomes import (
     StepOutcomes,
     await_outcomes,
 )
-from langgraph_idem_saver.engine.results import dumps, replayed_result, retarget, text_of
+from langgraph_idem_saver.engine.results import retarget, text_of
 from langgraph_idem_saver.engine.types import (
     Batch,
     IdempotencyConflict,
@@ -87,9 +85,6 @@ from langgraph_idem_saver.ledger import (
     ToolCallLedger,
 )
 from langgraph_idem_saver.owners import make_owner, minted_here
-
-T = TypeVar("T")
-
 
 REPLAY_EVENT = "idem_saver_replay"
 """Name of the custom callback event sent for every replayed call (see
@@ -143,6 +138,10 @@ class LedgerEngine:
         # replayed and answered as they are
         self.raw_results = raw_results
         self.counters = IdempotencyCounters()
+        # what adoption, unknown outcomes, earlier entries and nested tasks use of it
+        self.context = EngineContext(
+            options, self.counters, name, messages_key, raw_results, self.await_settled
+        )
         self._owner_lock = threading.Lock()
         self._owner_id = make_owner()
         # lease ends still being written after a second cancellation (``acancelled``)
@@ -248,7 +247,7 @@ class LedgerEngine:
             await self.aclaim(batch, step)
         else:
             # one round trip: adoption's read, and the claim when it found nothing
-            claim = await self.lg(
+            claim = await on_ledger_loop(
                 batch,
                 ledger.aclaim_step(
                     intents_of(step),
@@ -261,8 +260,8 @@ class LedgerEngine:
                 await self.aclaimed(batch, step, claim.claimed)
             else:
                 # what the one read found decides first: orphans, then reworded calls
-                await aadopt_orphans(self, batch, step, config, claim.candidates)
-                await aadopt_superseded(self, batch, step, config, claim.candidates)
+                await aadopt_orphans(self.context, batch, step, config, claim.candidates)
+                await aadopt_superseded(self.context, batch, step, config, claim.candidates)
                 await self.aclaim(batch, [p for p in step if p.entry is None])
         await self.asettle(batch, [p for p in step if p.kind is Kind.PENDING])
 
@@ -273,7 +272,7 @@ class LedgerEngine:
         if not plans:
             return
         assert batch.ledger is not None
-        outcomes = await self.lg(
+        outcomes = await on_ledger_loop(
             batch,
             batch.ledger.aclaim(
                 intents_of(plans),
@@ -322,7 +321,7 @@ class LedgerEngine:
             if plan.superseded:
                 continue  # other arguments by design: a lost call this one replaced
             if entry.args_hash != intent.args_hash or entry.tool_name != intent.tool_name:
-                await self.lg(
+                await on_ledger_loop(
                     batch, batch.ledger.anote_replay(batch.scope, entry.key, conflict=True)
                 )
                 self.counters.bump("conflicts")
@@ -353,18 +352,19 @@ class LedgerEngine:
             elif closed_superseded(entry) and not plan.superseded:
                 # a lost call that did not happen answers nothing: this call (its very
                 # arguments) runs it as its next attempt (engine/earlier.py)
-                if not await areopen(self, batch, plan, "not applied; superseded"):
+                if not await areopen(self.context, batch, plan, "not applied; superseded"):
                     raise_changed(plan)
             else:
-                self.set_replay(batch, plan, entry)
+                self.context.set_replay(batch, plan, entry)
 
         sole = sum(p.kind is not Kind.SKIP for p in batch.all_plans) == 1
-        decisions = [(plan, await adecide(self, batch, plan, sole=sole)) for plan in unknown]
+        context = self.context
+        decisions = [(plan, await adecide(context, batch, plan, sole=sole)) for plan in unknown]
         for plan, decision in decisions:
-            await aapply(self, batch, plan, decision)
+            await aapply(context, batch, plan, decision)
         # a settled entry not proven to be the call (reworded, or of an ended
         # conversation): on_earlier_call decides, never a guess (engine/earlier.py)
-        fresh = await adecide_earlier(self, batch, plans, sole=sole)
+        fresh = await adecide_earlier(context, batch, plans, sole=sole)
         # replaced a lost call that did not happen: now a call of its own
         fresh += [p for p in unknown if p.kind is Kind.PENDING and p.entry is None]
         fresh = list(dict.fromkeys(fresh))  # a reworded call decided "run" is in both
@@ -379,7 +379,7 @@ class LedgerEngine:
         entry = cast(LedgerEntry, plan.entry)
         while live(entry) and time.monotonic() < deadline:
             await asyncio.sleep(self.options.poll_seconds)
-            fresh = await self.lg(batch, batch.ledger.aget_entry(batch.scope, entry.key))
+            fresh = await on_ledger_loop(batch, batch.ledger.aget_entry(batch.scope, entry.key))
             if fresh is None:
                 # The owner released its claim (its tool was interrupted): claim it anew.
                 intent = cast(CallIntent, plan.intent)
@@ -392,11 +392,6 @@ class LedgerEngine:
             entry = fresh
         plan.entry = entry
 
-    def set_replay(self, batch: Batch, plan: Plan, entry: LedgerEntry) -> None:
-        plan.kind = Kind.REPLAY
-        plan.entry = entry
-        plan.result = self.replayed_result(batch, entry, plan.call)
-
     @telemetry.traced_answer
     async def aanswer(self, batch: Batch, plan: Plan) -> Any:
         """The result of a call that is not run: settled, replayed, or its twin's."""
@@ -405,7 +400,7 @@ class LedgerEngine:
             return plan.result
         if plan.kind is Kind.REPLAY:
             entry = cast(LedgerEntry, plan.entry)
-            await self.lg(batch, ledger.anote_replay(batch.scope, entry.key))
+            await on_ledger_loop(batch, ledger.anote_replay(batch.scope, entry.key))
             self.counters.bump("replayed")
             await announce_replay(plan.call, entry.key, entry.status.value)
             return plan.result
@@ -414,7 +409,7 @@ class LedgerEngine:
             published = cast(concurrent.futures.Future[Any], leader.outcome)
             leader_result = await asyncio.wrap_future(published)
             if leader.ledger_key is not None:
-                await self.lg(batch, ledger.anote_replay(batch.scope, leader.ledger_key))
+                await on_ledger_loop(batch, ledger.anote_replay(batch.scope, leader.ledger_key))
             self.counters.bump("replayed")
             await announce_replay(plan.call, leader.ledger_key or "", "same step")
             return retarget(leader_result, {str(leader.call["id"])}, plan.call, self.messages_key)
@@ -438,7 +433,7 @@ class LedgerEngine:
         ledger: ToolCallLedger = batch.ledger  # type: ignore[assignment]  # set: claimed
         key: str = plan.ledger_key  # type: ignore[assignment]  # (no cast(): a call a call)
         failed = isinstance(result, ToolMessage) and result.status == "error"
-        result_type, data = self.dumps(batch, result)
+        result_type, data = self.context.dumps(batch, result)
         status = CallStatus.FAILED if failed else CallStatus.COMPLETED
         error = text_of(result.content) if failed else None
         fields: dict[str, Any] = {"owner": batch.owner, "status": status, "error": error}
@@ -447,7 +442,7 @@ class LedgerEngine:
         if outcomes is not None:  # written now, awaited with the step's (outcomes_at_end)
             outcomes.append((plan, ledger.record_outcome_soon(batch.scope, key, **fields)))
             return result
-        await self.lg(batch, ledger.arecord_outcome(batch.scope, key, **fields))
+        await on_ledger_loop(batch, ledger.arecord_outcome(batch.scope, key, **fields))
         self.recorded(plan)
         return result
 
@@ -514,7 +509,7 @@ class LedgerEngine:
         if not plan.owned or plan.ledger_key is None or batch.ledger is None:
             return
         plan.owned = False
-        await self.lg(
+        await on_ledger_loop(
             batch,
             batch.ledger.aabandon(
                 batch.scope, plan.ledger_key, owner=batch.owner or self.owner, error=error
@@ -532,7 +527,7 @@ class LedgerEngine:
         if release is None:  # pragma: no cover - ledgers predating arelease
             return  # safe default: the claim lapses into an unknown outcome
         owner = batch.owner or self.owner  # the owner it claimed with
-        if await self.lg(batch, release(batch.scope, plan.ledger_key, owner=owner)):
+        if await on_ledger_loop(batch, release(batch.scope, plan.ledger_key, owner=owner)):
             self.counters.bump("released")
 
     async def arelease_unstarted(self, batch: Batch) -> None:
@@ -540,19 +535,3 @@ class LedgerEngine:
         for plan in batch.all_plans:
             if plan.owned and not plan.started:
                 await self.arelease(batch, plan)
-
-    def lg(self, batch: Batch, coro: Coroutine[Any, Any, T]) -> Awaitable[T]:
-        """``coro`` to await on the ledger's own event loop: ``coro`` itself when that is
-        this loop (no coroutine around it: a wide step awaits two ledger writes a call),
-        else the hop there (``on_loop``)."""
-        loop = batch.ledger_loop
-        if loop is None or loop is running_loop():
-            return coro
-        return on_loop(loop, coro)
-
-    def dumps(self, batch: Batch, result: Any) -> tuple[str | None, bytes | None]:
-        return dumps(batch.serde or JsonPlusSerializer(), result, f"a {self.name!r} tool call")
-
-    def replayed_result(self, batch: Batch, entry: LedgerEntry, call: ToolCall) -> Any:
-        serde = batch.serde or JsonPlusSerializer()
-        return replayed_result(serde, entry, call, self.messages_key, raw=self.raw_results)

@@ -36,23 +36,23 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, cast
 
 from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
 
+from langgraph_idem_saver.engine.context import EngineContext, anote_event, on_ledger_loop
 from langgraph_idem_saver.engine.results import text_of
-from langgraph_idem_saver.engine.types import Batch, Kind, Plan, ToolCallInProgress
-from langgraph_idem_saver.errors import ConfigError
+from langgraph_idem_saver.engine.types import (
+    Batch,
+    Kind,
+    OnEarlierCall,
+    Plan,
+    ToolCallInProgress,
+)
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 from langgraph_idem_saver.owners import RERUN_APPROVED
 from langgraph_idem_saver.retention import ENDED  # appended by deleting transactions
-
-if TYPE_CHECKING:
-    from langgraph_idem_saver.engine.core import LedgerEngine
-
-OnEarlierCall = Literal["ask", "run", "replay"]
-ON_EARLIER_CALL_VALUES: frozenset[str] = frozenset(("ask", "run", "replay"))
 
 SUPERSEDED = "superseded"
 """History event: a lost call that did not happen, closed ``failed`` for the reworded
@@ -88,20 +88,10 @@ def of_ended_conversation(entry: LedgerEntry) -> bool:
     return last_mark(entry) == ENDED
 
 
-def check_on_earlier_call(value: OnEarlierCall) -> OnEarlierCall:
-    """``value`` if it is one of :data:`ON_EARLIER_CALL_VALUES` (else ``ConfigError``)."""
-    if value not in ON_EARLIER_CALL_VALUES:
-        raise ConfigError(
-            f"on_earlier_call must be one of {sorted(ON_EARLIER_CALL_VALUES)}, got {value!r}"
-        )
-    return value
-
-
-async def aclose_superseded(engine: LedgerEngine, batch: Batch, plan: Plan) -> bool:
+async def aclose_superseded(ctx: EngineContext, batch: Batch, plan: Plan) -> bool:
     """A lost call that did not happen, replaced by ``plan``'s call: record it ``failed``
     (not applied, superseded; the :data:`SUPERSEDED` event says so for good) and let the
     new call be claimed on its own. False when the row changed under us."""
-    ledger = cast(ToolCallLedger, batch.ledger)
     entry = cast(LedgerEntry, plan.entry)
     call = plan.call
     note = (
@@ -111,7 +101,7 @@ async def aclose_superseded(engine: LedgerEngine, batch: Batch, plan: Plan) -> b
     result = ToolMessage(
         content=f"Error: {note}", name=call["name"], tool_call_id=entry.tool_call_id, status="error"
     )
-    result_type, data = engine.dumps(batch, result)
+    result_type, data = ctx.dumps(batch, result)
     event = {
         "by": BY,
         "action": SUPERSEDED,
@@ -119,7 +109,7 @@ async def aclose_superseded(engine: LedgerEngine, batch: Batch, plan: Plan) -> b
         "superseded_by": str(call["id"]),
     }
     closed = await _aupdate(
-        engine, batch, ledger, entry, CallStatus.FAILED, entry.owner, result_type, data, note, event
+        batch, entry, CallStatus.FAILED, entry.owner, result_type, data, note, event
     )
     if closed is None:
         return False
@@ -128,35 +118,31 @@ async def aclose_superseded(engine: LedgerEngine, batch: Batch, plan: Plan) -> b
     return True
 
 
-async def areopen(engine: LedgerEngine, batch: Batch, plan: Plan, why: str) -> bool:
+async def areopen(ctx: EngineContext, batch: Batch, plan: Plan, why: str) -> bool:
     """Open ``plan``'s entry again for ``plan``'s call: "issued, approved for a re-run"
     (:data:`REOPENED` in its history), then claimed as its next attempt. After it the plan
     runs (``Kind.RUN``); False when the row changed under us (someone else got there)."""
-    ledger = cast(ToolCallLedger, batch.ledger)
     entry = cast(LedgerEntry, plan.entry)
-    event = {
-        "by": BY,
-        "action": REOPENED,
-        "attempt": entry.attempts,
-        "status_before": entry.status.value,
-        "for_call": str(plan.call["id"]),
-        "why": why,
-    }
     owner = f"{RERUN_APPROVED}{uuid.uuid4().hex[:12]}"
-    opened = await _aupdate(
-        engine, batch, ledger, entry, CallStatus.ISSUED, owner, None, None, entry.error, event
-    )
-    if opened is None:
-        return False
-    fresh = await engine.lg(
+    event = _reopened(entry, plan, why)
+    opened = await _aupdate(batch, entry, CallStatus.ISSUED, owner, None, None, entry.error, event)
+    return opened is not None and await arerun(ctx, batch, plan, opened)
+
+
+async def arerun(ctx: EngineContext, batch: Batch, plan: Plan, entry: LedgerEntry) -> bool:
+    """Claim ``entry`` (issued: unknown, or approved for a re-run) as its next attempt, for
+    ``plan`` to run, guarded by the attempt and owner it was decided about. False when the
+    row changed since."""
+    ledger = cast(ToolCallLedger, batch.ledger)
+    fresh = await on_ledger_loop(
         batch,
         ledger.areclaim(
             batch.scope,
-            opened.key,
-            owner=engine.owner,
-            lease_seconds=engine.options.lease_seconds,
-            expected_attempts=opened.attempts,
-            expected_owner=opened.owner,
+            entry.key,
+            owner=batch.owner,
+            lease_seconds=ctx.options.lease_seconds,
+            expected_attempts=entry.attempts,
+            expected_owner=entry.owner,
         ),
     )
     if fresh is None:
@@ -166,10 +152,20 @@ async def areopen(engine: LedgerEngine, batch: Batch, plan: Plan, why: str) -> b
     return True
 
 
+def _reopened(entry: LedgerEntry, plan: Plan, why: str) -> dict[str, Any]:
+    """The :data:`REOPENED` event of ``entry`` opened again for ``plan``'s call."""
+    return {
+        "by": BY,
+        "action": REOPENED,
+        "attempt": entry.attempts,
+        "status_before": entry.status.value,
+        "for_call": str(plan.call["id"]),
+        "why": why,
+    }
+
+
 async def _aupdate(
-    engine: LedgerEngine,
     batch: Batch,
-    ledger: ToolCallLedger,
     entry: LedgerEntry,
     status: CallStatus,
     owner: str,
@@ -179,10 +175,11 @@ async def _aupdate(
     event: dict[str, Any],
 ) -> LedgerEntry | None:
     """One guarded rewrite of ``entry`` with ``event`` appended to its history."""
+    ledger = cast(ToolCallLedger, batch.ledger)
     lease = entry.lease_expires_at
     event = {"at": time.time(), **event}
     try:
-        return await engine.lg(
+        return await on_ledger_loop(
             batch,
             ledger.aoperator_update(
                 entry,
@@ -200,11 +197,10 @@ async def _aupdate(
     except NotImplementedError:  # a ledger without operator updates: no mark kept
         if status is CallStatus.ISSUED:
             return None
-        return await aresolve_as_decided(engine, batch, entry, status, result_type, result, error)
+        return await aresolve_as_decided(batch, entry, status, result_type, result, error)
 
 
 async def aresolve_as_decided(
-    engine: LedgerEngine,
     batch: Batch,
     entry: LedgerEntry,
     status: CallStatus,
@@ -215,7 +211,7 @@ async def aresolve_as_decided(
     """Settle ``entry`` guarded by the attempt and owner it was decided about (None: the
     row changed since)."""
     ledger = cast(ToolCallLedger, batch.ledger)
-    return await engine.lg(
+    return await on_ledger_loop(
         batch,
         ledger.aresolve(
             batch.scope,
@@ -246,7 +242,7 @@ def earlier_reason(plan: Plan) -> str | None:
 
 
 async def adecide_earlier(
-    engine: LedgerEngine, batch: Batch, plans: list[Plan], *, sole: bool
+    ctx: EngineContext, batch: Batch, plans: list[Plan], *, sole: bool
 ) -> list[Plan]:
     """Decide every call whose settled entry is not proven to be it (see the module's
     docstring), in call order, after every unknown outcome was decided (their questions
@@ -256,13 +252,13 @@ async def adecide_earlier(
     fresh: list[Plan] = []
     for plan in plans:
         if plan.kind is Kind.RUN and plan.owned and plan.entry is not None:
-            await amark_reclaimed(engine, batch, plan)
+            await amark_reclaimed(batch, plan)
         reason = earlier_reason(plan)
         if reason is None:
             continue
-        choice = engine.options.on_earlier_call_for(plan.call["name"])
+        choice = ctx.options.on_earlier_call_for(plan.call["name"])
         if choice == "ask":
-            choice = ask(engine, batch, plan, reason, sole=sole)
+            choice = ask(batch, plan, reason, sole=sole)
         if choice == "replay":
             continue
         if reason == "reworded":
@@ -270,30 +266,20 @@ async def adecide_earlier(
             plan.superseded = False
             plan.kind, plan.result = Kind.PENDING, None
             fresh.append(plan)
-        elif not await areopen(engine, batch, plan, "a call of a new conversation, run"):
+        elif not await areopen(ctx, batch, plan, "a call of a new conversation, run"):
             raise_changed(plan)
     return fresh
 
 
-async def amark_reclaimed(engine: LedgerEngine, batch: Batch, plan: Plan) -> None:
+async def amark_reclaimed(batch: Batch, plan: Plan) -> None:
     """An ended conversation's unknown entry that did not happen, reclaimed to run this
     call: it is this conversation's from now on (:data:`REOPENED`), so its outcome
     answers this call's re-entries without a question."""
     entry = cast(LedgerEntry, plan.entry)
     if not of_ended_conversation(entry):
         return
-    ledger = cast(ToolCallLedger, batch.ledger)
-    event = {
-        "by": BY,
-        "action": REOPENED,
-        "attempt": entry.attempts,
-        "status_before": entry.status.value,
-        "for_call": str(plan.call["id"]),
-        "why": "a call of a new conversation; the earlier call did not happen",
-    }
-    marked = await _aupdate(
-        engine, batch, ledger, entry, CallStatus.ISSUED, entry.owner, None, None, entry.error, event
-    )
+    why = "a call of a new conversation; the earlier call did not happen"
+    marked = await anote_event(batch, entry, _reopened(entry, plan, why))
     if marked is not None:
         plan.entry = marked
 
@@ -307,9 +293,7 @@ def raise_changed(plan: Plan) -> None:
     )
 
 
-def ask(
-    engine: LedgerEngine, batch: Batch, plan: Plan, reason: str, *, sole: bool
-) -> OnEarlierCall:
+def ask(batch: Batch, plan: Plan, reason: str, *, sole: bool) -> OnEarlierCall:
     """Ask a human whether the call runs or is answered by the earlier entry, until an
     answer about *this* question comes back (LangGraph hands a task's answers back by
     position: a value about another question is skipped, and the next one taken)."""

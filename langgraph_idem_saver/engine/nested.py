@@ -19,16 +19,12 @@ belong in the inner tasks (docs/guarantees.md, "Functional API").
 from __future__ import annotations
 
 import threading
-import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from langgraph_idem_saver.engine.context import anote_event
 from langgraph_idem_saver.engine.types import Batch, Plan
 from langgraph_idem_saver.ledger import LedgerEntry
-
-if TYPE_CHECKING:
-    from langgraph_idem_saver.engine.core import LedgerEngine
 
 ORCHESTRATES = "orchestrates"
 """History event of a task entry whose run called ledgered inner tasks."""
@@ -38,7 +34,6 @@ ORCHESTRATES = "orchestrates"
 class RunningTask:
     """A ledgered task whose body is running (the contextvar's value while it runs)."""
 
-    engine: LedgerEngine
     batch: Batch
     plan: Plan
     marked: bool = False
@@ -69,26 +64,10 @@ async def amark_caller(inner_name: str) -> None:
             return
         outer.marked = True
     plan, batch = outer.plan, outer.batch
-    entry, ledger = plan.entry, batch.ledger
-    if entry is None or ledger is None or not plan.owned or orchestrates(entry):
+    entry = plan.entry
+    if entry is None or batch.ledger is None or not plan.owned or orchestrates(entry):
         return  # not ours to mark, or marked on an earlier attempt
-    event = {"at": time.time(), "by": "idem-saver", "action": ORCHESTRATES, "inner": inner_name}
-    try:
-        marked = await outer.engine.lg(
-            batch,
-            ledger.aoperator_update(
-                entry,
-                status=entry.status,
-                owner=entry.owner,
-                lease_expires_at=entry.lease_expires_at,
-                result_type=entry.result_type,
-                result=entry.result,
-                error=entry.error,
-                finished_at=entry.finished_at,
-                event=event,
-            ),
-        )
-    except NotImplementedError:  # a ledger without operator updates: nothing to mark
-        return
+    event = {"by": "idem-saver", "action": ORCHESTRATES, "inner": inner_name}
+    marked = await anote_event(batch, entry, event)  # None: no operator updates, no mark
     if marked is not None:
         plan.entry = marked

@@ -13,10 +13,11 @@ from typing import Any, Generic, TypeVar
 
 from typing_extensions import TypedDict, Unpack
 
-from langgraph_idem_saver.engine.earlier import OnEarlierCall, check_on_earlier_call
 from langgraph_idem_saver.engine.types import (
+    ON_EARLIER_CALL_VALUES,
     ON_UNKNOWN_VALUES,
     READ_ONLY_METADATA_KEY,
+    OnEarlierCall,
     OnUnknown,
     VerifyFn,
 )
@@ -123,7 +124,7 @@ class LedgerOptions:
                 kwargs.get("on_unknown", "interrupt"), "interrupt", check=_on_unknown
             ),
             on_earlier_call=PerTool.of(
-                kwargs.get("on_earlier_call", "ask"), "ask", check=check_on_earlier_call
+                kwargs.get("on_earlier_call", "ask"), "ask", check=_on_earlier_call
             ),
             not_applied=PerTool.of(
                 kwargs.get("not_applied_errors", ()), (), check=_exception_types
@@ -184,6 +185,14 @@ def _key_policy(policy: KeyPolicy) -> KeyPolicy:
 def _on_unknown(value: OnUnknown) -> OnUnknown:
     if value not in ON_UNKNOWN_VALUES:
         raise ConfigError(f"on_unknown must be one of {sorted(ON_UNKNOWN_VALUES)}, got {value!r}")
+    return value
+
+
+def _on_earlier_call(value: OnEarlierCall) -> OnEarlierCall:
+    if value not in ON_EARLIER_CALL_VALUES:
+        raise ConfigError(
+            f"on_earlier_call must be one of {sorted(ON_EARLIER_CALL_VALUES)}, got {value!r}"
+        )
     return value
 
 

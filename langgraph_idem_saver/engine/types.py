@@ -123,6 +123,10 @@ VerifyFn = Callable[[dict[str, Any]], Any]
 OnUnknown = Literal["interrupt", "rerun", "fail", "raise"]
 ON_UNKNOWN_VALUES: frozenset[str] = frozenset(("interrupt", "rerun", "fail", "raise"))
 
+OnEarlierCall = Literal["ask", "run", "replay"]
+"""What answers a call an earlier entry might answer without proof (``engine/earlier.py``)."""
+ON_EARLIER_CALL_VALUES: frozenset[str] = frozenset(("ask", "run", "replay"))
+
 READ_ONLY_METADATA_KEY = "idempotent_read_only"
 """Tool ``metadata`` flag: ``{"idempotent_read_only": True}`` skips the ledger."""
 

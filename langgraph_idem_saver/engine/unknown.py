@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
 from langgraph_idem_saver import telemetry
+from langgraph_idem_saver.engine.context import EngineContext, on_ledger_loop
 from langgraph_idem_saver.engine.earlier import (  # a superseded call answers nothing
     aclose_superseded,
     areopen,
+    arerun,
     aresolve_as_decided,
     closed_superseded,
 )
 from langgraph_idem_saver.engine.loops import call_maybe_async
 from langgraph_idem_saver.engine.nested import orchestrates
-from langgraph_idem_saver.engine.results import as_result
 from langgraph_idem_saver.engine.types import (
     INTERRUPT_HAS_SCHEMA,
     NOT_APPLIED,
@@ -42,12 +43,9 @@ from langgraph_idem_saver.engine.types import (
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
 
-if TYPE_CHECKING:
-    from langgraph_idem_saver.engine.core import LedgerEngine
-
 
 @telemetry.traced_decision
-async def adecide(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool) -> tuple[str, Any]:
+async def adecide(ctx: EngineContext, batch: Batch, plan: Plan, *, sole: bool) -> tuple[str, Any]:
     """What to do with an unknown outcome: ("completed", result) | ("failed", error)
     | ("rerun", None) | ("fail", None). Makes no ledger write.
 
@@ -59,7 +57,7 @@ async def adecide(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool)
         return ("rerun", None)  # an operator settled it: it did not happen
     if orchestrates(entry):
         return ("rerun", None)  # a task over ledgered tasks: re-run it (engine/nested.py)
-    hook = engine.options.verify.get(name)
+    hook = ctx.options.verify.get(name)
     if hook is not None:
         outcome = await call_maybe_async(hook, asked_args(plan))
         if outcome is NOT_APPLIED:
@@ -71,7 +69,7 @@ async def adecide(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool)
                 "recorded; the call stays an unknown outcome)"
             )
         return ("completed", outcome)
-    policy = engine.options.on_unknown_for(name)
+    policy = ctx.options.on_unknown_for(name)
     if policy == "rerun":
         return ("rerun", None)
     if policy == "fail":
@@ -82,7 +80,7 @@ async def adecide(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool)
             f"{batch.scope!r}) was started at {entry.issued_at:.3f} and never finished; "
             "it may or may not have taken effect"
         )
-    value = ask(engine, batch, plan, sole=sole)
+    value = ask(batch, plan, sole=sole)
     if value["action"] == "completed":
         return ("completed", value["result"])
     if value["action"] == "failed":
@@ -90,7 +88,7 @@ async def adecide(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool)
     return ("rerun", None)
 
 
-def ask(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool) -> Any:
+def ask(batch: Batch, plan: Plan, *, sole: bool) -> Any:
     """Ask a human through ``interrupt()`` until an answer that is about this call
     *and this attempt* comes back.
 
@@ -140,12 +138,12 @@ def ask(engine: LedgerEngine, batch: Batch, plan: Plan, *, sole: bool) -> Any:
         payload = {**payload, "previous_answer_ignored": reason}
 
 
-async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple[str, Any]) -> None:
+async def aapply(ctx: EngineContext, batch: Batch, plan: Plan, decision: tuple[str, Any]) -> None:
     ledger = cast(ToolCallLedger, batch.ledger)
     entry = cast(LedgerEntry, plan.entry)
     action, value = decision
     call = plan.call
-    engine.counters.bump("unknown")  # once per call decided, not per re-entry
+    ctx.counters.bump("unknown")  # once per call decided, not per re-entry
     if action == "fail":
         plan.kind = Kind.RETURN
         plan.result = ToolMessage(
@@ -161,27 +159,15 @@ async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple
         )
         return
     if action == "rerun" and plan.superseded:
-        if await aclose_superseded(engine, batch, plan):
+        if await aclose_superseded(ctx, batch, plan):
             return
     elif action == "rerun":
-        fresh = await engine.lg(
-            batch,
-            ledger.areclaim(
-                batch.scope,
-                entry.key,
-                owner=engine.owner,
-                lease_seconds=engine.options.lease_seconds,
-                expected_attempts=entry.attempts,
-                expected_owner=entry.owner,
-            ),
-        )
-        if fresh is not None:
-            plan.kind, plan.owned, plan.entry = Kind.RUN, True, fresh
+        if await arerun(ctx, batch, plan, entry):
             return
     else:
         if action == "completed":
             status, error = CallStatus.COMPLETED, None
-            result = value if engine.raw_results else as_result(value, call, engine.messages_key)
+            result = ctx.as_result(value, call)
         else:
             status, error = CallStatus.FAILED, str(value)
             result = ToolMessage(
@@ -190,16 +176,16 @@ async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple
                 tool_call_id=call["id"],
                 status="error",
             )
-        settled = await asettle_entry(engine, batch, entry, status, result, error)
+        settled = await asettle_entry(ctx, batch, entry, status, result, error)
         if settled is not None:
             plan.kind, plan.result, plan.entry = Kind.RETURN, result, settled
             return
     # The row changed under us: someone else settled or reclaimed it first. A
     # resumer that reclaimed it is running it now: wait for it, as for any live claim.
-    latest = await engine.lg(batch, ledger.aget_entry(batch.scope, entry.key))
+    latest = await on_ledger_loop(batch, ledger.aget_entry(batch.scope, entry.key))
     if latest is not None and live(latest):
         plan.entry = latest
-        await engine.await_settled(batch, plan)
+        await ctx.await_settled(batch, plan)
         if plan.kind is Kind.RUN:
             return
         latest = plan.entry
@@ -207,11 +193,11 @@ async def aapply(engine: LedgerEngine, batch: Batch, plan: Plan, decision: tuple
         # closed "not applied" by a reworded call meanwhile: it did not happen, and this
         # call asks for its very arguments - run it (engine/earlier.py), never replay it
         plan.entry = latest
-        if await areopen(engine, batch, plan, "not applied; superseded"):
+        if await areopen(ctx, batch, plan, "not applied; superseded"):
             return
         latest = None
     if latest is not None and latest.status is not CallStatus.ISSUED:
-        engine.set_replay(batch, plan, latest)
+        ctx.set_replay(batch, plan, latest)
         return
     raise ToolCallInProgress(
         f"the unknown outcome of {call['name']!r} call {call['id']!r} (key {entry.key!r}) "
@@ -234,7 +220,7 @@ def asked_args(plan: Plan) -> dict[str, Any]:
 
 
 async def asettle_entry(
-    engine: LedgerEngine,
+    ctx: EngineContext,
     batch: Batch,
     entry: LedgerEntry,
     status: CallStatus,
@@ -243,8 +229,8 @@ async def asettle_entry(
 ) -> LedgerEntry | None:
     """Record the decided outcome of an unknown entry, guarded by the attempt and owner
     it was decided about (None: the row changed since)."""
-    result_type, data = engine.dumps(batch, result)
-    return await aresolve_as_decided(engine, batch, entry, status, result_type, data, error)
+    result_type, data = ctx.dumps(batch, result)
+    return await aresolve_as_decided(batch, entry, status, result_type, data, error)
 
 
 def answer_instructions(entry: LedgerEntry, *, sole: bool) -> dict[str, Any]:
