@@ -46,6 +46,9 @@ from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.forwarding import blocking, hopping
 
+if TYPE_CHECKING:
+    from langgraph_idem_saver.list_deltas import ListDeltaEncoder
+
 T = TypeVar("T")
 
 ENDED = "conversation_ended"
@@ -197,12 +200,13 @@ class LedgerRule:
     scopes: tuple[str, str] | None = None
 
     def sql(self, template: str, marker: str) -> str:
-        """``template`` with ``{which}`` (this rule's scopes) and ``{removable}`` (the
-        safety rule) filled in; ``marker`` is the backend's named parameter (``":{}"``,
-        ``"%({})s"``)."""
-        names = {n: marker.format(n) for n in ("since", "lo", "hi")}
+        """``template`` with ``{which}`` (this rule's scopes), ``{removable}`` (the safety
+        rule) and a page's ``{s}``, ``{k}``, ``{n}`` filled in; ``marker`` is the backend's
+        named parameter (``":{}"``, ``"%({})s"``)."""
+        names = _markers(marker, "since", "lo", "hi")
         which = _THREAD_SCOPED if self.scopes is None else _NAMED_SCOPES.format(**names)
-        return template.format(which=which, removable=_REMOVABLE.format(**names))
+        removable = _REMOVABLE.format(**names)
+        return template.format(which=which, removable=removable, **_markers(marker, "s", "k", "n"))
 
     def params(self) -> dict[str, Any]:
         """The parameters :meth:`sql`'s markers name."""
@@ -220,6 +224,30 @@ _REMOVABLE = """l.status <> 'issued' AND l.issued_at < {since}
   AND NOT EXISTS (SELECT 1 FROM idem_writes AS w WHERE w.thread_id = l.thread_id)"""
 _THREAD_SCOPED = "l.scope = l.thread_id"
 _NAMED_SCOPES = "l.scope <> l.thread_id AND l.scope BETWEEN {lo} AND {hi}"
+
+# ledger entries a rule may remove, in (scope, key) pages after ({s}, {k})
+_SELECT_REMOVABLE = """
+SELECT l.scope, l.key FROM idem_tool_calls AS l
+WHERE (l.scope, l.key) > ({s}, {k}) AND {which} AND {removable}
+ORDER BY l.scope, l.key LIMIT {n}
+"""
+
+# threads whose newest checkpoint id (any namespace) sorts below {bound}, in id order
+# after {after} (keyset pages; an index on thread_id, checkpoint_id serves it); under
+# keep_latest only threads with something left to prune (a thread kept at its head is
+# not re-pruned by every sweep)
+_EXPIRED_THREADS = """
+SELECT thread_id, MAX(checkpoint_id) FROM idem_checkpoints
+WHERE thread_id > {after}
+GROUP BY thread_id HAVING MAX(checkpoint_id) < {bound} {more}
+ORDER BY thread_id LIMIT {n}
+"""
+_ONLY_PRUNABLE = "AND COUNT(*) > COUNT(DISTINCT checkpoint_ns)"
+
+
+def _markers(marker: str, *names: str) -> dict[str, str]:
+    """The backend's named parameter (``":{}"``, ``"%({})s"``) for each of ``names``."""
+    return {name: marker.format(name) for name in names}
 
 
 @dataclass(frozen=True)
@@ -326,15 +354,24 @@ class RetentionBase:
     """``asweep``/``sweep`` over a backend's four primitives (its ``retention.py``)."""
 
     ttl: TTLConfig | None = None
+    _MARKER: ClassVar[str]  # the backend's named parameter: ":{}", "%({})s"
 
     if TYPE_CHECKING:
+        _deltas: ListDeltaEncoder
 
         def _run_sync(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+    async def _read_pairs(self, query: str, params: dict[str, Any]) -> list[tuple[str, str]]:
+        """The rows of a read of two text columns (a sweep's pages), as pairs."""
+        raise NotImplementedError
 
     async def _expired_threads(self, cut: Cutoffs, after: str, limit: int) -> list[tuple[str, str]]:
         """Up to ``limit`` (thread id, newest checkpoint id) with ids sorting below
         ``cut.bound_id``, thread ids above ``after``, in thread id order (a read)."""
-        raise NotImplementedError
+        more = _ONLY_PRUNABLE if cut.strategy == "keep_latest" else ""
+        markers = _markers(self._MARKER, "after", "bound", "n")
+        query = _EXPIRED_THREADS.format(more=more, **markers)
+        return await self._read_pairs(query, {"after": after, "bound": cut.bound_id, "n": limit})
 
     async def _sweep_threads(
         self, cut: Cutoffs, threads: list[str]
@@ -348,7 +385,9 @@ class RetentionBase:
         self, rule: LedgerRule, after: tuple[str, str], limit: int
     ) -> list[tuple[str, str]]:
         """Up to ``limit`` (scope, key) the rule may remove, after ``after`` (a read)."""
-        raise NotImplementedError
+        query = rule.sql(_SELECT_REMOVABLE, self._MARKER)
+        params = {**rule.params(), "s": after[0], "k": after[1], "n": limit}
+        return await self._read_pairs(query, params)
 
     async def _remove_entries(self, rule: LedgerRule, keys: list[tuple[str, str]]) -> int:
         """One transaction: remove those of ``keys`` the rule still allows; how many."""
@@ -423,6 +462,8 @@ class RetentionBase:
                     counts = await self._sweep_threads(cut, idle)
                 except DryRun as dry:
                     counts = dry.counts
+                else:  # what the list delta encoder knew of them may be gone
+                    self._deltas.forget(idle)
                 report.batches += 1
                 _tally(report, counts, cut.strategy)
             if len(found) < cut.batch_size:

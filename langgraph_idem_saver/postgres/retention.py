@@ -23,31 +23,13 @@ from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
 from langgraph_idem_saver.postgres import sql
-from langgraph_idem_saver.retention import (
-    Cutoffs,
-    LedgerRule,
-    RetentionBase,
-    RowCounts,
-    ended_event,
-)
+from langgraph_idem_saver.retention import RetentionBase, RowCounts, ended_event
 
 if TYPE_CHECKING:
-    from langgraph_idem_saver.list_deltas import ListDeltaEncoder
+    from langgraph_idem_saver.retention import Cutoffs, LedgerRule
 
 T = TypeVar("T")
-MARKER = "%({})s"  # a named parameter
 Cursor = AsyncCursor[TupleRow]
-
-# threads whose newest checkpoint id (any namespace) sorts below %(bound)s, in id
-# order after %(after)s (keyset pages); idem_checkpoints_thread_order serves it
-SELECT_EXPIRED_THREADS = """
-SELECT thread_id, MAX(checkpoint_id) FROM idem_checkpoints
-WHERE thread_id > %(after)s
-GROUP BY thread_id HAVING MAX(checkpoint_id) < %(bound)s {more}
-ORDER BY thread_id LIMIT %(n)s
-"""
-# keep_latest: only threads with something left to prune
-ONLY_PRUNABLE = "AND COUNT(*) > COUNT(DISTINCT checkpoint_ns)"
 
 # per thread: its newest checkpoint id and when its ledger was last touched
 SELECT_ACTIVITY = """
@@ -88,11 +70,6 @@ DELETE FROM idem_blobs WHERE thread_id IN (SELECT t FROM idle)
 """
 
 # ledger entries a rule may remove ({which}, {removable}: retention.LedgerRule.sql)
-SELECT_REMOVABLE = """
-SELECT l.scope, l.key FROM idem_tool_calls AS l
-WHERE (l.scope, l.key) > (%(s)s, %(k)s) AND {which} AND {removable}
-ORDER BY l.scope, l.key LIMIT %(n)s
-"""
 DELETE_REMOVABLE = """
 DELETE FROM idem_tool_calls AS l
 USING unnest(%(scopes)s::text[], %(keys)s::text[]) AS u (scope, key)
@@ -130,8 +107,9 @@ async def _counts(cur: Cursor, threads: Sequence[str]) -> dict[str, RowCounts]:
 class PostgresRetention(RetentionBase):
     """``asweep``'s primitives on PostgreSQL (mixed into :class:`AsyncPostgresSaver`)."""
 
+    _MARKER = "%({})s"
+
     if TYPE_CHECKING:
-        _deltas: ListDeltaEncoder
 
         async def _run(
             self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
@@ -147,11 +125,8 @@ class PostgresRetention(RetentionBase):
 
         return await self._run(read)
 
-    async def _expired_threads(self, cut: Cutoffs, after: str, limit: int) -> list[tuple[str, str]]:
-        more = ONLY_PRUNABLE if cut.strategy == "keep_latest" else ""
-        params = {"after": after, "bound": cut.bound_id, "n": limit}
-        rows = await self._fetch(SELECT_EXPIRED_THREADS.format(more=more), params)
-        return [(r[0], r[1]) for r in rows]
+    async def _read_pairs(self, query: str, params: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in await self._fetch(query, params)]
 
     async def _sweep_threads(
         self, cut: Cutoffs, threads: list[str]
@@ -172,19 +147,10 @@ class PostgresRetention(RetentionBase):
             after = await _counts(cur, idle)
             return cut.batch_counts(idle, before, after)
 
-        changed = await self._run(sweep, tx=True)
-        self._deltas.forget(threads)
-        return changed
-
-    async def _removable_entries(
-        self, rule: LedgerRule, after: tuple[str, str], limit: int
-    ) -> list[tuple[str, str]]:
-        params = {**rule.params(), "s": after[0], "k": after[1], "n": limit}
-        rows = await self._fetch(rule.sql(SELECT_REMOVABLE, MARKER), params)
-        return [(r[0], r[1]) for r in rows]
+        return await self._run(sweep, tx=True)
 
     async def _remove_entries(self, rule: LedgerRule, keys: list[tuple[str, str]]) -> int:
-        query = rule.sql(DELETE_REMOVABLE, MARKER)
+        query = rule.sql(DELETE_REMOVABLE, self._MARKER)
         params = {
             **rule.params(),
             "scopes": [k[0] for k in keys],

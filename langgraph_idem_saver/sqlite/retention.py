@@ -12,33 +12,14 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from langgraph_idem_saver.retention import (
-    Cutoffs,
-    LedgerRule,
-    RetentionBase,
-    RowCounts,
-    ended_event,
-)
+from langgraph_idem_saver.retention import RetentionBase, RowCounts, ended_event
 
 if TYPE_CHECKING:
-    from langgraph_idem_saver.list_deltas import ListDeltaEncoder
+    from langgraph_idem_saver.retention import Cutoffs, LedgerRule
 
 T = TypeVar("T")
-MARKER = ":{}"  # a named parameter
-
-# threads whose newest checkpoint id (any namespace) sorts below :bound, in id order
-# after :after (keyset pages); the primary key's index is read, no table row
-SELECT_EXPIRED_THREADS = """
-SELECT thread_id, MAX(checkpoint_id) FROM idem_checkpoints
-WHERE thread_id > :after
-GROUP BY thread_id HAVING MAX(checkpoint_id) < :bound {more}
-ORDER BY thread_id LIMIT :n
-"""
-# keep_latest: only threads with something left to prune (a thread kept at its head
-# is not re-pruned by every sweep)
-ONLY_PRUNABLE = "AND COUNT(*) > COUNT(DISTINCT checkpoint_ns)"
 
 # a thread's newest checkpoint id and when its ledger was last touched
 SELECT_ACTIVITY = """
@@ -59,12 +40,7 @@ SELECT 'b', thread_id, COUNT(*) FROM idem_blobs
 WHERE thread_id IN (SELECT value FROM json_each(?1)) GROUP BY thread_id
 """
 
-# ledger entries a rule may remove ({which}, {removable}: retention.LedgerRule.sql)
-SELECT_REMOVABLE = """
-SELECT l.scope, l.key FROM idem_tool_calls AS l
-WHERE (l.scope, l.key) > (:s, :k) AND {which} AND {removable}
-ORDER BY l.scope, l.key LIMIT :n
-"""
+# a ledger entry a rule may remove ({which}, {removable}: retention.LedgerRule.sql)
 DELETE_REMOVABLE = """
 DELETE FROM idem_tool_calls AS l
 WHERE l.scope = :s AND l.key = :k AND {which} AND {removable}
@@ -98,8 +74,9 @@ def _counts(conn: sqlite3.Connection, threads: Sequence[str]) -> dict[str, RowCo
 class SqliteRetention(RetentionBase):
     """``asweep``'s primitives on SQLite (mixed into :class:`AsyncSqliteSaver`)."""
 
+    _MARKER = ":{}"
+
     if TYPE_CHECKING:
-        _deltas: ListDeltaEncoder
 
         async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
@@ -110,10 +87,7 @@ class SqliteRetention(RetentionBase):
         @staticmethod
         def _prune_rows(conn: sqlite3.Connection, ids: Sequence[str], strategy: str) -> None: ...
 
-    async def _expired_threads(self, cut: Cutoffs, after: str, limit: int) -> list[tuple[str, str]]:
-        more = ONLY_PRUNABLE if cut.strategy == "keep_latest" else ""
-        query = SELECT_EXPIRED_THREADS.format(more=more)
-        params = {"after": after, "bound": cut.bound_id, "n": limit}
+    async def _read_pairs(self, query: str, params: dict[str, Any]) -> list[tuple[str, str]]:
         return await self._run(lambda c: [(r[0], r[1]) for r in c.execute(query, params)])
 
     async def _sweep_threads(
@@ -128,19 +102,10 @@ class SqliteRetention(RetentionBase):
             after = _counts(conn, idle)
             return cut.batch_counts(idle, before, after)
 
-        changed = await self._write(sweep)
-        self._deltas.forget(threads)
-        return changed
-
-    async def _removable_entries(
-        self, rule: LedgerRule, after: tuple[str, str], limit: int
-    ) -> list[tuple[str, str]]:
-        query = rule.sql(SELECT_REMOVABLE, MARKER)
-        params = {**rule.params(), "s": after[0], "k": after[1], "n": limit}
-        return await self._run(lambda c: [(r[0], r[1]) for r in c.execute(query, params)])
+        return await self._write(sweep)
 
     async def _remove_entries(self, rule: LedgerRule, keys: list[tuple[str, str]]) -> int:
-        query = rule.sql(DELETE_REMOVABLE, MARKER)
+        query = rule.sql(DELETE_REMOVABLE, self._MARKER)
         base = rule.params()
 
         def remove(conn: sqlite3.Connection) -> int:
