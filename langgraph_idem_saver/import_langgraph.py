@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from langgraph_idem_saver.errors import ConfigError, ImportLayoutError
@@ -98,6 +99,36 @@ DISCARD_STAGED = tuple(
     f"DELETE FROM {table} WHERE thread_id >= {{p}} AND thread_id < {{p}}"
     for table in ("idem_checkpoints", "idem_writes", "idem_blobs")
 )
+# LangGraph's writes of a page of its checkpoints, the page's first key to its last
+# (``{table}``, ``{value}``: the layout's names; ``{task_path}`` left for the reader:
+# the column, or an empty text in a layout without it)
+SELECT_WRITES = """
+SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, {{task_path}}, idx, channel, type, {value}
+FROM {table}
+WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN ({p}, {p}, {p}) AND ({p}, {p}, {p})
+"""
+
+
+@dataclass(frozen=True)
+class ImportSql:
+    """The import's statements with one driver's placeholder (``?``, ``%s``), for a
+    backend's reader of LangGraph's tables (``*/import_sql.py``)."""
+
+    select_writes: str  # ``{task_path}`` left to fill
+    select_imported: str
+    publish: tuple[str, ...]
+    discard_staged: tuple[str, ...]
+
+    @classmethod
+    def of(cls, p: str, *, writes_table: str, value: str) -> ImportSql:
+        """With placeholder ``p``; LangGraph's writes in ``writes_table``, their values
+        in its column ``value``."""
+        return cls(
+            SELECT_WRITES.format(p=p, table=writes_table, value=value),
+            SELECT_IMPORTED.format(p=p),
+            tuple(q.format(p=p) for q in PUBLISH),
+            tuple(q.format(p=p) for q in DISCARD_STAGED),
+        )
 
 
 def staged_id(thread_id: str) -> str:

@@ -19,7 +19,7 @@ from psycopg.rows import TupleRow
 
 from langgraph_idem_saver import import_langgraph
 from langgraph_idem_saver.errors import CorruptRecordError, ImportLayoutError
-from langgraph_idem_saver.import_langgraph import imported_writes, staged_range
+from langgraph_idem_saver.import_langgraph import ImportSql, imported_writes, staged_range
 from langgraph_idem_saver.import_rows import Key, Layout, SourceRow, with_writes
 from langgraph_idem_saver.postgres.host import PostgresHost
 from langgraph_idem_saver.saver_codec import decode_typed
@@ -74,15 +74,7 @@ ORDER BY c.thread_id, c.checkpoint_ns, c.checkpoint_id LIMIT %s
 """
 AFTER = "WHERE (c.thread_id, c.checkpoint_ns, c.checkpoint_id) > (%s, %s, %s)"
 
-SELECT_WRITES = """
-SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, {task_path}, idx, channel, type, blob
-FROM checkpoint_writes
-WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN (%s, %s, %s) AND (%s, %s, %s)
-"""
-
-SELECT_IMPORTED = import_langgraph.SELECT_IMPORTED.format(p="%s")
-PUBLISH = tuple(q.format(p="%s") for q in import_langgraph.PUBLISH)
-DISCARD_STAGED = tuple(q.format(p="%s") for q in import_langgraph.DISCARD_STAGED)
+SQL = ImportSql.of("%s", writes_table="checkpoint_writes", value="blob")
 
 
 class PostgresTables:
@@ -140,7 +132,7 @@ class PostgresTables:
                 return [], []
             task_path = "task_path" if layout.task_path else "''::text"
             await cur.execute(
-                SELECT_WRITES.format(task_path=task_path), (*rows[0][:3], *rows[-1][:3])
+                SQL.select_writes.format(task_path=task_path), (*rows[0][:3], *rows[-1][:3])
             )
             return rows, await cur.fetchall()
 
@@ -185,7 +177,7 @@ class PostgresTables:
 
     async def aimported(self, first: Key, last: Key) -> dict[Key, set[tuple[str, int]]]:
         async def read(cur: Cursor) -> list[TupleRow]:
-            await cur.execute(SELECT_IMPORTED, (*first, *last))
+            await cur.execute(SQL.select_imported, (*first, *last))
             return await cur.fetchall()
 
         return imported_writes(await self.saver._run(read))
@@ -207,7 +199,7 @@ class PostgresTables:
 
     async def apublish(self, staged: str, thread_id: str) -> None:
         async def publish(cur: Cursor) -> None:
-            for statement in PUBLISH:
+            for statement in SQL.publish:
                 await cur.execute(statement, (thread_id, staged))
 
         await self.saver._run(publish, tx=True)
@@ -215,7 +207,7 @@ class PostgresTables:
 
     async def adiscard_staged(self) -> None:
         async def discard(cur: Cursor) -> None:
-            for statement in DISCARD_STAGED:
+            for statement in SQL.discard_staged:
                 await cur.execute(statement, staged_range())
 
         await self.saver._run(discard, tx=True)

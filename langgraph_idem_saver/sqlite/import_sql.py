@@ -15,7 +15,7 @@ from typing import Any
 
 from langgraph_idem_saver import import_langgraph
 from langgraph_idem_saver.errors import CorruptRecordError, ImportLayoutError
-from langgraph_idem_saver.import_langgraph import imported_writes, staged_range
+from langgraph_idem_saver.import_langgraph import ImportSql, imported_writes, staged_range
 from langgraph_idem_saver.import_rows import Key, Layout, SourceRow, with_writes
 from langgraph_idem_saver.saver_codec import decode_checkpoint, decode_json
 from langgraph_idem_saver.sqlite.host import SqliteHost
@@ -37,15 +37,7 @@ ORDER BY thread_id, checkpoint_ns, checkpoint_id LIMIT ?
 """
 AFTER = "WHERE (thread_id, checkpoint_ns, checkpoint_id) > (?, ?, ?)"
 
-SELECT_WRITES = """
-SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, {task_path}, idx, channel, type, value
-FROM writes
-WHERE (thread_id, checkpoint_ns, checkpoint_id) BETWEEN (?, ?, ?) AND (?, ?, ?)
-"""
-
-SELECT_IMPORTED = import_langgraph.SELECT_IMPORTED.format(p="?")
-PUBLISH = tuple(q.format(p="?") for q in import_langgraph.PUBLISH)
-DISCARD_STAGED = tuple(q.format(p="?") for q in import_langgraph.DISCARD_STAGED)
+SQL = ImportSql.of("?", writes_table="writes", value="value")
 
 
 class SqliteTables:
@@ -91,7 +83,7 @@ class SqliteTables:
                 rows = conn.execute(SELECT_PAGE.format(where=AFTER), (*after, limit)).fetchall()
             if not rows:
                 return [], []
-            query = SELECT_WRITES.format(task_path="task_path" if layout.task_path else "''")
+            query = SQL.select_writes.format(task_path="task_path" if layout.task_path else "''")
             writes = conn.execute(query, (*rows[0][:3], *rows[-1][:3])).fetchall()
             return rows, writes
 
@@ -113,7 +105,7 @@ class SqliteTables:
 
     async def aimported(self, first: Key, last: Key) -> dict[Key, set[tuple[str, int]]]:
         def read(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(SELECT_IMPORTED, (*first, *last)).fetchall()
+            return conn.execute(SQL.select_imported, (*first, *last)).fetchall()
 
         return imported_writes(await self.saver._run(read))
 
@@ -131,7 +123,7 @@ class SqliteTables:
 
     async def apublish(self, staged: str, thread_id: str) -> None:
         def publish(conn: sqlite3.Connection) -> None:
-            for statement in PUBLISH:
+            for statement in SQL.publish:
                 conn.execute(statement, (thread_id, staged))
 
         await self.saver._write(publish)
@@ -141,7 +133,7 @@ class SqliteTables:
         low, high = staged_range()
 
         def discard(conn: sqlite3.Connection) -> None:
-            for statement in DISCARD_STAGED:
+            for statement in SQL.discard_staged:
                 conn.execute(statement, (low, high))
 
         await self.saver._write(discard)
