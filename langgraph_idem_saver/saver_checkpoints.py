@@ -5,10 +5,11 @@ statements each backend writes (``_put_checkpoint``, ``_insert_writes``, ``_list
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -39,6 +40,25 @@ PageReader = Callable[[tuple[str, str, str] | None, int], Awaitable[ListPage]]
 # the same, for the sync savers' direct path
 SyncPageReader = Callable[[tuple[str, str, str] | None, int], ListPage]
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def twin_of(
+    target: Callable[Concatenate[Any, P], Any],
+) -> Callable[[Callable[..., R]], Callable[Concatenate[Any, P], R]]:
+    """A sync method typed as the twin of the async ``target``: ``target``'s parameters
+    (written once, there), its own result; its docstring and ``help()`` are
+    ``target``'s."""
+
+    def typed(method: Callable[..., R]) -> Callable[Concatenate[Any, P], R]:
+        own = inspect.signature(method).return_annotation
+        method.__signature__ = inspect.signature(target).replace(return_annotation=own)  # type: ignore[attr-defined]
+        method.__doc__ = target.__doc__
+        return method
+
+    return typed
+
 
 @dataclass(frozen=True)
 class ListQuery:
@@ -51,14 +71,17 @@ class ListQuery:
     checkpoint_id: str | None
     before_id: str | None
     filter: dict[str, Any] | None
+    limit: int | None  # rows in all (``Paging``'s, not the backends')
 
     @classmethod
     def of(
         cls,
         config: RunnableConfig | None,
-        filter: dict[str, Any] | None,
-        before: RunnableConfig | None,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
     ) -> ListQuery:
+        """``alist``'s arguments, read (and checked) once."""
         thread_id = ns = checkpoint_id = None
         if config is not None:
             thread_id = thread_id_of(config)
@@ -66,7 +89,7 @@ class ListQuery:
                 ns = checkpoint_ns_of(config)
             checkpoint_id = checkpoint_id_of(config)
         before_id = None if before is None else checkpoint_id_of(before)
-        return cls(thread_id, ns, checkpoint_id, before_id, filter or None)
+        return cls(thread_id, ns, checkpoint_id, before_id, filter or None, limit)
 
 
 class CheckpointMethods(BaseCheckpointSaver[str], ABC):
@@ -175,10 +198,11 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
 
         ``limit`` of 0 or less yields nothing (SQLite's ``LIMIT -1`` would mean "all").
         """
+        query = ListQuery.of(config, filter, before, limit)
         paging = Paging(limit, self._list_page_size)
         if paging.done:
             return
-        read_page = self._list_pages(ListQuery.of(config, filter, before))
+        read_page = self._list_pages(query)
         while (request := paging.next_page()) is not None:
             for tup in paging.take(await read_page(*request)):
                 yield tup
@@ -203,38 +227,25 @@ class SyncCheckpointCalls(ABC):
     def _direct_pages(self, query: ListQuery) -> SyncPageReader:
         """``_list_pages`` of the async saver, likewise (validates ``query`` at once)."""
 
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
+    # the direct methods take what their async twins take, and store and read alike
+
+    @twin_of(CheckpointMethods.aput)
+    def put(self, *args: Any, **kwargs: Any) -> RunnableConfig:
         saver = self.saver
-        put = saver._checkpoint_put(config, checkpoint, metadata, new_versions)
+        put = saver._checkpoint_put(*args, **kwargs)
         return saver._stored(put, self._direct_put(put))
 
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        rows = self.saver._writes_rows(config, writes, task_id, task_path)
+    @twin_of(CheckpointMethods.aput_writes)
+    def put_writes(self, *args: Any, **kwargs: Any) -> None:
+        rows = self.saver._writes_rows(*args, **kwargs)
         if rows:
             self._direct_writes(rows)
 
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        paging = Paging(limit, self.saver._list_page_size)
-        for page in paging.pages(lambda: self._direct_pages(ListQuery.of(config, filter, before))):
+    @twin_of(CheckpointMethods.alist)
+    def list(self, *args: Any, **kwargs: Any) -> Iterator[CheckpointTuple]:
+        query = ListQuery.of(*args, **kwargs)
+        paging = Paging(query.limit, self.saver._list_page_size)
+        for page in paging.pages(lambda: self._direct_pages(query)):
             yield from paging.take(page)
 
 
@@ -280,8 +291,3 @@ class Paging:
                 if self.remaining <= 0:
                     self.done = True
                     return
-
-
-# the direct methods say what their async twins say (they store and read alike)
-for _name in ("list", "put", "put_writes"):
-    getattr(SyncCheckpointCalls, _name).__doc__ = getattr(CheckpointMethods, f"a{_name}").__doc__
