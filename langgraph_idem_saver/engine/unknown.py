@@ -176,7 +176,9 @@ async def aapply(ctx: EngineContext, batch: Batch, plan: Plan, decision: tuple[s
                 tool_call_id=call["id"],
                 status="error",
             )
-        settled = await asettle_entry(ctx, batch, entry, status, result, error)
+        # guarded by the attempt and owner it was decided about (None: the row changed)
+        result_type, data = ctx.dumps(batch, result)
+        settled = await aresolve_as_decided(batch, entry, status, result_type, data, error)
         if settled is not None:
             plan.kind, plan.result, plan.entry = Kind.RETURN, result, settled
             return
@@ -217,20 +219,6 @@ def asked_args(plan: Plan) -> dict[str, Any]:
         if isinstance(args, dict):
             return args
     return dict(plan.call["args"])
-
-
-async def asettle_entry(
-    ctx: EngineContext,
-    batch: Batch,
-    entry: LedgerEntry,
-    status: CallStatus,
-    result: Any,
-    error: str | None,
-) -> LedgerEntry | None:
-    """Record the decided outcome of an unknown entry, guarded by the attempt and owner
-    it was decided about (None: the row changed since)."""
-    result_type, data = ctx.dumps(batch, result)
-    return await aresolve_as_decided(batch, entry, status, result_type, data, error)
 
 
 def answer_instructions(entry: LedgerEntry, *, sole: bool) -> dict[str, Any]:
