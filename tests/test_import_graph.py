@@ -32,6 +32,17 @@ NAME = "langgraph_idem_saver"
 # LangGraph's tables through ``IdemSaverBase._langgraph_tables``.
 BACKEND_FREE = ("saver_base", "ledger_policy", "import_langgraph", "import_copy")
 
+# The engine's helpers see it through ``engine.context`` (an ``EngineContext`` the engine
+# builds once), never the engine itself: not at run time, not for type checking.
+ENGINE_HELPERS = (
+    "engine.adoption",
+    "engine.unknown",
+    "engine.earlier",
+    "engine.nested",
+    "engine.outcomes",
+    "middleware_calls",
+)
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
@@ -225,3 +236,12 @@ def test_postgres_sql_text_imports_no_runtime_module(module: str) -> None:
         if m.startswith(prefix) and m.removeprefix(prefix) not in PG_SQL_TEXT + PG_TEXT_HELPERS
     )
     assert not runtime, f"postgres.{module} reaches {runtime}"
+
+
+@pytest.mark.parametrize("module", ENGINE_HELPERS)
+def test_the_engine_helpers_never_import_the_engine(module: str) -> None:
+    found = modules()
+    name = f"{NAME}.{module}"
+    imported = imports_of(name, found[name], set(found), everywhere=True)
+    assert f"{NAME}.engine.core" not in imported, f"{module} imports engine.core"
+    assert f"{NAME}.engine" not in imported, f"{module} imports the engine package"
