@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from resume_worker import (
     CRASH_EXIT_CODE,
     FAILED_EXIT_CODE,
@@ -56,7 +57,7 @@ the ledger lost track of a call.
 
 
 def spawn(scenario: dict[str, Any], worker: Path = WORKER) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return zygote.Popen(
         [sys.executable, str(worker), json.dumps(scenario)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

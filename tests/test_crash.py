@@ -28,7 +28,6 @@ import asyncio
 import itertools
 import json
 import re
-import subprocess
 import sys
 from collections import Counter
 from functools import cache
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from crash_harness import calls_of
 from langchain_core.messages import ToolMessage
 from pg_server import fresh_dsn
@@ -47,7 +47,7 @@ THREAD = "t1"
 
 
 def run_phase(scenario: dict[str, Any], phase: str) -> tuple[int, dict[str, Any] | None, str]:
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(HARNESS), json.dumps({**scenario, "phase": phase})],
         capture_output=True,
         text=True,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 
 WORKER = Path(__file__).resolve().parent / "durable_model_worker.py"
 CRASH_EXIT_CODE = 137
@@ -29,7 +30,7 @@ TEXT = "pay inv-1 inv-2"
 
 
 def run(scenario: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, str(WORKER), json.dumps(scenario)],
         capture_output=True,
         text=True,

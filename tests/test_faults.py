@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import zygote
 from fault_child import Db
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from pg_server import afresh_dsn, throwaway_server
@@ -37,7 +38,7 @@ CHILD = Path(__file__).with_name("fault_child.py")
 
 
 def spawn(spec: dict[str, Any], **kwargs: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return zygote.Popen(
         [sys.executable, str(CHILD), json.dumps(spec)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -471,7 +472,7 @@ async def test_sqlite_disk_full(tmp_path: Path) -> None:
         for i in range(5):
             await saver.aput(cfg("before"), generate_checkpoint(), {"step": i}, {})
     before = [t.config async for t in _list(db)]
-    proc = subprocess.run(
+    proc = zygote.run(
         [
             sys.executable,
             str(CHILD),

@@ -18,7 +18,6 @@ import itertools
 import json
 import logging
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ from typing import Any
 
 import ledger_beside_worker as worker
 import pytest
+import zygote
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -57,7 +57,7 @@ FINISHED = {
 
 
 def run_phase(scenario: dict[str, Any], phase: str) -> tuple[int, dict[str, Any] | None, str]:
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(WORKER), json.dumps({**scenario, "phase": phase})],
         capture_output=True,
         text=True,
@@ -575,15 +575,13 @@ def test_an_unclosed_ledger_is_closed_at_exit(tmp_path: Path) -> None:
     (SQLite removes its write-ahead log when the last connection closes)."""
     path = tmp_path / "l.db"
     script = CLOSES_AT_EXIT.format(tests=str(Path(__file__).parent), path=str(path))
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    proc = zygote.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr[-2000:]
     assert path.exists() and not Path(f"{path}-wal").exists(), "closed: the WAL is gone"
     # the control: the same program leaving with os._exit closes nothing, and the WAL stays
     other = tmp_path / "l2.db"
     script = CLOSES_AT_EXIT.format(tests=str(Path(__file__).parent), path=str(other))
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-c", script + "import os; os._exit(0)\n"],
         capture_output=True,
         text=True,

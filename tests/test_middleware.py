@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from langchain.agents import create_agent
 from langchain.agents.middleware import (
     HumanInTheLoopMiddleware,
@@ -236,7 +237,7 @@ def run_worker(
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CALLS": str(calls)}
     cmd = worker_cmd(tmp, mode, durability, crash, db)
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    return zygote.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 
 # every durability where the effect landed unrecorded (the case that duplicates); the other
@@ -295,7 +296,7 @@ def test_concurrent_resumers_charge_once(
     assert run_worker(tmp_path, "ours", "sync", "after_effect", 3, db).returncode == 137
     env = {**os.environ, "CALLS": "3"}
     procs = [
-        subprocess.Popen(
+        zygote.Popen(
             worker_cmd(tmp_path, "ours", "sync", "none", db),
             env=env,
             stdout=subprocess.PIPE,

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections import Counter as Tally
 from pathlib import Path
 from typing import Any
 
+import zygote
 from langchain_core.tools import tool
 from langgraph.types import Command
 from tool_node_helpers import (
@@ -41,7 +41,7 @@ def phase(tmp: Path, name: str, answer: Any = None) -> Any:
     cmd = [sys.executable, str(WORKER), str(tmp / "agent.db"), str(tmp / "fx"), name]
     if answer is not None:
         cmd.append(json.dumps(answer))
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=os.environ)
+    return zygote.run(cmd, capture_output=True, text=True, timeout=120, env=os.environ)
 
 
 def printed(done: Any) -> dict[str, Any]:

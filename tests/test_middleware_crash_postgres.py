@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import zygote
 from pg_server import fresh_dsn
 
 WORKER = Path(__file__).resolve().parent / "agent_crash_worker.py"
@@ -32,7 +33,7 @@ def run_worker(
     """One process of the agent on ``db``'s thread ``t``: crashing, or to the end."""
     cmd = [sys.executable, str(WORKER), db, str(tmp / "fx"), "t", "ours", durability, crash]
     env = {**os.environ, "CALLS": str(calls)}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    return zygote.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize(

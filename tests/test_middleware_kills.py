@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections import Counter as Tally
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from pg_server import fresh_dsn
 
 WORKER = Path(__file__).resolve().parent / "middleware_crash_worker.py"
@@ -43,7 +43,7 @@ CASES = [
 
 def worker(phase: str, cases: dict[str, list[str]]) -> Any:
     cmd = [sys.executable, str(WORKER), phase, json.dumps(cases)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=os.environ)
+    return zygote.run(cmd, capture_output=True, text=True, timeout=240, env=os.environ)
 
 
 def printed(done: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from langgraph.func import entrypoint
 from pg_server import fresh_dsn
 
@@ -30,7 +31,7 @@ CRASH_EXIT_CODE = 137
 
 
 def child(scenario: dict[str, Any]) -> tuple[int, str, str]:
-    proc = subprocess.Popen(
+    proc = zygote.Popen(
         [sys.executable, str(WORKER), json.dumps(scenario)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -23,7 +23,6 @@ same on both backends.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import uuid
 from collections import Counter
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import START, StateGraph
@@ -267,7 +267,7 @@ async def test_handoff_command_is_recorded_and_replayed(saver: Any, tmp_path: Pa
 
 
 def run_phase(scenario: dict[str, Any], phase: str) -> tuple[int, dict[str, Any] | None, str]:
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(HARNESS), json.dumps({**scenario, "phase": phase})],
         capture_output=True,
         text=True,

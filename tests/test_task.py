@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from langgraph.func import entrypoint
 from langgraph.types import Command, RetryPolicy
 from pg_server import fresh_dsn
@@ -139,7 +140,7 @@ def run_worker(
         shape,
     ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    return zygote.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("durability", ["sync", "async", "exit"])

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from fake_vendor import Vendor
 from pg_server import fresh_dsn
 
@@ -64,7 +65,7 @@ def run_worker(
     door: str, db: str, url: str, crash: str, keying: str
 ) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, str(WORKER), door, db, url, "t", crash, keying]
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
+    return zygote.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
 
 
 async def tool_entries(db: str) -> list[Any]:

@@ -1,0 +1,272 @@
+"""The zygote process of tests/zygote.py: ``python tests/zygote_server.py --serve FD``.
+
+It imports :data:`PRELOAD` once, then forks a child per request read on the Unix socket
+``FD`` and reports each child's start and exit there (see tests/zygote.py for the why, and
+for the test side). In a child, :func:`become_child` sets up what ``python ARGV`` would
+have had and the program runs as ``__main__`` at this module's top level, so that the
+interpreter's own exit (``SystemExit``, non-daemon threads joined, ``atexit``, stdio
+flushed, modules torn down) follows it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+PRELOAD: tuple[str, ...] = (
+    "aiosqlite",
+    "sqlite3",
+    "psycopg",
+    "psycopg_pool",
+    "pydantic",
+    "langchain_core.language_models",
+    "langchain_core.language_models.fake_chat_models",
+    "langchain_core.messages",
+    "langchain_core.outputs",
+    "langchain_core.runnables",
+    "langchain_core.tools",
+    "langgraph.graph",
+    "langgraph.graph.message",
+    "langgraph.prebuilt",
+    "langgraph.prebuilt.chat_agent_executor",
+    "langgraph.func",
+    "langgraph.types",
+    "langgraph.checkpoint.memory",
+    "langgraph.checkpoint.sqlite",
+    "langgraph.checkpoint.sqlite.aio",
+    "langgraph.checkpoint.postgres",
+    "langgraph.checkpoint.postgres.aio",
+    "langchain.agents",
+    "langchain.agents.middleware",
+    "langgraph_idem_saver",
+    "langgraph_idem_saver.middleware",
+    "langgraph_idem_saver.task",
+    "langgraph_idem_saver.durable_model",
+    "langgraph_idem_saver.sqlite",
+    "langgraph_idem_saver.postgres",
+    "langgraph_idem_saver.cli",
+    "psutil",
+)
+"""What the zygote imports once: the third-party parts and this package - never a test
+module (a worker script is run afresh as ``__main__`` in each child anyway)."""
+
+MAX_MESSAGE = 1 << 20
+
+
+def _threads() -> list[str]:
+    return os.listdir("/proc/self/task")
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall(json.dumps(message).encode())
+
+
+def serve(fd: int) -> tuple[dict[str, Any], list[int]] | None:
+    """The zygote: import :data:`PRELOAD`, then fork a child per request read on socket
+    ``fd``. Returns only in a forked child, with its request and stdio fds; returns
+    ``None`` in the zygote once the socket is closed (children left were killed).
+
+    Single-threaded: children's exits arrive as SIGCHLD through a wakeup fd, multiplexed
+    with the socket by ``selectors``.
+    """
+    import gc
+    import importlib
+    import selectors
+    import signal
+    import traceback
+
+    sock = socket.socket(fileno=fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a stray Ctrl-C is the test run's
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException:
+        send(sock, {"fatal": "preload failed:\n" + traceback.format_exc()})
+        return None
+    if len(_threads()) != 1:
+        send(sock, {"fatal": f"the imports started threads: {_threads()} (unsafe to fork)"})
+        return None
+    # what pre-fork servers do (see ``gc.freeze``): the imported objects move to a
+    # generation no collection visits, so a child's collections - and its exit - do not
+    # touch (and copy) every page of them: a child's exit costs ~0.2 s instead of ~1 s
+    gc.collect()
+    gc.freeze()
+    own_path = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    base_path = [p for p in sys.path[1:] if p and os.path.abspath(p) not in own_path]
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler: wakeups fire
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    live: dict[int, list[str]] = {}
+
+    def reap() -> None:
+        while live:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            live.pop(pid, None)
+            send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def fork(request: dict[str, Any], fds: list[int]) -> dict[str, Any] | None:
+        """The child's request (in the child) or ``None`` (in the zygote)."""
+        problem = None
+        if len(fds) != 3:
+            problem = f"expected 3 stdio fds, got {len(fds)}"
+        elif not os.path.isdir(request["cwd"]):
+            problem = f"no such directory: {request['cwd']!r}"
+        elif len(_threads()) != 1:
+            problem = f"the zygote has threads {_threads()}: unsafe to fork"
+        if problem is not None:
+            for received in fds:
+                os.close(received)
+            send(sock, {"failed": request["id"], "error": problem})
+            return None
+        pid = os.fork()
+        if pid == 0:  # the child: leave the zygote's plumbing behind, then run
+            selector.close()
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for own in (wake_r, wake_w):
+                os.close(own)
+            sock.close()
+            request["base_path"] = base_path
+            return request
+        for received in fds:
+            os.close(received)
+        live[pid] = request["argv"]
+        send(sock, {"started": request["id"], "pid": pid})
+        return None
+
+    send(sock, {"ready": os.getpid()})
+    while True:
+        for key, _ in selector.select():
+            if key.fd == wake_r:
+                while True:
+                    try:
+                        if not os.read(wake_r, 512):
+                            break
+                    except BlockingIOError:
+                        break
+                continue
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 3)
+            except ConnectionResetError:
+                data, fds = b"", []
+            if not data:  # the test process closed the socket (or died): stop
+                _stop_children(sock, live)
+                return None
+            request = json.loads(data)
+            if request.get("stop"):
+                _stop_children(sock, live)
+                send(sock, {"stopped": True})
+                return None
+            if fork(request, fds) is not None:
+                return request, fds
+        reap()
+
+
+def _stop_children(sock: socket.socket, live: dict[int, list[str]]) -> None:
+    """SIGKILL every child still running, report it (if anyone listens) and reap it."""
+    import signal
+
+    for pid, argv in live.items():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        with contextlib.suppress(OSError):
+            send(sock, {"left": pid, "argv": argv})
+    for pid in list(live):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def become_child(request: dict[str, Any], fds: list[int]) -> Callable[[], None]:
+    """In a forked child: set up what ``python ARGV`` would have, and return what runs
+    the program (the caller runs it at module level, so the interpreter's normal exit
+    follows it)."""
+    import random
+    import runpy
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)  # dup2'd descriptors are inheritable, as a real child's stdio
+    for fd in set(fds):
+        if fd > 2:
+            os.close(fd)
+    if request["new_session"]:
+        os.setsid()
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    random.seed()  # random reseeds after fork anyway; said here, since it matters
+    python_path = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    base = request["base_path"]
+    argv = request["argv"]
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[:] = [os.getcwd(), *python_path, *base]
+
+        def run_module() -> None:
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+
+        return run_module
+    if argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[:] = ["", *python_path, *base]
+
+        def run_code() -> None:
+            import types
+
+            main = types.ModuleType("__main__")
+            main.__dict__["__builtins__"] = __builtins__
+            sys.modules["__main__"] = main
+            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+
+        return run_code
+    script = os.path.abspath(argv[0])
+    sys.argv = list(argv)
+    sys.path[:] = [os.path.dirname(os.path.realpath(script)), *python_path, *base]
+
+    def run_script() -> None:
+        runpy.run_path(script, run_name="__main__")
+
+    return run_script
+
+
+def run_as_main(program: Callable[[], None]) -> None:
+    """Run the child's program; an uncaught exception is printed as ``python ARGV`` would
+    print it (without this module's and runpy's frames) and ends the process with 1."""
+    try:
+        program()
+    except (SystemExit, KeyboardInterrupt):
+        raise  # the interpreter's own handling, as in any process
+    except BaseException as exc:
+        tb = exc.__traceback__
+        while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")):
+            tb = tb.tb_next
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 3:
+        sys.exit(f"usage: {sys.argv[0]} --serve FD")
+    _child = serve(int(sys.argv[2]))
+    if _child is not None:
+        _program = become_child(*_child)
+        del _child
+        run_as_main(_program)  # as __main__; the interpreter's own exit follows
