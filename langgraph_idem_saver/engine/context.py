@@ -46,15 +46,14 @@ class EngineContext:
         serde = batch.serde or JsonPlusSerializer()
         return dumps(serde, result, f"a {self.name!r} tool call")
 
-    def replayed_result(self, batch: Batch, entry: LedgerEntry, call: ToolCall) -> Any:
-        serde = batch.serde or JsonPlusSerializer()
-        return replayed_result(serde, entry, call, self.messages_key, raw=self.raw_results)
-
     def set_replay(self, batch: Batch, plan: Plan, entry: LedgerEntry) -> None:
         """``plan`` is answered from ``entry``'s recorded outcome."""
+        serde = batch.serde or JsonPlusSerializer()
         plan.kind = Kind.REPLAY
         plan.entry = entry
-        plan.result = self.replayed_result(batch, entry, plan.call)
+        plan.result = replayed_result(
+            serde, entry, plan.call, self.messages_key, raw=self.raw_results
+        )
 
     def as_result(self, value: Any, call: ToolCall) -> Any:
         """A value someone settled a call with, as the call's answer."""
