@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import zygote
 from pg_restart import CrashableServer
 
 WORKER = Path(__file__).resolve().parent / "db_restart_worker.py"
@@ -133,7 +134,7 @@ def run_schedule(
             # the pool's reconnect warnings and block the worker
             with (work / f"out-{n}").open("wb") as out:
                 procs.append(
-                    subprocess.Popen(
+                    zygote.Popen(
                         [sys.executable, str(WORKER), json.dumps(config)],
                         stdout=out,
                         stderr=subprocess.STDOUT,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from resume_worker import (
@@ -52,7 +53,7 @@ def worker_cmd(scenario: dict[str, Any]) -> list[str]:
 
 
 def run_child(scenario: dict[str, Any]) -> tuple[int, dict[str, Any] | None, str]:
-    proc = subprocess.run(worker_cmd(scenario), capture_output=True, text=True, timeout=120)
+    proc = zygote.run(worker_cmd(scenario), capture_output=True, text=True, timeout=120)
     lines = proc.stdout.strip().splitlines()
     payload = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     return proc.returncode, payload, proc.stderr[-3000:]
@@ -94,7 +95,7 @@ def humans(messages: list[Any]) -> list[str]:
 
 def kill_between_turns(scenario: dict[str, Any], ready: Path) -> int:
     """The child finishes turn 4, says so, and is SIGKILLed while idle."""
-    proc = subprocess.Popen(
+    proc = zygote.Popen(
         worker_cmd({**scenario, "phase": "run", "ready_file": str(ready)}),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zygote
 from conftest import BACKENDS, REPO_ROOT
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
@@ -220,7 +221,7 @@ def run_json(capsys: pytest.CaptureFixture[str], db: str, *argv: str) -> Any:
 
 
 def run_module(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "-m", "langgraph_idem_saver", *argv],
         capture_output=True,
         text=True,

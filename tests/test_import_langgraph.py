@@ -15,7 +15,6 @@ import math
 import operator
 import signal
 import sqlite3
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+import zygote
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AnyMessage, HumanMessage
 from langgraph.checkpoint.serde.types import TASKS
@@ -304,7 +304,7 @@ async def test_killed_import_finishes_on_rerun(db: Db, caplog: pytest.LogCapture
     theirs = await filled(db)
     first = sum(1 for k in theirs if k[0] == THREADS[0])  # 'approval', whole
     proc = await asyncio.to_thread(
-        subprocess.run,
+        zygote.run,
         [sys.executable, str(WORKER), db.backend, db.where, str(first + 2)],
         capture_output=True,
         text=True,

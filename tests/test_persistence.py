@@ -11,12 +11,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import zygote
 from conftest import REPO_ROOT, sqlite_saver_class
 
 WORKER = r"""
@@ -111,7 +111,7 @@ def run_worker(script: Path, mode: str, db: Path) -> dict[str, Any]:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, str(script), mode, str(db)],
         capture_output=True,
         text=True,

@@ -33,6 +33,7 @@ from typing import Annotated, Any
 
 import psycopg
 import pytest
+import zygote
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
@@ -670,7 +671,7 @@ def test_crash_inside_a_tool_then_resume_in_a_fresh_process(
     effects = tmp_path / "effects.txt"
 
     def run(crash: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return zygote.run(
             [sys.executable, str(WORKER), backend, where, str(effects), "t", door, crash],
             capture_output=True,
             text=True,
@@ -755,9 +756,7 @@ s.setup(); p.setup()
 print("ok")
 """
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    done = zygote.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     assert "Traceback" not in done.stderr
     assert time.monotonic() - started < 60
