@@ -78,6 +78,8 @@ class LedgerStatements(Protocol):
     OPERATOR_UPDATE: str
     NOTE_REPLAY: str  # scope, key
     NOTE_CONFLICT: str  # scope, key
+    # INTENT_COLUMNS, owner, issued_at, lease_expires_at, result_type, result, finished_at
+    INSERT_ANSWER: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from langgraph_idem_saver.backend import LEDGER_COLUMNS
+from langgraph_idem_saver.backend import INTENT_COLUMNS, LEDGER_COLUMNS
 
 
 class Dialect(Protocol):
@@ -56,6 +56,16 @@ SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
 WHERE scope = ? AND key = ? AND status = 'issued' AND attempts = ? AND owner = ?
 {returning}"""
 
+# A model's answer recorded in one commit (answer_records.py): the entry inserted
+# ``completed``, or nothing when its key is taken (the caller reads the winner back).
+_INSERT_ANSWER = f"""
+INSERT INTO idem_tool_calls
+    ({", ".join(INTENT_COLUMNS)}, status, attempts, owner, issued_at, lease_expires_at,
+     result_type, result, finished_at)
+VALUES ({", ".join("?" * len(INTENT_COLUMNS))}, 'completed', 1, ?, ?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING
+"""
+
 # An operator's decision, guarded by what they looked at (status, attempts, owner).
 _OPERATOR_UPDATE = """
 UPDATE idem_tool_calls
@@ -92,6 +102,7 @@ class LedgerSql:
         self.ABANDON_ENTRY = shared(_ABANDON_ENTRY)
         self.RESOLVE_ENTRY = shared(_RESOLVE_ENTRY)
         self.OPERATOR_UPDATE = shared(_OPERATOR_UPDATE)
+        self.INSERT_ANSWER = shared(_INSERT_ANSWER)
         note = "UPDATE idem_tool_calls SET {0} = {0} + 1 WHERE scope = ? AND key = ?"
         self.NOTE_REPLAY = shared(note.format("replays"))
         self.NOTE_CONFLICT = shared(note.format("conflicts"))

@@ -66,6 +66,7 @@ from psycopg import AsyncConnection, AsyncPipeline, Capabilities
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
+from langgraph_idem_saver.answer_records import AnswerRecords
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
 from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.import_rows import LangGraphTables
@@ -113,6 +114,7 @@ class AsyncPostgresSaver(
     PostgresConnection,
     PostgresInspection,
     PostgresRetention,
+    AnswerRecords,
     IdemSaverBase,
 ):
     """Async PostgreSQL checkpointer and tool-call ledger (see the module docstring).

@@ -1,0 +1,65 @@
+"""A model's answer recorded in ONE commit: a ``completed`` ledger entry inserted if its
+key is free, else the entry already there (the winner).
+
+A recorded model answer (``model_record.py``) was written as a tool call is: an
+``issued`` claim, committed and synced, then its ``completed`` outcome - two commits
+after the model returned. A claim exists so that a side effect never runs twice: it is
+on disk *before* the tool runs. A model call is not a side effect - asking twice costs
+tokens, not correctness - and its record is written only *after* the model answered, so
+the claim guarded nothing: a crash between the two writes only left an ``issued`` row
+to be taken over later. Written as one ``INSERT ... ON CONFLICT DO NOTHING`` of the
+finished entry, the record costs one commit; a record another run of the same step
+wrote first is left as it is and read back, and that answer wins, as before.
+
+Mixed into the savers of this package (:class:`AnswerRecords`, over the backend's
+``_ledger_write`` and ``_select_entries``); ``model_record`` falls back to the claim and
+its outcome for other ledgers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from langgraph_idem_saver.errors import LedgerStateError
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry
+from langgraph_idem_saver.ledger_policy import LedgerPolicy
+
+__all__ = ["ANSWER_READ_RETRIES", "AnswerRecords"]
+
+# a record inserted by another run and deleted (its thread deleted) between our INSERT
+# and our read: insert again, this many times
+ANSWER_READ_RETRIES = 3
+
+
+class AnswerRecords(LedgerPolicy):
+    """:meth:`arecord_answer`, written once for every backend."""
+
+    async def arecord_answer(
+        self,
+        intent: CallIntent,
+        *,
+        owner: str,
+        lease_seconds: float,
+        result_type: str,
+        result: bytes,
+    ) -> tuple[bool, LedgerEntry]:
+        """Insert ``intent`` as a ``completed`` entry holding ``result``, in one commit
+        (durable as a claim's); (True, that entry) - or, when its key is taken, (False,
+        the entry under it), unchanged. ``owner`` and the lease are kept as a claim's
+        would be (``idem-saver ledger`` shows who recorded it)."""
+        claims = self._claims([intent], owner, lease_seconds)
+        [row] = claims.rows
+        now = time.time()
+        params = (*claims.params(row), result_type, result, now)
+        for _ in range(ANSWER_READ_RETRIES):
+            if await self._ledger_write(self._sql.INSERT_ANSWER, params) == 1:
+                entry = replace(claims.issued_entry(0), status=CallStatus.COMPLETED)
+                return True, replace(entry, result_type=result_type, result=result, finished_at=now)
+            found = await self._select_entries(self._sql.SELECT_ENTRY, (intent.scope, intent.key))
+            if found:
+                return False, found[0]
+        raise LedgerStateError(
+            f"could not record the model answer {intent.key!r}: its entry kept being "
+            "deleted concurrently"
+        )
