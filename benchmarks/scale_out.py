@@ -6,17 +6,18 @@ each turn on a new thread: the model (a fake: the only fake) asks for ``--calls`
 calls of a no-op tool, the tools run, the model answers. Two stacks, each on its own
 schema of the same server: ``ours`` (our ``AsyncPostgresSaver`` + ``IdempotencyMiddleware``:
 every call claimed in the ledger before it runs) and ``stock`` (LangGraph's
-``AsyncPostgresSaver``, no middleware). Widths 1, 2, 4 (``--widths``), both stacks at each
-width one after the other, each worker for ``--seconds`` once all are started.
+``AsyncPostgresSaver``, no middleware). Widths 1, 2, 4, 8 (``--widths``), both stacks at
+each width one after the other, each worker for ``--seconds`` once all are started.
 
 Per stack and width: throughput (turns/s over all workers; a turn is three supersteps:
 model, tools, model), p50/p99 turn latency, claim conflicts (``idem_tool_calls.conflicts``
 summed: must be 0 for distinct threads), the server connections seen at most during the
-run, and a PNG chart (``--png``) beside the printed table.
+run, the transactions committed and WAL flushes a turn (the server's own counters), and
+a PNG chart (``--png``) beside the printed table.
 
 Usage::
 
-    python benchmarks/scale_out.py                    # widths 1,2,4, 10 s each
+    python benchmarks/scale_out.py                    # widths 1,2,4,8, 10 s each
     python benchmarks/scale_out.py --widths 1,2,4,8 --seconds 20 --png scale_out.png
 """
 
@@ -39,9 +40,10 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 # "ours-norecord": the middleware without recorded model responses (record_model=False):
-# the tool ledger alone, to show what the model's records cost
+# the tool ledger alone, to show what the model's records cost; "ours-saver": our saver
+# without the middleware (no ledger): what the saver alone costs against LangGraph's
 STACKS = ("stock", "ours")
-ALL_STACKS = ("stock", "ours", "ours-norecord")
+ALL_STACKS = ("stock", "ours", "ours-norecord", "ours-saver")
 
 
 # --- the worker (a process of its own) ------------------------------------------------
@@ -83,7 +85,9 @@ async def worker(dsn: str, stack: str, calls: int, seconds: float) -> dict[str, 
         from langgraph_idem_saver.middleware import IdempotencyMiddleware
         from langgraph_idem_saver.postgres import AsyncPostgresSaver as Saver
 
-        middleware: list[Any] = [IdempotencyMiddleware(record_model=stack == "ours")]
+        middleware: list[Any] = []
+        if stack != "ours-saver":
+            middleware.append(IdempotencyMiddleware(record_model=stack == "ours"))
     else:
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as Saver  # type: ignore[assignment]
 
@@ -154,6 +158,7 @@ def run_width(dsn: str, base: str, stack: str, width: int, args: argparse.Namesp
                     done.wait(0.2)
 
         watcher = threading.Thread(target=watch)
+        before = server_counts(base)
         watcher.start()
         t0 = time.perf_counter()
         for p in procs:
@@ -164,6 +169,7 @@ def run_width(dsn: str, base: str, stack: str, width: int, args: argparse.Namesp
         wall = time.perf_counter() - t0
         done.set()
         watcher.join()
+        after = server_counts(base)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -178,13 +184,54 @@ def run_width(dsn: str, base: str, stack: str, width: int, args: argparse.Namesp
         "p50_ms": 1000 * statistics.median(lat),
         "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
         "connections": seen[0],
+        # the server's work a turn (the watcher's own reads, 5 a second, included)
+        "commits_per_turn": (after[0] - before[0]) / max(len(lat), 1),
+        "wal_syncs_per_turn": (after[1] - before[1]) / max(len(lat), 1),
     }
+
+
+def server_counts(base: str) -> tuple[int, int]:
+    """Transactions committed in the database and WAL flushes of the server, so far."""
+    with psycopg.connect(base, autocommit=True) as conn:
+        commits = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        syncs = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+    return int(commits[0]) if commits else 0, int(syncs[0]) if syncs else 0
 
 
 def conflicts(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT COALESCE(SUM(conflicts), 0) FROM idem_tool_calls").fetchone()
     return int(row[0]) if row else 0
+
+
+def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row a width and stack: the medians of its rounds, and the median (and range)
+    of the ratio ours / stock taken round by round (side by side on a shared host)."""
+    rows = []
+    for width, stack in dict.fromkeys((r["width"], r["stack"]) for r in runs):
+        mine = [r for r in runs if r["width"] == width and r["stack"] == stack]
+        row: dict[str, Any] = {"width": width, "stack": stack, "rounds": len(mine)}
+        for key in ("turns_per_s", "p50_ms", "p99_ms", "commits_per_turn", "wal_syncs_per_turn"):
+            row[key] = statistics.median(r[key] for r in mine)
+        row["connections"] = max(r["connections"] for r in mine)
+        found = [r["conflicts"] for r in mine if r["conflicts"] is not None]
+        row["conflicts"] = sum(found) if found else None
+        ratios = []
+        for r in mine:
+            stock = [
+                o
+                for o in runs
+                if (o["width"], o["round"], o["stack"]) == (width, r["round"], "stock")
+            ]
+            if stack != "stock" and stock:
+                ratios.append(r["turns_per_s"] / stock[0]["turns_per_s"])
+        row["ratio"] = statistics.median(ratios) if ratios else None
+        row["ratio_min"] = min(ratios) if ratios else None
+        row["ratio_max"] = max(ratios) if ratios else None
+        rows.append(row)
+    return rows
 
 
 def chart(rows: list[dict], path: str, cores: int) -> None:
@@ -221,13 +268,16 @@ def main() -> int:
         print(json.dumps(out), flush=True)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--widths", default="1,2,4")
+    parser.add_argument("--widths", default="1,2,4,8")
     parser.add_argument("--calls", type=int, default=4, help="parallel tool calls a turn")
     parser.add_argument("--seconds", type=float, default=10.0, help="per worker, per run")
     parser.add_argument("--dsn", help="a PostgreSQL server (else a throwaway, durable one)")
     parser.add_argument("--png", default="scale_out.png")
     parser.add_argument("--stacks", default=",".join(STACKS), help=",".join(ALL_STACKS))
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="runs a width, the stacks' order alternating"
+    )
     args = parser.parse_args()
     server = None
     base = args.dsn or os.environ.get("IDEM_SAVER_PG_DSN")
@@ -239,38 +289,44 @@ def main() -> int:
         )
         base = str(server.get_uri())
     stacks = [st for st in args.stacks.split(",") if st in ALL_STACKS]
+    runs: list[dict[str, Any]] = []
     try:
-        rows = []
         for width in [int(w) for w in args.widths.split(",")]:
-            # fresh schemas per width
-            dsns = {stack: new_schema(base, stack.replace("-", "_")) for stack in stacks}
-            asyncio.run(set_up(dsns))
-            for stack in stacks:
-                row = run_width(dsns[stack], base, stack, width, args)
-                row["conflicts"] = conflicts(dsns[stack]) if stack != "stock" else None
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
+            for round_ in range(args.rounds):
+                # fresh schemas per width and round; the stacks' order alternates
+                dsns = {stack: new_schema(base, stack.replace("-", "_")) for stack in stacks}
+                asyncio.run(set_up(dsns))
+                for stack in stacks if round_ % 2 == 0 else stacks[::-1]:
+                    row = run_width(dsns[stack], base, stack, width, args)
+                    row["round"] = round_
+                    row["conflicts"] = conflicts(dsns[stack]) if stack != "stock" else None
+                    runs.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         if server is not None:
             server.cleanup()
+    rows = summary(runs)
     cores = os.cpu_count() or 1
     print(
         f"\n{'width':>5} {'stack':<13} {'turns/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'conns':>5} {'conflicts':>9}  ratio (ours/stock throughput)"
+        f"{'conns':>5} {'conflicts':>9} {'commits':>7} {'syncs':>5}  ours/stock (range)"
     )
     for r in rows:
-        other = next(o for o in rows if o["width"] == r["width"] and o["stack"] == "stock")
-        ratio = f"{r['turns_per_s'] / other['turns_per_s']:.2f}x" if r["stack"] != "stock" else ""
+        ratio = ""
+        if r["ratio"] is not None:
+            ratio = f"{r['ratio']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
         conflicts_of = "" if r["conflicts"] is None else str(r["conflicts"])
         print(
             f"{r['width']:>5} {r['stack']:<13} {r['turns_per_s']:>8.1f} {r['p50_ms']:>8.1f} "
-            f"{r['p99_ms']:>8.1f} {r['connections']:>5} {conflicts_of:>9}  {ratio}"
+            f"{r['p99_ms']:>8.1f} {r['connections']:>5} {conflicts_of:>9} "
+            f"{r['commits_per_turn']:>7.1f} {r['wal_syncs_per_turn']:>5.1f}  {ratio}"
         )
     print(f"host: {cores} cores, load average {os.getloadavg()[0]:.1f}")
     chart(rows, args.png, cores)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "cores": cores, "calls": args.calls}, f, indent=1)
+            out = {"rows": rows, "runs": runs, "cores": cores, "calls": args.calls}
+            json.dump(out, f, indent=1)
     return 0
 
 
