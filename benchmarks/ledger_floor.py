@@ -75,7 +75,7 @@ def step_rows(calls: int) -> tuple[list[tuple[Any, ...]], StepLookup]:
 
 
 def outcome_params(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The outcomes of ``rows``: ``completed`` with a result, as ``_finish_entry`` takes them."""
+    """The outcomes of ``rows``: ``completed`` with a result, as ``_finish_soon`` takes them."""
     return [("completed", "msgpack", RESULT, None, time.time(), r[0], r[1], OWNER) for r in rows]
 
 

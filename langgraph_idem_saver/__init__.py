@@ -30,7 +30,7 @@ from langgraph_idem_saver.errors import (
     SerializationError,
     StorageFullError,
 )
-from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, Outcome, ToolCallLedger
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.call_context import CallInfo, NotInLedgeredCall, current_call
@@ -149,6 +149,7 @@ __all__ = [
     "NotADatabaseError",
     "NotAppliedError",
     "NotInLedgeredCall",
+    "Outcome",
     "PostgresSaver",
     "ReadOnlyDatabaseError",
     "RecordedFailureError",

@@ -32,6 +32,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.counts import Counts
+from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.held_outcomes import given_up
 from langgraph_idem_saver.owners import RERUN_APPROVED, minted_here, owner_is_dead
 
@@ -170,12 +171,49 @@ class LedgerEntry(CallRecord):
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(LedgerEntry))
 
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a claimed call ended, as :meth:`ToolCallLedger.record_outcome` records it:
+    ``completed`` with the tool's serialized result, or ``failed`` with the error's text
+    and the serialized error ``ToolMessage`` the model was given (replayed as is).
+
+    One value rather than four parameters beside the entry's scope, key and owner, so
+    every ledger method that writes an outcome takes the same thing. ``issued`` is a
+    claim, not an outcome: :class:`~langgraph_idem_saver.errors.ConfigError`.
+    """
+
+    status: CallStatus
+    result_type: str | None = None
+    result: bytes | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not CallStatus.COMPLETED and self.status is not CallStatus.FAILED:
+            raise ConfigError(
+                f"an outcome is CallStatus.COMPLETED or CallStatus.FAILED, got {self.status!r}"
+                " (an issued entry is a claim: nothing has ended yet)"
+            )
+
+    @classmethod
+    def completed(cls, result_type: str | None, result: bytes | None) -> Outcome:
+        """The tool returned: its result as the serializer typed and dumped it."""
+        return cls(CallStatus.COMPLETED, result_type, result)
+
+    @classmethod
+    def failed(
+        cls, error: str | None, result_type: str | None = None, result: bytes | None = None
+    ) -> Outcome:
+        """The tool failed: ``error`` its text, ``result`` what to replay (if anything)."""
+        return cls(CallStatus.FAILED, result_type, result, error)
+
+
 @dataclass(frozen=True)
 class ClaimOutcome:
     """Result of trying to claim one call.
 
     ``claimed`` is True when *this* call inserted the ``issued`` row (the caller must
-    now run the tool and then :meth:`ToolCallLedger.finish` it). Otherwise ``entry`` is
+    now run the tool and then record its :class:`Outcome`). Otherwise ``entry`` is
     the row that already existed under the same key.
     """
 
@@ -285,82 +323,21 @@ class ToolCallLedger(ABC):
         """
 
     @abstractmethod
-    async def afinish(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
-    ) -> LedgerEntry:
-        """Record the outcome of a claimed call (``completed`` or ``failed``).
-
-        Only succeeds while the row is still ``issued`` and owned by ``owner``;
-        otherwise raises :class:`~langgraph_idem_saver.errors.LedgerStateError`.
-        """
-
-    async def arecord_outcome(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
-    ) -> None:
-        """:meth:`afinish` without the entry read back: what the engine calls for every
-        tool call (it has no use for the row, and on a 50-call step reading 50 rows
-        back is a measurable part of the outcomes' cost). Same guard, same error; the
-        savers of this package override it to skip the read."""
-        await self.afinish(
-            scope,
-            key,
-            owner=owner,
-            status=status,
-            result_type=result_type,
-            result=result,
-            error=error,
-        )
-
-    def record_outcome_soon(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
+    def record_outcome(
+        self, scope: str, key: str, *, owner: str, outcome: Outcome
     ) -> Awaitable[None]:
-        """:meth:`arecord_outcome` started now and awaited later, on this ledger's loop
-        (``loop``, or any when it is None).
+        """Record how a claimed call ended: the write starts now, the caller awaits it.
 
-        ``IdempotentToolNode`` records a step's outcomes this way: each call starts its
-        write as its tool returns, and the node awaits them all once, before it returns,
-        instead of each call waiting for its own (a wakeup of the call's task per
-        outcome, in steps of 50). The write must be under way before this returns - not
-        a coroutine that starts when awaited - so that an outcome is committed as soon
-        as its call finished, whatever the other calls do. Same guard, same error, raised
-        when the result is awaited. This default runs :meth:`arecord_outcome` in a task;
-        the savers of this package submit to their group commit directly.
+        Only an ``issued`` row owned by ``owner`` takes an outcome; otherwise awaiting
+        raises :class:`~langgraph_idem_saver.errors.LedgerStateError` naming the entry's
+        state. The write must be under way before this returns - not a coroutine that
+        starts when awaited - so that an outcome is committed as soon as its call
+        finished, whatever the caller awaits meanwhile: ``IdempotentToolNode`` starts each
+        call's write as its tool returns and awaits them all once, before the node
+        returns (the savers of this package submit it to their group commit). Called on
+        this ledger's ``loop`` (any, when that is None). Nothing is read back: the engine
+        has no use for the row (``aget_entry`` reads it).
         """
-        return asyncio.ensure_future(
-            self.arecord_outcome(
-                scope,
-                key,
-                owner=owner,
-                status=status,
-                result_type=result_type,
-                result=result,
-                error=error,
-            )
-        )
 
     @abstractmethod
     async def areclaim(

@@ -4,8 +4,8 @@ parameters of each statement, and what the ledger keeps in clear.
 As in AWS Powertools' idempotency persistence layer, each backend supplies only its SQL
 module (``_sql``, a :class:`~langgraph_idem_saver.backend.LedgerStatements`), three
 record primitives (``_select_entries``, ``_guarded_update``, ``_ledger_write``), the
-claim writers (``_insert_claims``, ``_claim_unless_found``) and the outcome writers
-(``_finish_entry``, ``_finish_soon``, ``_finish_matched``). :class:`LedgerPolicy` sits
+claim writers (``_insert_claims``, ``_claim_unless_found``) and the outcome writer
+(``_finish_soon``, its answer read by ``_finish_matched``). :class:`LedgerPolicy` sits
 beside :class:`~langgraph_idem_saver.saver_checkpoints.CheckpointMethods` in every
 saver's bases (:class:`~langgraph_idem_saver.saver_base.IdemSaverBase`).
 """
@@ -37,6 +37,7 @@ from langgraph_idem_saver.ledger import (
     CallStatus,
     ClaimOutcome,
     LedgerEntry,
+    Outcome,
     StepCandidates,
     StepClaim,
     StepLookup,
@@ -156,58 +157,17 @@ class LedgerPolicy(ToolCallLedger):
         )
         return StepClaim(candidates, claimed)
 
-    async def afinish(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
-    ) -> LedgerEntry:
-        params = self._outcome(scope, key, owner, status, result_type, result, error)
-        done, entry = await self._finish_entry(params, read_back=True)
-        if done and entry is not None:
-            return entry
-        raise await self._not_finished(scope, key, owner)
-
-    async def arecord_outcome(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
-    ) -> None:
-        await self.record_outcome_soon(
-            scope,
-            key,
-            owner=owner,
-            status=status,
-            result_type=result_type,
-            result=result,
-            error=error,
-        )
-
-    def record_outcome_soon(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
+    def record_outcome(
+        self, scope: str, key: str, *, owner: str, outcome: Outcome
     ) -> Awaitable[None]:
         # no task of its own: the write is submitted to the backend's group commit now,
-        # and its answer checked when the caller awaits (one coroutine, nothing else)
-        params = self._outcome(scope, key, owner, status, result_type, result, error)
+        # and its answer checked when the caller awaits (one coroutine, nothing else);
+        # status._value_, not .value: Enum's .value is a property, a Python call an outcome
+        error = self.ledger_error(outcome.error)
+        params = (
+            outcome.status._value_, outcome.result_type, outcome.result, error, time.time(),
+            scope, key, owner,
+        )  # fmt: skip
         return self._recorded(self._finish_soon(params), scope, key, owner)
 
     async def _recorded(
@@ -215,25 +175,6 @@ class LedgerPolicy(ToolCallLedger):
     ) -> None:
         if not self._finish_matched(await finishing):
             raise await self._not_finished(scope, key, owner)
-
-    def _outcome(
-        self,
-        scope: str,
-        key: str,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None,
-    ) -> tuple[Any, ...]:
-        """An outcome's parameters, as ``_finish_entry`` takes them."""
-        if status is CallStatus.ISSUED:
-            raise ValueError("afinish records an outcome: status must be completed or failed")
-        # status._value_, not .value: Enum's .value is a property, a Python call an outcome
-        return (
-            status._value_, result_type, result, self.ledger_error(error), time.time(), scope,
-            key, owner,
-        )  # fmt: skip
 
     async def _not_finished(self, scope: str, key: str, owner: str) -> LedgerStateError:
         """Why an outcome was refused: the entry as it is now."""
@@ -245,19 +186,12 @@ class LedgerPolicy(ToolCallLedger):
         )
 
     @abstractmethod
-    async def _finish_entry(
-        self, outcome: tuple[Any, ...], *, read_back: bool
-    ) -> tuple[bool, LedgerEntry | None]:
-        """Record one outcome, committed: ``outcome`` is (status, result_type, result,
-        error, finished_at, scope, key, owner), applied only while the entry is ``issued``
-        to ``owner``. Returns whether that guard matched, and (``read_back`` only) the
-        entry after it. Backends batch the outcomes of calls that finish together (one
-        commit for all), and read back only the entries asked for."""
-
-    @abstractmethod
     def _finish_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[Any]:
-        """``_finish_entry`` without the read back, submitted now (``record_outcome_soon``):
-        the future of its answer, which ``_finish_matched`` reads."""
+        """Submit one outcome to the backend's group commit now (``record_outcome``):
+        ``outcome`` is (status, result_type, result, error, finished_at, scope, key,
+        owner), applied only while the entry is ``issued`` to ``owner``; outcomes of calls
+        that finish together share one commit. The future of its answer, which
+        ``_finish_matched`` reads."""
 
     @abstractmethod
     def _finish_matched(self, answer: Any) -> bool:

@@ -57,6 +57,7 @@ from langgraph_idem_saver.ledger import (
     CallIntent,
     CallStatus,
     LedgerEntry,
+    Outcome,
     ToolCallLedger,
 )
 from langgraph_idem_saver.owners import make_owner, minted_here
@@ -412,14 +413,8 @@ class ModelRecorder:
                 self.counts.unrecorded += 1
                 return answer
         try:
-            await ledger.arecord_outcome(
-                site.scope,
-                site.key,
-                owner=owner,
-                status=CallStatus.COMPLETED,
-                result_type=result_type,
-                result=blob,
-            )
+            outcome = Outcome.completed(result_type, blob)
+            await ledger.record_outcome(site.scope, site.key, owner=owner, outcome=outcome)
         except LedgerStateError:
             # our claim was taken over between the two writes: the record is theirs
             self.counts.unrecorded += 1

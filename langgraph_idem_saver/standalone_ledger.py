@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from langgraph_idem_saver.engine.loops import on_loop, running_loop
+from langgraph_idem_saver.engine.loops import awaiting, on_loop, running_loop
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
-from langgraph_idem_saver.ledger import CallStatus, ToolCallLedger
+from langgraph_idem_saver.ledger import Outcome, ToolCallLedger
 from langgraph_idem_saver.retention import RetentionBase
 from langgraph_idem_saver.saver_base import IdemSaverBase
 from langgraph_idem_saver.sqlite.connection import Synchronous
@@ -411,8 +411,6 @@ class ToolLedger(ToolCallLedger):
 
     aclaim = _LedgerMethod(IdemSaverBase.aclaim)
     aclaim_step = _LedgerMethod(IdemSaverBase.aclaim_step)
-    afinish = _LedgerMethod(IdemSaverBase.afinish)
-    arecord_outcome = _LedgerMethod(IdemSaverBase.arecord_outcome)
     areclaim = _LedgerMethod(IdemSaverBase.areclaim)
     arelease = _LedgerMethod(IdemSaverBase.arelease)
     aabandon = _LedgerMethod(IdemSaverBase.aabandon)
@@ -433,42 +431,16 @@ class ToolLedger(ToolCallLedger):
     acopy_thread = _LedgerMethod(IdemSaverBase.acopy_thread)
     adelete_thread = _LedgerMethod(IdemSaverBase.adelete_thread)
 
-    def record_outcome_soon(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None = None,
+    def record_outcome(
+        self, scope: str, key: str, *, owner: str, outcome: Outcome
     ) -> Awaitable[None]:
-        """The saver's own (its group commit) when called on its loop; else its
-        ``arecord_outcome``, started now in a task that hops there."""
+        """The saver's own (its group commit) when called on its loop; from another
+        loop, started now in a task that hops there."""
         saver = self._saver
         if saver is None:  # a claim came first, so it was open: closed since
             raise _closed_error()
+        record = saver.record_outcome
         if running_loop() is self.loop:
-            return saver.record_outcome_soon(
-                scope,
-                key,
-                owner=owner,
-                status=status,
-                result_type=result_type,
-                result=result,
-                error=error,
-            )
-        return asyncio.ensure_future(
-            self._hop(
-                saver.arecord_outcome(
-                    scope,
-                    key,
-                    owner=owner,
-                    status=status,
-                    result_type=result_type,
-                    result=result,
-                    error=error,
-                )
-            )
-        )
+            return record(scope, key, owner=owner, outcome=outcome)
+        started = awaiting(record, scope, key, owner=owner, outcome=outcome)
+        return asyncio.ensure_future(self._hop(started))

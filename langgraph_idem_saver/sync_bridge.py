@@ -68,12 +68,10 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from langgraph_idem_saver.engine.loops import on_loop
+from langgraph_idem_saver.engine.loops import awaiting, on_loop, running_loop
 from langgraph_idem_saver.errors import ConnectionClosedError
 from langgraph_idem_saver.forwarding import blocking, hopping, paging, relaying
-from langgraph_idem_saver.ledger import (
-    ToolCallLedger,
-)
+from langgraph_idem_saver.ledger import Outcome, ToolCallLedger
 from langgraph_idem_saver.saver_base import IdemSaverBase, SyncCallOnEventLoopError
 
 T = TypeVar("T")
@@ -353,8 +351,6 @@ class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
 
     aclaim = hopping(IdemSaverBase.aclaim)
     aclaim_step = hopping(IdemSaverBase.aclaim_step)
-    afinish = hopping(IdemSaverBase.afinish)
-    arecord_outcome = hopping(IdemSaverBase.arecord_outcome)
     areclaim = hopping(IdemSaverBase.areclaim)
     arelease = hopping(IdemSaverBase.arelease)
     aabandon = hopping(IdemSaverBase.aabandon)
@@ -371,3 +367,14 @@ class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
 
     alist = relaying(IdemSaverBase.alist)
     list = paging(IdemSaverBase.alist)
+
+    def record_outcome(
+        self, scope: str, key: str, *, owner: str, outcome: Outcome
+    ) -> Awaitable[None]:
+        """The async saver's own (its group commit) on its loop; from another loop,
+        started now in a task that hops there."""
+        record = self.saver.record_outcome
+        if running_loop() is self.loop:
+            return record(scope, key, owner=owner, outcome=outcome)
+        started = awaiting(record, scope, key, owner=owner, outcome=outcome)
+        return asyncio.ensure_future(self._hop(started))

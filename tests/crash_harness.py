@@ -206,16 +206,11 @@ class _Crashing:
             die()
         return await super().aclaim_step(intents, lookup, **kwargs)  # type: ignore[misc]
 
-    async def arecord_outcome(self, *args: Any, **kwargs: Any) -> None:
-        """The engine's outcome (committed when it returns): die right after it."""
-        await super().arecord_outcome(*args, **kwargs)  # type: ignore[misc]
-        if self.crash_at == "after_completed":
-            die()
-
-    def record_outcome_soon(self, *args: Any, **kwargs: Any) -> Any:
-        """A ToolNode step's outcome (committed when its answer is awaited, before the
-        node returns): die right after the first one is."""
-        written = super().record_outcome_soon(*args, **kwargs)  # type: ignore[misc]
+    def record_outcome(self, *args: Any, **kwargs: Any) -> Any:
+        """A call's outcome, committed when its answer is awaited (at once by the
+        middleware and tasks; by a ToolNode step before the node returns): die right
+        after the first one is."""
+        written = super().record_outcome(*args, **kwargs)  # type: ignore[misc]
 
         async def then_die() -> None:
             await written

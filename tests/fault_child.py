@@ -170,7 +170,7 @@ async def put_loop(spec: dict[str, Any]) -> None:
 
 
 async def ledger_loop(spec: dict[str, Any]) -> None:
-    from langgraph_idem_saver.ledger import CallIntent, CallStatus
+    from langgraph_idem_saver.ledger import CallIntent, Outcome
     from langgraph_idem_saver.owners import make_owner
 
     db = Db(spec["backend"], spec["where"])
@@ -193,13 +193,8 @@ async def ledger_loop(spec: dict[str, Any]) -> None:
             assert outcome.claimed
             emit("issued", n)
             type_, data = saver.serde.dumps_typed({"charged": n, "pad": "r" * 3000})
-            await saver.afinish(
-                intent.scope,
-                intent.key,
-                owner=owner,
-                status=CallStatus.COMPLETED,
-                result_type=type_,
-                result=data,
+            await saver.record_outcome(
+                intent.scope, intent.key, owner=owner, outcome=Outcome.completed(type_, data)
             )
             emit("done", n)
 

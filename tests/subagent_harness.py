@@ -539,14 +539,9 @@ def crashing(cls: type) -> type:
             self.before_claim(intents)
             return await super().aclaim_step(intents, lookup, **kwargs)
 
-        async def arecord_outcome(self, scope: str, key: str, **kwargs: Any) -> None:
-            await super().arecord_outcome(scope, key, **kwargs)
-            if self.faults is not None:
-                self.faults.die("after_completed", self.items.get(key, ""))
-
-        def record_outcome_soon(self, scope: str, key: str, **kwargs: Any) -> Any:
-            """A ToolNode step's outcome: committed once its answer is awaited."""
-            written = super().record_outcome_soon(scope, key, **kwargs)
+        def record_outcome(self, scope: str, key: str, **kwargs: Any) -> Any:
+            """A call's outcome: committed once its answer is awaited."""
+            written = super().record_outcome(scope, key, **kwargs)
 
             async def then_die() -> None:
                 await written

@@ -35,7 +35,7 @@ from langgraph_idem_saver.errors import (
     SerializationError,
 )
 from langgraph_idem_saver.keys import args_hash, canonical_args
-from langgraph_idem_saver.ledger import CallIntent, CallStatus
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, Outcome
 from langgraph_idem_saver.surrogates import LOSSLESS_TYPE, LosslessJsonPlusSerializer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -51,13 +51,8 @@ async def seed(saver: Any) -> Any:
     intent = make_intent("healthy", "seed-key")
     [_outcome] = await saver.aclaim([intent], owner="h:1:seed", lease_seconds=60)
     type_, data = saver.serde.dumps_typed({"ok": True})
-    await saver.afinish(
-        intent.scope,
-        intent.key,
-        owner="h:1:seed",
-        status=CallStatus.COMPLETED,
-        result_type=type_,
-        result=data,
+    await saver.record_outcome(
+        intent.scope, intent.key, owner="h:1:seed", outcome=Outcome.completed(type_, data)
     )
     return stored
 
@@ -354,14 +349,8 @@ async def test_closed_connection_refuses_ledger_calls(db: Db) -> None:
     with pytest.raises(ConnectionClosedError):
         await saver.aclaim([intent], owner="h:1:x", lease_seconds=60)
     with pytest.raises(ConnectionClosedError):
-        await saver.afinish(
-            "healthy",
-            "seed-key",
-            owner="h:1:seed",
-            status=CallStatus.FAILED,
-            result_type=None,
-            result=None,
-            error="x",
+        await saver.record_outcome(
+            "healthy", "seed-key", owner="h:1:seed", outcome=Outcome.failed("x")
         )
     with pytest.raises(ConnectionClosedError):
         await saver.aget_entry("healthy", "seed-key")
@@ -967,13 +956,8 @@ async def test_ledger_args_and_results_with_lone_surrogates_round_trip(db: Db) -
         [claim] = await saver.aclaim([intent], owner="h:1:s", lease_seconds=60)
         assert claim.claimed
         type_, data = saver.serde.dumps_typed(result)
-        await saver.afinish(
-            "t",
-            "k-s",
-            owner="h:1:s",
-            status=CallStatus.COMPLETED,
-            result_type=type_,
-            result=data,
+        await saver.record_outcome(
+            "t", "k-s", owner="h:1:s", outcome=Outcome.completed(type_, data)
         )
     async with db.open() as saver:
         entry = await saver.aget_entry("t", "k-s")

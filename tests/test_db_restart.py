@@ -46,7 +46,7 @@ from tool_node_helpers import ToolCallingFakeModel
 
 from langgraph_idem_saver import AsyncPostgresSaver, CallStatus, ToolCallInProgress
 from langgraph_idem_saver.errors import ConnectionClosedError
-from langgraph_idem_saver.ledger import CallIntent
+from langgraph_idem_saver.ledger import CallIntent, Outcome
 from langgraph_idem_saver.middleware import IdempotencyMiddleware
 from langgraph_idem_saver.owners import make_owner
 
@@ -104,9 +104,7 @@ def intent(key: str) -> CallIntent:
 
 async def record(saver: AsyncPostgresSaver, key: str, owner: str = OWNER) -> None:
     type_, data = saver.serde.dumps_typed("charged")
-    await saver.arecord_outcome(
-        "t", key, owner=owner, status=CallStatus.COMPLETED, result_type=type_, result=data
-    )
+    await saver.record_outcome("t", key, owner=owner, outcome=Outcome.completed(type_, data))
 
 
 async def kill(server: CrashableServer) -> None:

@@ -31,7 +31,7 @@ from tool_node_helpers import cfg
 
 from langgraph_idem_saver import AsyncSqliteSaver
 from langgraph_idem_saver.errors import ConnectionClosedError, DatabaseLockedError
-from langgraph_idem_saver.ledger import CallIntent, CallStatus
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, Outcome
 from langgraph_idem_saver.postgres import AsyncPostgresSaver
 
 CHILD = Path(__file__).with_name("fault_child.py")
@@ -357,15 +357,10 @@ async def test_pg_backend_terminated_during_finish_with_a_pool(pg: str) -> None:
         await saver.aclaim([ledger_intent("k")], owner="h:1:a", lease_seconds=60)
         type_, data = saver.serde.dumps_typed({"charged": 1})
 
-        def finish() -> Any:
-            return saver.afinish(
-                "t",
-                "k",
-                owner="h:1:a",
-                status=CallStatus.COMPLETED,
-                result_type=type_,
-                result=data,
-            )
+        async def finish() -> Any:
+            outcome = Outcome.completed(type_, data)
+            await saver.record_outcome("t", "k", owner="h:1:a", outcome=outcome)
+            return await saver.aget_entry("t", "k")
 
         blocker = await psycopg.AsyncConnection.connect(pg)
         try:  # lock the row: our UPDATE waits on it

@@ -21,7 +21,7 @@ from langchain_core.tools import tool
 from tool_node_helpers import ai_calls, cfg, tool_graph, tool_messages
 
 from langgraph_idem_saver import IdempotentToolNode
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, StepLookup, ToolCallLedger
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, Outcome, StepLookup, ToolCallLedger
 
 # the one method each backend goes through for every trip to its database
 TRIP = {"sqlite": "_call", "postgres": "_execute"}
@@ -153,85 +153,64 @@ async def test_a_step_claim_writes_nothing_when_adoption_has_something_to_look_a
         assert sorted(e.key for e in await saver.alist_entries("t")) == ["k0", "k1", "k2", "k5"]
 
 
-async def test_a_claim_and_outcomes_of_450_calls_read_back_every_entry(saver: Any) -> None:
-    """Batches larger than one read-back statement holds (SQLite: 200 keys per read;
-    Postgres: one statement) return every call's own entry, in order."""
+async def test_a_claim_of_450_calls_returns_every_entry_and_all_outcomes_land(saver: Any) -> None:
+    """A claim larger than one read-back statement holds (SQLite: 200 keys per read;
+    Postgres: one statement) returns every call's own entry, in order; the 450 outcomes
+    recorded together are all written."""
     intents = [planted(i, tool="send", digest=f"d{i}", at="p") for i in range(450)]
     claimed = await saver.aclaim(intents, owner="me", lease_seconds=60)
     assert [c.entry.key for c in claimed] == [f"k{i}" for i in range(450)]
     assert all(c.claimed for c in claimed)
-    finished = await asyncio.gather(
-        *(
-            saver.afinish(
-                "t",
-                f"k{i}",
-                owner="me",
-                status=CallStatus.COMPLETED,
-                result_type="bytes",
-                result=str(i).encode(),
-            )
-            for i in range(450)
-        )
+    outcomes = [Outcome.completed("bytes", str(i).encode()) for i in range(450)]
+    recorded = await asyncio.gather(
+        *(saver.record_outcome("t", f"k{i}", owner="me", outcome=o) for i, o in enumerate(outcomes))
     )
-    assert [(e.key, e.result) for e in finished] == [(f"k{i}", str(i).encode()) for i in range(450)]
-    assert all(e.status is CallStatus.COMPLETED for e in finished)
+    assert recorded == [None] * 450
+    finished = {e.key: e for e in await saver.alist_entries("t")}
+    assert [finished[f"k{i}"].result for i in range(450)] == [str(i).encode() for i in range(450)]
+    assert all(e.status is CallStatus.COMPLETED for e in finished.values())
 
 
-async def test_outcomes_recorded_without_read_back_share_a_batch_with_afinish(
-    saver: Any,
-) -> None:
-    """``arecord_outcome`` (what the engine calls) and ``afinish`` finishing together: one
-    batch; ``afinish`` gets its entry back, ``arecord_outcome`` nothing, and an outcome
-    that is not ours to record is refused by either with the entry's state."""
+async def test_outcomes_finishing_together_are_refused_one_by_one(saver: Any) -> None:
+    """Outcomes recorded together share a batch; one that is not ours to record (another
+    owner's claim, a missing row) is refused alone with ``LedgerStateError`` naming the
+    entry's state, and the others are written."""
     intents = [planted(i, tool="send", digest=f"d{i}", at="p") for i in range(6)]
     await saver.aclaim(intents, owner="me", lease_seconds=60)
 
-    def outcome(i: int, owner: str = "me") -> dict[str, Any]:
-        return {
-            "owner": owner,
-            "status": CallStatus.COMPLETED,
-            "result_type": "bytes",
-            "result": str(i).encode(),
-        }
+    def record(i: int, owner: str = "me") -> Any:
+        outcome = Outcome.completed("bytes", str(i).encode())
+        return saver.record_outcome("t", f"k{i}", owner=owner, outcome=outcome)
 
-    recorded, finished, *refused = await asyncio.gather(
-        saver.arecord_outcome("t", "k0", **outcome(0)),
-        saver.afinish("t", "k1", **outcome(1)),
-        saver.arecord_outcome("t", "k2", **outcome(2, owner="thief")),
-        saver.afinish("t", "k3", **outcome(3, owner="thief")),
-        saver.arecord_outcome("t", "k9", **outcome(9)),
-        return_exceptions=True,
+    *recorded, refused_theirs, refused_missing = await asyncio.gather(
+        record(0), record(1), record(2, owner="thief"), record(9), return_exceptions=True
     )
-    assert recorded is None
-    assert (finished.key, finished.status, finished.result) == ("k1", CallStatus.COMPLETED, b"1")
-    assert [type(e).__name__ for e in refused] == ["LedgerStateError"] * 3
-    assert "issued (owner 'me')" in str(refused[0]) and "missing" in str(refused[2])
+    assert recorded == [None, None]
+    assert [type(e).__name__ for e in (refused_theirs, refused_missing)] == ["LedgerStateError"] * 2
+    assert "issued (owner 'me')" in str(refused_theirs) and "missing" in str(refused_missing)
     entries = {e.key: e for e in await saver.alist_entries("t")}
-    assert entries["k0"].status is CallStatus.COMPLETED and entries["k0"].result == b"0"
+    assert [(entries[k].status, entries[k].result) for k in ("k0", "k1")] == [
+        (CallStatus.COMPLETED, b"0"),
+        (CallStatus.COMPLETED, b"1"),
+    ]
     assert entries["k2"].status is CallStatus.ISSUED and entries["k2"].result is None
 
 
 async def test_the_engine_records_outcomes_without_reading_the_rows_back(
     saver_factory: Any, backend: str
 ) -> None:
-    """A 50-call step asks the backend for no entry back (the engine has no use for it):
-    its outcomes go through ``_finish_soon`` (written at once, awaited at the node's end),
-    never the ``_finish_entry`` that can read a row back."""
+    """A 50-call step's outcomes each go straight to the backend's group commit
+    (``_finish_soon``: written at once, awaited at the node's end), with no row read back."""
     async with saver_factory() as saver:
         graph = tool_graph(IdempotentToolNode([send]), saver)
-        asked: list[bool] = []
         soon: list[str] = []
-        original, original_soon = saver._finish_entry, saver._finish_soon
-
-        async def spied(outcome: tuple[Any, ...], *, read_back: bool) -> Any:
-            asked.append(read_back)
-            return await original(outcome, read_back=read_back)
+        original_soon = saver._finish_soon
 
         def spied_soon(outcome: tuple[Any, ...]) -> Any:
             soon.append(outcome[6])  # the key
             return original_soon(outcome)
 
-        saver._finish_entry, saver._finish_soon = spied, spied_soon
+        saver._finish_soon = spied_soon
         await step_trips(graph, saver, backend, "t", 50, "a")
-        assert asked == [] and len(set(soon)) == 50
+        assert len(set(soon)) == 50
         assert all(e.status is CallStatus.COMPLETED for e in await saver.alist_entries("t"))

@@ -32,8 +32,8 @@ from resume_worker import InvoiceModel, build_graph
 from tool_node_helpers import cfg
 
 from langgraph_idem_saver import NOT_APPLIED, IdempotentToolNode
-from langgraph_idem_saver.errors import LedgerStateError
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry
+from langgraph_idem_saver.errors import ConfigError, LedgerStateError
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, Outcome
 from langgraph_idem_saver.owners import owner_is_dead
 
 # --- part 1: maintenance operations on real graph runs -----------------------------------
@@ -400,9 +400,8 @@ async def test_aclaim_claims_a_batch_in_one_call_and_returns_existing_rows(saver
             ME,
         )
         assert e.lease_expires_at > e.issued_at
-    finished = await saver.afinish(
-        "t", "k2", owner=ME, status=CallStatus.COMPLETED, result_type="json", result=b'"ok"'
-    )
+    await saver.record_outcome("t", "k2", owner=ME, outcome=Outcome.completed("json", b'"ok"'))
+    finished = await saver.aget_entry("t", "k2")
 
     # a second batch: two existing keys (one issued, one completed) and a new one
     again = await saver.aclaim(
@@ -417,32 +416,46 @@ async def test_aclaim_claims_a_batch_in_one_call_and_returns_existing_rows(saver
     assert [e.key for e in await saver.alist_entries("t")] == ["k1", "k2", "k3", "k4"]
 
 
-async def test_afinish_only_by_the_owner_of_an_issued_row(saver: Any) -> None:
+async def test_an_outcome_is_recorded_only_by_the_owner_of_an_issued_row(saver: Any) -> None:
+    """``record_outcome``'s guard, on both backends: a foreign owner, a missing row and a
+    second outcome are refused with ``LedgerStateError`` naming the entry's state, and
+    leave the row as it was."""
     await claim_one(saver, "k")
-    kwargs = {"status": CallStatus.COMPLETED, "result_type": "json", "result": b'"r"'}
+    outcome = Outcome.completed("json", b'"r"')
     with pytest.raises(LedgerStateError, match=f"entry is issued \\(owner '{ME}'\\)"):
-        await saver.afinish("t", "k", owner=OTHER, **kwargs)
+        await saver.record_outcome("t", "k", owner=OTHER, outcome=outcome)
     assert (await saver.aget_entry("t", "k")).status is CallStatus.ISSUED
     with pytest.raises(LedgerStateError, match="entry is missing"):
-        await saver.afinish("t", "missing", owner=ME, **kwargs)
-    with pytest.raises(ValueError):
-        await saver.afinish(
-            "t", "k", owner=ME, status=CallStatus.ISSUED, result_type=None, result=None
-        )
-    done = await saver.afinish("t", "k", owner=ME, **kwargs)
+        await saver.record_outcome("t", "missing", owner=ME, outcome=outcome)
+    assert await saver.record_outcome("t", "k", owner=ME, outcome=outcome) is None
+    done = await saver.aget_entry("t", "k")
     assert (done.status, done.result_type, done.result) == (CallStatus.COMPLETED, "json", b'"r"')
     assert done.finished_at is not None
-    with pytest.raises(LedgerStateError):  # an outcome is recorded once
-        await saver.afinish("t", "k", owner=ME, **kwargs)
+    with pytest.raises(LedgerStateError, match="entry is completed"):  # recorded once
+        await saver.record_outcome("t", "k", owner=ME, outcome=Outcome.failed("late"))
+    assert await saver.aget_entry("t", "k") == done
     failed_claim = await claim_one(saver, "f")
-    failed = await saver.afinish(
-        "t", "f", owner=ME, status=CallStatus.FAILED, result_type=None, result=None, error="boom"
-    )
+    await saver.record_outcome("t", "f", owner=ME, outcome=Outcome.failed("boom"))
+    failed = await saver.aget_entry("t", "f")
     assert (failed.status, failed.error, failed.attempts) == (
         CallStatus.FAILED,
         "boom",
         failed_claim.attempts,
     )
+
+
+def test_an_issued_status_is_not_an_outcome() -> None:
+    """An ``issued`` entry is a claim: an ``Outcome`` of it (or of a plain string) is
+    refused with a typed ``ConfigError`` when it is made, before any ledger sees it."""
+    with pytest.raises(ConfigError, match="an issued entry is a claim"):
+        Outcome(CallStatus.ISSUED)
+    with pytest.raises(ConfigError, match="got 'completed'"):
+        Outcome("completed")  # type: ignore[arg-type]
+    assert Outcome.completed("json", b"1") == Outcome(CallStatus.COMPLETED, "json", b"1")
+    assert Outcome.failed("boom") == Outcome(CallStatus.FAILED, None, None, "boom")
+    assert not hasattr(Outcome.failed("boom"), "__dict__"), "slotted"
+    with pytest.raises(AttributeError):  # frozen: a recorded outcome cannot change
+        Outcome.failed("boom").status = CallStatus.COMPLETED  # type: ignore[misc]
 
 
 async def test_areclaim_is_guarded_by_attempts_and_owner(saver: Any) -> None:
@@ -467,17 +480,10 @@ async def test_areclaim_is_guarded_by_attempts_and_owner(saver: Any) -> None:
     assert (await saver.aget_entry("t", "k")).owner == ME
     # the new owner may finish; the old one may not
     with pytest.raises(LedgerStateError):
-        await saver.afinish(
-            "t",
-            "k",
-            owner="deadhost:1:x",
-            status=CallStatus.COMPLETED,
-            result_type=None,
-            result=None,
+        await saver.record_outcome(
+            "t", "k", owner="deadhost:1:x", outcome=Outcome.completed(None, None)
         )
-    await saver.afinish(
-        "t", "k", owner=ME, status=CallStatus.COMPLETED, result_type=None, result=None
-    )
+    await saver.record_outcome("t", "k", owner=ME, outcome=Outcome.completed(None, None))
     assert (
         await saver.areclaim(
             "t", "k", owner=OTHER, lease_seconds=60, expected_attempts=2, expected_owner=ME
@@ -526,9 +532,7 @@ async def test_arelease_drops_only_our_issued_row(saver: Any) -> None:
     assert await saver.aget_entry("t", "k") is None
     assert await saver.arelease("t", "k", owner=ME) is False
     await claim_one(saver, "k")  # the key is free again
-    await saver.afinish(
-        "t", "k", owner=ME, status=CallStatus.COMPLETED, result_type=None, result=None
-    )
+    await saver.record_outcome("t", "k", owner=ME, outcome=Outcome.completed(None, None))
     assert await saver.arelease("t", "k", owner=ME) is False, "a recorded outcome stays"
     assert (await saver.aget_entry("t", "k")).status is CallStatus.COMPLETED
 
@@ -548,9 +552,7 @@ async def test_alist_unknown_lists_expired_leases(saver: Any) -> None:
     await claim_one(saver, "expired", owner=OTHER, lease=0.05)
     await claim_one(saver, "live", owner=OTHER, lease=600)
     await claim_one(saver, "done", owner=ME, lease=0.05)
-    await saver.afinish(
-        "t", "done", owner=ME, status=CallStatus.COMPLETED, result_type=None, result=None
-    )
+    await saver.record_outcome("t", "done", owner=ME, outcome=Outcome.completed(None, None))
     await asyncio.sleep(0.1)
     assert [e.key for e in await saver.alist_unknown()] == ["expired"]
     later = time.time() + 3600

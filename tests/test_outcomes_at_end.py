@@ -1,7 +1,7 @@
 """A ``ToolNode`` step's outcomes: written as each call finishes, awaited at the node's end.
 
 ``IdempotentToolNode`` runs a step's calls inside ``LedgerEngine.outcomes_at_end``: each
-call starts its outcome's write (``record_outcome_soon``) as its tool returns and goes on,
+call starts its outcome's write (``record_outcome``) as its tool returns and goes on,
 and the node awaits them all before it returns. What ``docs/guarantees.md`` promises is
 checked here: every outcome is committed before the node returns, each is under way as
 soon as its call finished (a slow sibling does not hold it back), a refused outcome fails
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,11 +20,11 @@ from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from tool_node_helpers import ai_calls, cfg, tool_graph, tool_messages
 
-from langgraph_idem_saver import IdempotentToolNode
+from langgraph_idem_saver import IdempotentToolNode, PostgresSaver, SqliteSaver, ToolLedger
 from langgraph_idem_saver.engine import Batch, LedgerEngine, LedgerOptions
 from langgraph_idem_saver.engine.types import Plan
 from langgraph_idem_saver.errors import LedgerStateError
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, ToolCallLedger
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, Outcome
 
 
 @tool
@@ -39,13 +40,28 @@ def intent(i: int) -> CallIntent:
     )  # fmt: skip
 
 
-def outcome(i: int, owner: str = "me") -> dict[str, Any]:
-    return {
-        "owner": owner,
-        "status": CallStatus.COMPLETED,
-        "result_type": "bytes",
-        "result": str(i).encode(),
-    }
+def record(ledger: Any, i: int, owner: str = "me") -> Any:
+    """Start recording call ``k<i>``'s outcome (its result ``str(i)``) as ``owner``."""
+    outcome = Outcome.completed("bytes", str(i).encode())
+    return ledger.record_outcome("t", f"k{i}", owner=owner, outcome=outcome)
+
+
+@pytest.fixture(params=["saver", "ToolLedger-on-its-own-loop", "sync-saver"])
+async def ledger(request: pytest.FixtureRequest, db: Any) -> AsyncIterator[Any]:
+    """A saver on this loop (its own ``record_outcome``), or a ``ToolLedger`` or a sync
+    saver over the same kind of database, each on a private loop thread: from this loop
+    their ``record_outcome`` starts a task that hops there."""
+    if request.param == "saver":
+        async with db.open() as saver:
+            yield saver
+    elif request.param == "sync-saver":
+        sync_class = SqliteSaver if db.backend == "sqlite" else PostgresSaver
+        with sync_class.from_conn_string(db.where) as sync_saver:
+            sync_saver.setup()
+            yield sync_saver
+    else:
+        with ToolLedger(db.where) as standalone:
+            yield standalone
 
 
 async def status_of(saver: Any, key: str) -> CallStatus:
@@ -63,36 +79,29 @@ async def completed_soon(saver: Any, key: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("default", [False, True], ids=["saver", "ToolCallLedger-default"])
-async def test_an_outcome_written_soon_commits_before_anyone_awaits_it(
-    saver: Any, default: bool
-) -> None:
-    """The write is under way when ``record_outcome_soon`` returns (the saver's, submitted
-    to its group commit; the protocol's default, a task): committed with nobody awaiting
-    it, and awaiting it afterwards gives None."""
-    record = ToolCallLedger.record_outcome_soon.__get__(saver) if default else None
-    await saver.aclaim([intent(0)], owner="me", lease_seconds=60)
-    written = (record or saver.record_outcome_soon)("t", "k0", **outcome(0))
-    assert await completed_soon(saver, "k0")
+async def test_an_outcome_written_soon_commits_before_anyone_awaits_it(ledger: Any) -> None:
+    """The write is under way when ``record_outcome`` returns (the saver's, submitted to
+    its group commit; from another loop, a task hopping there): committed with nobody
+    awaiting it, and awaiting it afterwards gives None."""
+    await ledger.aclaim([intent(0)], owner="me", lease_seconds=60)
+    written = record(ledger, 0)
+    assert await completed_soon(ledger, "k0")
     assert await written is None
-    entry = await saver.aget_entry("t", "k0")
+    entry = await ledger.aget_entry("t", "k0")
     assert entry.result == b"0"
 
 
-@pytest.mark.parametrize("default", [False, True], ids=["saver", "ToolCallLedger-default"])
-async def test_an_outcome_not_ours_is_refused_when_awaited(saver: Any, default: bool) -> None:
-    """The guard of ``arecord_outcome`` (issued, to this owner), its error raised when the
+async def test_an_outcome_not_ours_is_refused_when_awaited(ledger: Any) -> None:
+    """The guard of ``record_outcome`` (issued, to this owner), its error raised when the
     answer is awaited; the entry is left as it was."""
-    record = ToolCallLedger.record_outcome_soon.__get__(saver) if default else None
-    record = record or saver.record_outcome_soon
-    await saver.aclaim([intent(0)], owner="me", lease_seconds=60)
-    stolen = record("t", "k0", **outcome(0, owner="thief"))
-    missing = record("t", "k9", **outcome(9))
+    await ledger.aclaim([intent(0)], owner="me", lease_seconds=60)
+    stolen = record(ledger, 0, owner="thief")
+    missing = record(ledger, 9)
     with pytest.raises(LedgerStateError, match="issued \\(owner 'me'\\)"):
         await stolen
     with pytest.raises(LedgerStateError, match="missing"):
         await missing
-    assert await status_of(saver, "k0") is CallStatus.ISSUED
+    assert await status_of(ledger, "k0") is CallStatus.ISSUED
 
 
 async def test_an_outcome_written_soon_sets_a_fresh_saver_up(saver_factory: Any) -> None:
@@ -100,7 +109,7 @@ async def test_an_outcome_written_soon_sets_a_fresh_saver_up(saver_factory: Any)
     first, then is refused by its guard like any other: nothing was claimed."""
     async with saver_factory() as fresh:
         with pytest.raises(LedgerStateError, match="missing"):
-            await fresh.record_outcome_soon("t", "k0", **outcome(0))
+            await record(fresh, 0)
         assert await fresh.alist_entries("t") == []
 
 

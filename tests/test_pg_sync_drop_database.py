@@ -24,7 +24,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 from tool_node_helpers import intent_for
 
-from langgraph_idem_saver.ledger import CallStatus
+from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, Outcome
 from langgraph_idem_saver.postgres import PostgresSaver
 
 
@@ -53,17 +53,14 @@ def use(saver: PostgresSaver) -> None:
     intent = intent_for("t", {"name": "charge", "args": {"amount": 3}, "id": "c1"})
     [claim] = asyncio.run(saver.aclaim([intent], owner="worker", lease_seconds=30))
     assert claim.claimed
-    entry = asyncio.run(
-        saver.afinish(
-            intent.scope,
-            intent.key,
-            owner="worker",
-            status=CallStatus.COMPLETED,
-            result_type=None,
-            result=None,
-        )
-    )
-    assert entry.status is CallStatus.COMPLETED
+
+    async def finish() -> LedgerEntry | None:
+        outcome = Outcome.completed(None, None)
+        await saver.record_outcome(intent.scope, intent.key, owner="worker", outcome=outcome)
+        return await saver.aget_entry(intent.scope, intent.key)
+
+    entry = asyncio.run(finish())
+    assert entry is not None and entry.status is CallStatus.COMPLETED
     saver.copy_thread("t", "t2")
     saver.delete_thread("t2")
 

@@ -23,7 +23,7 @@ import pytest
 from pg_reads import plans_cached_on_empty_tables, table_reads
 
 from langgraph_idem_saver.errors import SerializationError
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, StepLookup
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, Outcome, StepLookup
 from langgraph_idem_saver.postgres import AsyncPostgresSaver
 
 EVERY_BYTE = bytes(range(256))
@@ -59,11 +59,9 @@ def intent(i: int, *, key: str | None = None, args: bytes = b'{"i":1}') -> CallI
     )  # fmt: skip
 
 
-async def complete(saver: AsyncPostgresSaver, key: str, i: int) -> Any:
+async def complete(saver: AsyncPostgresSaver, key: str, i: int) -> None:
     result = EVERY_BYTE + bytes([i])
-    return await saver.afinish(
-        "t", key, owner="me", status=CallStatus.COMPLETED, result_type="bytes", result=result
-    )
+    await saver.record_outcome("t", key, owner="me", outcome=Outcome.completed("bytes", result))
 
 
 async def test_a_claim_of_20_calls_and_their_20_outcomes_are_two_statements(
@@ -73,11 +71,12 @@ async def test_a_claim_of_20_calls_and_their_20_outcomes_are_two_statements(
         claimed = await saver.aclaim([intent(i) for i in range(20)], owner="me", lease_seconds=60)
         assert len(seen) == 1, seen
         assert all(c.claimed for c in claimed)
-        finished = await asyncio.gather(*(complete(saver, f"k{i}", i) for i in range(20)))
+        await asyncio.gather(*(complete(saver, f"k{i}", i) for i in range(20)))
         assert len(seen) == 2, seen
-    assert [e.result for e in finished] == [EVERY_BYTE + bytes([i]) for i in range(20)]
     stored = {e.key: e for e in await saver.alist_entries("t")}
-    assert stored["k7"].result == EVERY_BYTE + bytes([7])
+    assert [stored[f"k{i}"].result for i in range(20)] == [
+        EVERY_BYTE + bytes([i]) for i in range(20)
+    ]
     assert stored["k7"].status is CallStatus.COMPLETED
 
 
@@ -142,11 +141,9 @@ async def test_an_outcome_with_a_nul_is_typed_and_leaves_the_call_issued(
     (the JSON form, where the other outcome of that transaction is not recorded either)."""
     await saver.aclaim([intent(i) for i in range(together)], owner="me", lease_seconds=60)
 
-    async def fail(i: int, error: str) -> Any:
-        return await saver.afinish(
-            "t", f"k{i}", owner="me", status=CallStatus.FAILED, result_type="bytes",
-            result=b"x", error=error,
-        )  # fmt: skip
+    async def fail(i: int, error: str) -> None:
+        outcome = Outcome.failed(error, "bytes", b"x")
+        await saver.record_outcome("t", f"k{i}", owner="me", outcome=outcome)
 
     outcomes = [fail(0, "bad\x00news"), *(fail(i, "fine") for i in range(1, together))]
     results = await asyncio.gather(*outcomes, return_exceptions=True)
@@ -499,9 +496,7 @@ def count_statements_on(conn: psycopg.AsyncConnection[Any]) -> Any:
 
 
 async def record(saver: AsyncPostgresSaver, scope: str, key: str) -> None:
-    await saver.arecord_outcome(
-        scope, key, owner="me", status=CallStatus.COMPLETED, result_type="bytes", result=b"r"
-    )
+    await saver.record_outcome(scope, key, owner="me", outcome=Outcome.completed("bytes", b"r"))
 
 
 async def test_one_outcome_is_a_prepared_probe_of_the_primary_key(pg_dsn: str) -> None:

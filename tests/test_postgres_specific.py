@@ -38,7 +38,7 @@ from langgraph_idem_saver.errors import (
     LedgerStateError,
     SchemaVersionError,
 )
-from langgraph_idem_saver.ledger import CallIntent, CallStatus
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, Outcome
 from langgraph_idem_saver.postgres import AsyncPostgresSaver, sql
 
 
@@ -344,10 +344,9 @@ async def exercise(saver: AsyncPostgresSaver) -> None:
     intent = CallIntent("t", "k", "t", "", "tool", "h", b"{}", "call-1")
     [claim] = await saver.aclaim([intent], owner="me", lease_seconds=60)
     assert claim.claimed
-    done = await saver.afinish(
-        "t", "k", owner="me", status=CallStatus.COMPLETED, result_type="json", result=b"1"
-    )
-    assert done.status is CallStatus.COMPLETED
+    await saver.record_outcome("t", "k", owner="me", outcome=Outcome.completed("json", b"1"))
+    done = await saver.aget_entry("t", "k")
+    assert done is not None and done.status is CallStatus.COMPLETED
     await saver.acopy_thread("t", "t2")
     await saver.aprune(["t2"])
     await saver.adelete_thread("t")
@@ -913,22 +912,10 @@ async def ledger_script(saver: Any) -> list[Any]:
         saver.aclaim([intent("k1"), intent("k2"), intent("k1")], owner="a", lease_seconds=60)
     )
     await step(saver.aclaim([intent("k1"), intent("k3", run="r1")], owner="b", lease_seconds=-1))
-    await step(
-        saver.afinish(
-            "t", "k1", owner="b", status=CallStatus.COMPLETED, result_type="j", result=b"x"
-        )
-    )
-    await step(
-        saver.afinish(
-            "t", "k1", owner="a", status=CallStatus.COMPLETED, result_type="j", result=b"1"
-        )
-    )
-    await step(
-        saver.afinish("t", "k1", owner="a", status=CallStatus.FAILED, result_type=None, result=None)
-    )
-    await step(
-        saver.afinish("t", "k2", owner="a", status=CallStatus.ISSUED, result_type=None, result=None)
-    )
+    await step(saver.record_outcome("t", "k1", owner="b", outcome=Outcome.completed("j", b"x")))
+    await step(saver.record_outcome("t", "k1", owner="a", outcome=Outcome.completed("j", b"1")))
+    await step(saver.record_outcome("t", "k1", owner="a", outcome=Outcome.failed(None)))
+    await step(saver.aget_entry("t", "k1"))
     await step(saver.alist_unknown())
     for attempts, expected_owner, owner in [
         (2, "b", "c"),
@@ -1228,26 +1215,27 @@ async def test_a_connection_an_interruption_left_mid_command_is_closed(pg_dsn: s
 
 
 async def test_outcomes_of_calls_finishing_together_share_one_transaction(pg_dsn: str) -> None:
-    """20 outcomes recorded at once are one transaction (one xmin), not 20; each caller
-    gets its own entry back; one that is not ours to finish fails alone, typed."""
+    """20 outcomes recorded at once are one transaction (one xmin), not 20; each is
+    recorded; one that is not ours to finish fails alone, typed."""
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
         keys = [f"k{i:02d}" for i in range(20)]
         await saver.aclaim([intent(k) for k in keys], owner="me", lease_seconds=60)
         await saver.aclaim([intent("theirs")], owner="other", lease_seconds=60)
 
-        async def finish(key: str) -> Any:
-            return await saver.afinish(
-                "t", key, owner="me", status=CallStatus.COMPLETED, result_type="json",
-                result=key.encode(),
-            )  # fmt: skip
+        def finish(key: str) -> Any:
+            return saver.record_outcome(
+                "t", key, owner="me", outcome=Outcome.completed("json", key.encode())
+            )
 
         outcomes = await asyncio.gather(*(finish(k) for k in [*keys, "theirs"]),
                                         return_exceptions=True)  # fmt: skip
-        *entries, refused = outcomes
-        assert [(e.key, e.status, e.result) for e in entries] == [
+        *recorded, refused = outcomes
+        assert recorded == [None] * 20
+        assert isinstance(refused, LedgerStateError), refused
+        entries = [await saver.aget_entry("t", k) for k in keys]
+        assert [(e.key, e.status, e.result) for e in entries if e] == [
             (k, CallStatus.COMPLETED, k.encode()) for k in keys
         ]
-        assert isinstance(refused, LedgerStateError), refused
         async with await admin(pg_dsn) as conn:
             cur = await conn.execute(
                 "SELECT count(DISTINCT xmin::text), count(*) FROM idem_tool_calls "

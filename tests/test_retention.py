@@ -29,9 +29,9 @@ from tool_node_helpers import intent_for
 from typing_extensions import TypedDict
 
 from langgraph_idem_saver import (
-    CallStatus,
     ConfigError,
     CorruptRecordError,
+    Outcome,
     SweepReport,
     TTLConfig,
 )
@@ -93,10 +93,8 @@ async def settled_entry(saver: Any, thread_id: str, call_id: str, **kw: Any) -> 
     """A completed ledger entry of ``thread_id`` (``namespace=`` for a named one)."""
     intent = intent_for(thread_id, {"name": "charge", "args": {"n": call_id}, "id": call_id}, **kw)
     await saver.aclaim([intent], owner="me", lease_seconds=60)
-    await saver.afinish(
-        intent.scope, intent.key, owner="me", status=CallStatus.COMPLETED,
-        result_type="json", result=b"1",
-    )  # fmt: skip
+    outcome = Outcome.completed("json", b"1")
+    await saver.record_outcome(intent.scope, intent.key, owner="me", outcome=outcome)
     return intent
 
 
@@ -280,10 +278,8 @@ async def test_ledger_entries_kept_while_replayable_and_while_issued(saver: Any)
     assert await saver.aget_entry(unknown.scope, unknown.key) is not None
 
     # once settled, it goes on a later sweep (after its own ledger_after)
-    await saver.afinish(
-        unknown.scope, unknown.key, owner="me", status=CallStatus.FAILED,
-        result_type="json", result=b"0", error="declined",
-    )  # fmt: skip
+    outcome = Outcome.failed("declined", "json", b"0")
+    await saver.record_outcome(unknown.scope, unknown.key, owner="me", outcome=outcome)
     report = await saver.asweep(time.time() + 2 * DAY, ttl=TTLConfig(after=timedelta(days=1)))
     assert report.ledger_entries_deleted == 1 and report.issued_kept == 0
     assert await saver.alist_entries("t") == []

@@ -12,7 +12,7 @@ import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 
 from langgraph_idem_saver import AsyncSqliteSaver, StorageFullError
-from langgraph_idem_saver.ledger import CallIntent, CallStatus
+from langgraph_idem_saver.ledger import CallIntent, Outcome
 from langgraph_idem_saver.owners import make_owner
 from langgraph_idem_saver.sqlite import sql
 
@@ -88,9 +88,7 @@ async def test_claims_are_always_synced_outcomes_never_alone_checkpoints_as_set(
         )
         put_statements = list(seen)
         seen.clear()
-        await saver.afinish(
-            "t", "k", owner=owner, status=CallStatus.COMPLETED, result_type=None, result=None
-        )
+        await saver.record_outcome("t", "k", owner=owner, outcome=Outcome.completed(None, None))
         finish_statements = list(seen)
         assert await saver.conn._execute(level) == {"FULL": 2, "NORMAL": 1}[synchronous]
 

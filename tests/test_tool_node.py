@@ -36,7 +36,7 @@ from tool_node_helpers import (
 )
 from typing_extensions import TypedDict
 
-from langgraph_idem_saver import CallStatus, SerializationError
+from langgraph_idem_saver import CallStatus, Outcome, SerializationError
 from langgraph_idem_saver.errors import IdemSaverError
 from langgraph_idem_saver.keys import agent_path_of, args_hash, canonical_args, scope_of
 from langgraph_idem_saver.tool_node import (
@@ -498,13 +498,11 @@ async def test_waits_for_call_in_progress_elsewhere(saver: Any) -> None:
         data = saver.serde.dumps_typed(
             ToolMessage("charged elsewhere", tool_call_id="u1", name="charge")
         )
-        await saver.afinish(
+        await saver.record_outcome(
             intent.scope,
             intent.key,
             owner="otherhost:2:live",
-            status=CallStatus.COMPLETED,
-            result_type=data[0],
-            result=data[1],
+            outcome=Outcome.completed(data[0], data[1]),
         )
 
     patient = tool_graph(

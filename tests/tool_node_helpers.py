@@ -25,7 +25,7 @@ from langgraph_idem_saver.keys import (
     compute_key,
     scope_of,
 )
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.ledger import CallIntent, LedgerEntry, Outcome, ToolCallLedger
 
 
 class ToolCallingFakeModel(GenericFakeChatModel):
@@ -127,14 +127,10 @@ async def plant_completed(ledger: Any, intent: CallIntent, result: Any) -> Ledge
     [outcome] = await ledger.aclaim([intent], owner="deadhost:1:dead", lease_seconds=60)
     assert outcome.claimed
     result_type, data = ledger.serde.dumps_typed(result)
-    return await ledger.afinish(
-        intent.scope,
-        intent.key,
-        owner="deadhost:1:dead",
-        status=CallStatus.COMPLETED,
-        result_type=result_type,
-        result=data,
-    )
+    outcome = Outcome.completed(result_type, data)
+    await ledger.record_outcome(intent.scope, intent.key, owner="deadhost:1:dead", outcome=outcome)
+    entry: LedgerEntry = await ledger.aget_entry(intent.scope, intent.key)
+    return entry
 
 
 class Counter:

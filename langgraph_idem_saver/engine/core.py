@@ -56,6 +56,7 @@ from langgraph_idem_saver.engine.earlier import (
 )
 from langgraph_idem_saver.engine.forks import siblings_refused
 from langgraph_idem_saver.engine.intents import key_calls, site_of
+from langgraph_idem_saver.engine.loops import awaiting
 from langgraph_idem_saver.engine.options import LedgerOptions
 from langgraph_idem_saver.engine.outcomes import (
     Outcomes,
@@ -82,6 +83,7 @@ from langgraph_idem_saver.ledger import (
     CallStatus,
     ClaimOutcome,
     LedgerEntry,
+    Outcome,
     ToolCallLedger,
 )
 from langgraph_idem_saver.owners import make_owner, minted_here
@@ -434,15 +436,16 @@ class LedgerEngine:
         key: str = plan.ledger_key  # type: ignore[assignment]  # (no cast(): a call a call)
         failed = isinstance(result, ToolMessage) and result.status == "error"
         result_type, data = self.context.dumps(batch, result)
-        status = CallStatus.FAILED if failed else CallStatus.COMPLETED
-        error = text_of(result.content) if failed else None
-        fields: dict[str, Any] = {"owner": batch.owner, "status": status, "error": error}
-        fields.update(result_type=result_type, result=data)
+        if failed:
+            outcome = Outcome.failed(text_of(result.content), result_type, data)
+        else:
+            outcome = Outcome.completed(result_type, data)
+        record, scope, owner = ledger.record_outcome, batch.scope, batch.owner
         outcomes = batch.outcomes
-        if outcomes is not None:  # written now, awaited with the step's (outcomes_at_end)
-            outcomes.append((plan, ledger.record_outcome_soon(batch.scope, key, **fields)))
+        if outcomes is not None:  # started now, awaited with the step's (outcomes_at_end)
+            outcomes.append((plan, record(scope, key, owner=owner, outcome=outcome)))
             return result
-        await on_ledger_loop(batch, ledger.arecord_outcome(batch.scope, key, **fields))
+        await on_ledger_loop(batch, awaiting(record, scope, key, owner=owner, outcome=outcome))
         self.recorded(plan)
         return result
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 from langgraph_idem_saver.errors import ConfigError
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:
@@ -37,6 +38,13 @@ async def on_loop(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, A
             "ledger needs that loop running in another thread"
         )
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+async def awaiting(start: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``start(*args, **kwargs)`` awaited, called where this coroutine runs: a ledger
+    method that starts its work at once (``record_outcome``) must be called on the
+    ledger's loop, so a caller on another loop hops this there (``on_loop``)."""
+    return await start(*args, **kwargs)
 
 
 async def call_maybe_async(fn: Callable[..., Any], arg: Any) -> Any:

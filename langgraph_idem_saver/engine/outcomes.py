@@ -67,7 +67,7 @@ class StepOutcomes:
     A wide step's calls each record an outcome; awaited by the call that made it, every
     outcome is a wakeup of its call's task and a future for the group commit to resolve
     (~130 bytecodes a call of a 50-call step, 8% of the ledger's Python). Inside this
-    block :meth:`LedgerEngine.afinish` starts the write (``record_outcome_soon``: submitted
+    block :meth:`LedgerEngine.afinish` starts the write (``record_outcome``: submitted
     to the group commit at once, so each outcome is still committed as soon as its call
     finished) and returns; the block's end awaits them all, so the front door still
     returns only once every outcome of the step is committed (``docs/guarantees.md``).

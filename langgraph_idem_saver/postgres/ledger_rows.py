@@ -26,7 +26,7 @@ _JSON = encoder_of(ensure_ascii=False, allow_nan=False)  # json.dumps(rows, thes
 # INTENT_COLUMNS, in order, plus the row's place in the batch (inserted in that order)
 _CLAIM_FIELDS = (*INTENT_COLUMNS, "ord")
 _ARGS = INTENT_COLUMNS.index("args")
-# an outcome's parameters, in order (see ledger_policy.LedgerPolicy._finish_entry)
+# an outcome's parameters, in order (see ledger_policy.LedgerPolicy._finish_soon)
 _FINISH_FIELDS = (
     "status", "result_type", "result", "error", "finished_at", "scope", "key", "owner"
 )  # fmt: skip
@@ -50,7 +50,7 @@ def claim_rows(rows: Sequence[tuple[Any, ...]]) -> str:
 
 
 def finish_rows(batch: Sequence[tuple[Any, ...]]) -> str:
-    """Outcomes (``_finish_entry``'s parameters) as the JSON ``FINISH_STEP`` reads."""
+    """Outcomes (``_finish_soon``'s parameters) as the JSON ``FINISH_STEP`` reads."""
     out = []
     for params in batch:
         values = list(params)

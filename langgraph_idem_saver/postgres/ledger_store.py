@@ -119,15 +119,9 @@ class PostgresLedgerStore(PostgresHeldWrites):
             "deleted concurrently"
         )
 
-    async def _finish_entry(
-        self, outcome: tuple[Any, ...], *, read_back: bool
-    ) -> tuple[bool, LedgerEntry | None]:
-        """Outcomes of calls that finish together share one statement (_finish_all)."""
-        done, row = await self._finishes.submit((outcome, read_back))
-        return done, (self.entry_of(row) if read_back and row is not None else None)
-
     def _finish_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[Any]:
-        """``_finish_entry(read_back=False)`` submitted to the group commit now."""
+        """An outcome submitted to the group commit now: outcomes of calls that finish
+        together share one statement (``_finish_batch``)."""
         return self._finishes.submit_nowait((outcome, False))
 
     def _finish_matched(self, answer: tuple[bool, TupleRow | None]) -> bool:

@@ -97,34 +97,23 @@ class SqliteLedgerStore:
 
         return await self._write(claim, before_tool_runs=True)
 
-    async def _finish_entry(
-        self, outcome: tuple[Any, ...], *, read_back: bool
-    ) -> tuple[bool, LedgerEntry | None]:
-        """Record one outcome (an ``UPDATE``), and read the finished row back when asked.
+    def _finish_body(
+        self, outcome: tuple[Any, ...]
+    ) -> Callable[[sqlite3.Connection], tuple[bool, None]]:
+        """An outcome's ``UPDATE`` as a write body (``_finish_soon``): whether it matched.
 
         Outcomes of calls that finish together share one transaction (the group commit),
         each its own statement: no savepoint between them."""
-        finish = self._finish_body(outcome, read_back=read_back)
-        return await self._write(finish, outcome=True, one_statement=not read_back)
 
-    def _finish_body(
-        self, outcome: tuple[Any, ...], *, read_back: bool
-    ) -> Callable[[sqlite3.Connection], tuple[bool, LedgerEntry | None]]:
-        """An outcome's ``UPDATE`` as a write body (``_finish_entry``, ``_finish_soon``)."""
-
-        def finish(conn: sqlite3.Connection) -> tuple[bool, LedgerEntry | None]:
-            if conn.execute(sql.FINISH_ENTRY, outcome).rowcount != 1:
-                return False, None
-            if not read_back:
-                return True, None
-            return True, self.entry_of(conn.execute(sql.SELECT_ENTRY, outcome[5:7]).fetchone())
+        def finish(conn: sqlite3.Connection) -> tuple[bool, None]:
+            return conn.execute(sql.FINISH_ENTRY, outcome).rowcount == 1, None
 
         return finish
 
     def _finish_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[Any]:
-        """``_finish_entry(read_back=False)``'s write submitted to the group commit now:
-        ``_write`` split in two, its answer read by ``_finish_matched``."""
-        finish = self._finish_body(outcome, read_back=False)
+        """An outcome's write submitted to the group commit now: ``_write`` split in two,
+        its answer read by ``_finish_matched``."""
+        finish = self._finish_body(outcome)
         if not self.is_setup:  # a claim sets the saver up: only an outcome sent alone
             return asyncio.ensure_future(self._set_up_then(finish))
         return self._group.submit_nowait((finish, OUTCOME, True))

@@ -330,8 +330,8 @@ def select_entries_by_keys(n: int) -> str:
     )
 
 
-# one outcome: IdemSaverBase._finish_entry's parameters (outcomes that finish together
-# share a transaction, an UPDATE each: ledger_store._finish_entry)
+# one outcome: LedgerPolicy._finish_soon's parameters (outcomes that finish together
+# share a transaction, an UPDATE each: ledger_store._finish_soon)
 FINISH_ENTRY = """
 UPDATE idem_tool_calls
 SET status = ?, result_type = ?, result = ?, error = ?, finished_at = ?
