@@ -198,3 +198,65 @@ def test_a_child_script_exits_when_its_parent_is_killed(tmp_path: Path, when: st
     parent.stdout.close()
     wait_for(lambda: ended(child.pid), "the orphaned child lived on")
     assert when == "running" or not watching.exists(), "it ended as soon as it started"
+
+
+ZYGOTE_TEST = """
+    import os, sys, time
+    from pathlib import Path
+    import zygote
+
+    def test_leaves_a_zygote_child():
+        child = zygote.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        Path({tmp!r}).write_text(f"{{zygote.zygote_pid()}} {{child.pid}}")
+        os.rename({tmp!r}, {pids!r})
+        {then}
+"""
+
+
+def zygote_pids(pids: Path, proc: subprocess.Popen[str]) -> tuple[int, int]:
+    """The inner run's zygote and its child, once the inner test has started both."""
+    wait_for(lambda: pids.exists() or proc.poll() is not None, "no zygote child started")
+    assert pids.exists(), proc.communicate()[0]
+    zygote_pid, child_pid = map(int, pids.read_text().split())
+    return zygote_pid, child_pid
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name
+)
+def test_the_zygote_and_its_children_end_when_pytest_is_interrupted_or_killed(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """tests/zygote.py: the zygote ends with the run that started it (its socket closes,
+    however the run ends), and SIGKILLs the children it forked first."""
+    pids = tmp_path / "pids"
+    source = ZYGOTE_TEST.format(
+        tmp=str(tmp_path / "pids.tmp"), pids=str(pids), then="time.sleep(120)"
+    )
+    proc = run_pytest(tmp_path, source)
+    try:
+        zygote_pid, child_pid = zygote_pids(pids, proc)
+        assert psutil.Process(child_pid).ppid() == zygote_pid
+        proc.send_signal(sig)
+        proc.wait(DEADLINE)
+        wait_for(lambda: ended(child_pid), f"the zygote's child outlived {sig.name}")
+        wait_for(lambda: ended(zygote_pid), f"the zygote outlived {sig.name}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_zygote_children_a_failed_test_left_running_are_ended_at_exit(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    then = 'assert False, "fails with its child still running"'
+    proc = run_pytest(
+        tmp_path, ZYGOTE_TEST.format(tmp=str(tmp_path / "pids.tmp"), pids=str(pids), then=then)
+    )
+    out, _ = proc.communicate(timeout=DEADLINE)
+    assert proc.returncode == 1, out
+    zygote_pid, child_pid = zygote_pids(pids, proc)
+    assert ended(child_pid) and ended(zygote_pid), out
+    assert f"zygote: ended child processes left running:\n  {child_pid} " in out

@@ -24,10 +24,10 @@ zygote instead of ``fork+exec``: pipes, ``communicate``, text mode, ``timeout``,
 ``[sys.executable, SCRIPT, *args]``, ``[sys.executable, "-m", MODULE, *args]`` and
 ``[sys.executable, "-c", CODE, *args]``; options ``stdin``/``stdout``/``stderr``,
 ``text``/``encoding``/``errors``/``universal_newlines``, ``bufsize``, ``env``, ``cwd``,
-``start_new_session``. Anything else (``preexec_fn``, ``pass_fds``, ...), or a
-``PYTHON*`` variable (``PYTHONPATH`` excepted) that the interpreter reads at start and the
-child's environment sets differently from the zygote's, raises :class:`ZygoteError`: use
-``subprocess`` there.
+``start_new_session``; anything else (``preexec_fn``, ``pass_fds``, ...) raises
+:class:`ZygoteError` (use ``subprocess`` there). A child whose environment sets a variable
+of :data:`IMPORT_TIME_ENV` differently from the zygote's, or any child under
+``IDEM_TEST_ZYGOTE=0``, is a fresh interpreter (plain ``subprocess``).
 
 Lifetime: the zygote runs in a session of its own (a Ctrl-C for pytest does not reach
 it) and ends when the test process closes the socket - at exit (``atexit``), or because
@@ -97,6 +97,7 @@ class _Zygote:
         self.replies: dict[int, dict[str, Any]] = {}
         self.exits: dict[int, int] = {}
         self.left: list[str] = []
+        self.not_preloaded: list[str] = []  # failed to import: each child imports them
         self.pid = 0
         self.fatal: str | None = None
         self.closed = False
@@ -126,6 +127,7 @@ class _Zygote:
             with self.lock:
                 if "ready" in message:
                     self.pid = int(message["ready"])
+                    self.not_preloaded = list(message["not_preloaded"])
                 elif "exited" in message:
                     self.exits[int(message["exited"])] = int(message["code"])
                 elif "left" in message:
@@ -217,6 +219,8 @@ def stop() -> None:
     if current is None or current.owner != os.getpid():
         return
     left = current.stop()
+    if current.not_preloaded:  # the run was slower than it should be: say why
+        print("zygote: could not preload\n  " + "\n  ".join(current.not_preloaded), file=sys.stderr)
     if left:
         print(
             "zygote: ended child processes left running:\n  " + "\n  ".join(left), file=sys.stderr

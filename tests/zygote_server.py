@@ -82,12 +82,12 @@ def serve(fd: int) -> tuple[dict[str, Any], list[int]] | None:
 
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a stray Ctrl-C is the test run's
-    try:
-        for name in PRELOAD:
+    not_preloaded = []
+    for name in PRELOAD:
+        try:
             importlib.import_module(name)
-    except BaseException:
-        send(sock, {"fatal": "preload failed:\n" + traceback.format_exc()})
-        return None
+        except Exception:  # a child importing it fails as a fresh interpreter would
+            not_preloaded.append(f"{name}: {traceback.format_exc(limit=1).strip()[-300:]}")
     if len(_threads()) != 1:
         send(sock, {"fatal": f"the imports started threads: {_threads()} (unsafe to fork)"})
         return None
@@ -151,7 +151,7 @@ def serve(fd: int) -> tuple[dict[str, Any], list[int]] | None:
         send(sock, {"started": request["id"], "pid": pid})
         return None
 
-    send(sock, {"ready": os.getpid()})
+    send(sock, {"ready": os.getpid(), "not_preloaded": not_preloaded})
     while True:
         for key, _ in selector.select():
             if key.fd == wake_r:
