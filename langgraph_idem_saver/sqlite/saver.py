@@ -29,39 +29,30 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar
 
 import aiosqlite
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
-    Checkpoint,
-    CheckpointMetadata,
     CheckpointTuple,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
-from langgraph_idem_saver.errors import (
-    CorruptRecordError,
-)
 from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.import_rows import LangGraphTables
 from langgraph_idem_saver.ledger_queries import LedgerSql
-from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder, resolve_delta
+from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
 from langgraph_idem_saver.retention import TTLConfig
 from langgraph_idem_saver.saver_base import IdemSaverBase, check_prune_strategy, checkpoints_to_keep
 from langgraph_idem_saver.saver_checkpoints import ListQuery, PageReader
 from langgraph_idem_saver.saver_codec import (
-    decode_checkpoint,
-    decode_json,
-    decode_typed,
     encode_metadata,
     encode_versions,
 )
 from langgraph_idem_saver.saver_config import (
     checkpoint_id_of,
     checkpoint_ns_of,
-    make_config,
     storable_text,
     thread_id_of,
 )
@@ -82,6 +73,13 @@ from langgraph_idem_saver.sqlite.files import (
 from langgraph_idem_saver.sqlite.import_sql import SqliteTables
 from langgraph_idem_saver.sqlite.inspect import SqliteInspection
 from langgraph_idem_saver.sqlite.ledger_store import SqliteLedgerStore
+from langgraph_idem_saver.sqlite.reads import (
+    Fetched,
+    decode_metadata,
+    decode_tuple,
+    fetch_page,
+    fetch_tuple,
+)
 from langgraph_idem_saver.sqlite.retention import SqliteRetention, mark_ended
 
 T = TypeVar("T")
@@ -184,70 +182,6 @@ class AsyncSqliteSaver(
 
     # --- reads ---------------------------------------------------------------------
 
-    def _row_to_tuple(
-        self, conn: sqlite3.Connection, row: sqlite3.Row | tuple[Any, ...], *, loading: bool = False
-    ) -> CheckpointTuple:
-        """Build a CheckpointTuple from a row; ``loading`` when a graph resumes from it."""
-        (thread_id, ns, checkpoint_id, parent_id, type_, data, metadata, versions) = row
-        where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-        serde = self.serde  # a descriptor (saver_base._LosslessSerde): read once
-        checkpoint = decode_checkpoint(serde, type_, data, **where)
-        values: dict[str, Any] = {}
-        own_versions = checkpoint.get("channel_versions") or {}
-        for channel, btype, blob, base_version, version in conn.execute(
-            sql.SELECT_BLOBS_FOR_VERSIONS, (versions, thread_id, ns)
-        ).fetchall():
-            if str(own_versions.get(channel)) != version:
-                raise CorruptRecordError(
-                    "checkpoint",
-                    location=where,
-                    cause=ValueError(
-                        f"its channel_versions do not name version {version!r} of channel "
-                        f"{channel!r}, which its row references"
-                    ),
-                )
-            if btype == "empty":
-                continue
-            if base_version is None:  # stored whole: resolve_value's trivial case, inline
-                value = decode_typed(serde, btype, blob, "channel value", channel=channel, **where)
-                depth, own = 0, None
-            else:
-
-                def fetch_base(version: str, ch: str = channel) -> Any:
-                    return conn.execute(sql.SELECT_BLOB, (thread_id, ns, ch, version)).fetchone()
-
-                value, depth, own = resolve_delta(
-                    serde, btype, blob, base_version, fetch_base, channel=channel, **where
-                )
-            values[channel] = value
-            if loading:
-                self._deltas.loaded(thread_id, ns, channel, version, value, depth, own)
-        writes = [
-            (
-                task_id,
-                channel,
-                decode_typed(
-                    serde,
-                    wtype,
-                    value,
-                    "pending write",
-                    task_id=task_id,
-                    channel=channel,
-                    **where,
-                ),
-            )
-            for task_id, channel, wtype, value, _path, _idx in conn.execute(
-                sql.SELECT_WRITES_FOR_CHECKPOINT, (thread_id, ns, checkpoint_id)
-            )
-        ]
-        return CheckpointTuple(
-            config=make_config(thread_id, ns, checkpoint_id),
-            checkpoint=cast(Checkpoint, {**checkpoint, "channel_values": values}),
-            metadata=cast(CheckpointMetadata, _decode_metadata(metadata, **where)),
-            parent_config=make_config(thread_id, ns, parent_id) if parent_id else None,
-            pending_writes=writes,
-        )
-
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self._run(self._get_tuple_body(config))
 
@@ -259,16 +193,20 @@ class AsyncSqliteSaver(
         ns = checkpoint_ns_of(config)
         checkpoint_id = checkpoint_id_of(config)
 
-        def read(conn: sqlite3.Connection) -> CheckpointTuple | None:
+        def read(conn: sqlite3.Connection) -> Fetched | None:
             if checkpoint_id:
                 row = conn.execute(
                     sql.SELECT_CHECKPOINT_BY_ID, (thread_id, ns, checkpoint_id)
                 ).fetchone()
             else:
                 row = conn.execute(sql.SELECT_LATEST_CHECKPOINT, (thread_id, ns)).fetchone()
-            return None if row is None else self._row_to_tuple(conn, row, loading=True)
+            return None if row is None else fetch_tuple(conn, row)
 
-        return lambda conn: read_tx(conn, read)
+        def body(conn: sqlite3.Connection) -> CheckpointTuple | None:
+            fetched = read_tx(conn, read)
+            return None if fetched is None else decode_tuple(fetched, self.serde, self._deltas)
+
+        return body
 
     def _list_pages(self, query: ListQuery) -> PageReader:
         """Pages newest first, each one worker trip (no lock held between)."""
@@ -303,7 +241,7 @@ class AsyncSqliteSaver(
 
         def read(
             conn: sqlite3.Connection, after: tuple[str, str, str] | None, size: int
-        ) -> ListPage:
+        ) -> tuple[int, tuple[str, str, str] | None, list[Fetched]]:
             where = clauses + ([sql.LIST_AFTER] if after else [])
             q = sql.LIST_SELECT
             if where:
@@ -316,12 +254,17 @@ class AsyncSqliteSaver(
                 rows = [
                     r for r in rows if metadata_filter.metadata_matches(_metadata_of(r), filter)
                 ]
-            return ListPage(fetched, last, [self._row_to_tuple(conn, row) for row in rows])
+            return fetched, last, fetch_page(conn, rows)
 
         def page_body(
             after: tuple[str, str, str] | None, size: int
         ) -> Callable[[sqlite3.Connection], ListPage]:
-            return lambda conn: read_tx(conn, partial(read, after=after, size=size))
+            def body(conn: sqlite3.Connection) -> ListPage:
+                fetched, last, rows = read_tx(conn, partial(read, after=after, size=size))
+                serde = self.serde
+                return ListPage(fetched, last, [decode_tuple(row, serde) for row in rows])
+
+            return body
 
         return page_body
 
@@ -479,18 +422,9 @@ class AsyncSqliteSaver(
 def _metadata_of(row: Sequence[Any]) -> dict[str, Any]:
     """The decoded metadata of a ``CHECKPOINT_COLUMNS`` row."""
     thread_id, ns, checkpoint_id = row[0], row[1], row[2]
-    return _decode_metadata(
+    return decode_metadata(
         row[6], thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=checkpoint_id
     )
-
-
-def _decode_metadata(text: str, **where: Any) -> dict[str, Any]:
-    metadata = decode_json(text, "metadata", **where)
-    if not isinstance(metadata, dict):
-        raise CorruptRecordError(
-            "metadata", location=where, cause=TypeError(f"decoded to {type(metadata).__name__}")
-        )
-    return metadata
 
 
 def _parent_and_metadata(
@@ -499,6 +433,6 @@ def _parent_and_metadata(
     row = conn.execute(sql.SELECT_PARENT_AND_METADATA, (thread_id, ns, checkpoint_id)).fetchone()
     if row is None:
         return None
-    return row[0], _decode_metadata(
+    return row[0], decode_metadata(
         row[1], thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=checkpoint_id
     )

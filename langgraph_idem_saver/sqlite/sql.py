@@ -176,22 +176,44 @@ WHERE thread_id = ? AND checkpoint_ns = ?
 ORDER BY checkpoint_id DESC LIMIT 1
 """
 
-# The blobs one checkpoint references, looked up by primary key: the channel_versions
-# column is a JSON object {channel: version}, joined through json_each. CROSS JOIN fixes
-# the join order (SQLite never reorders it): json_each outside, a primary-key probe of
-# idem_blobs inside. With a plain JOIN the planner may scan every blob of the thread,
-# which makes reads grow with history (measured: 23 ms at 5,000 checkpoints vs 0.2 ms).
-SELECT_BLOBS_FOR_VERSIONS = """
-SELECT b.channel, b.type, b.blob, b.base_version, j.value
-FROM json_each(?) AS j
+# The blobs checkpoints reference (sqlite/reads.py), looked up by primary key, each with
+# the value it extends when it is a delta (the base, one level; deeper bases are probed
+# one by one): the parameter is a checkpoint's channel_versions column, a JSON object
+# {channel: version}. CROSS JOIN fixes the join order (SQLite never reorders it, nor
+# the LEFT JOIN): json_each outside, primary-key probes of idem_blobs inside. With a
+# plain JOIN the planner may scan every blob of the thread, which makes reads grow with
+# history (measured: 23 ms at 5,000 checkpoints vs 0.2 ms).
+_BLOB_AND_BASE = """
 CROSS JOIN idem_blobs AS b
-  ON b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = j.key AND b.version = j.value
+  ON b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = w.channel AND b.version = w.version
+LEFT JOIN idem_blobs AS p
+  ON p.thread_id = b.thread_id AND p.checkpoint_ns = b.checkpoint_ns
+ AND p.channel = b.channel AND p.version = b.base_version
 """
+_BLOB_COLUMNS = (
+    "SELECT b.channel, w.version, b.type, b.blob, b.base_version, p.type, p.blob, p.base_version"
+)
+SELECT_BLOBS_FOR_VERSIONS = f"""
+{_BLOB_COLUMNS}
+FROM (SELECT key AS channel, value AS version FROM json_each(?)) AS w{_BLOB_AND_BASE}"""
+# the same for the checkpoints of a page: a JSON array of their channel_versions, each
+# (channel, version) fetched once however many of them name it
+SELECT_BLOBS_FOR_PAGE = f"""
+{_BLOB_COLUMNS}
+FROM (SELECT DISTINCT j.key AS channel, j.value AS version
+      FROM json_each(?) AS r CROSS JOIN json_each(r.value) AS j) AS w{_BLOB_AND_BASE}"""
 
 SELECT_WRITES_FOR_CHECKPOINT = """
-SELECT task_id, channel, type, value, task_path, idx FROM idem_writes
+SELECT task_id, channel, type, value FROM idem_writes
 WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
 ORDER BY task_path, task_id, idx
+"""
+# the same for the checkpoints of a page (a JSON array of their ids)
+SELECT_WRITES_FOR_CHECKPOINTS = """
+SELECT checkpoint_id, task_id, channel, type, value FROM idem_writes
+WHERE thread_id = ? AND checkpoint_ns = ?
+  AND checkpoint_id IN (SELECT value FROM json_each(?))
+ORDER BY checkpoint_id, task_path, task_id, idx
 """
 
 LIST_ORDER = " ORDER BY checkpoint_id DESC, thread_id DESC, checkpoint_ns DESC LIMIT ?"

@@ -1,0 +1,219 @@
+"""Checkpoint rows read back on SQLite: ``CheckpointTuple``\\s with their channel values
+and pending writes, for ``aget_tuple`` (one row) and a page of ``alist`` (many).
+
+**Statements a page, not a row.** A checkpoint's channel values live in ``idem_blobs``
+(a delta of a list in one row, its base in another) and its pending writes in
+``idem_writes``. Read row by row, a page of ten cost thirty statements beside its own
+(each row's blobs, its delta's base, its writes). Here the rows of a page that share a
+thread and namespace (all of them, for ``list(config)``) are read together: one statement
+for every (channel, version) they name - each fetched once however many rows name it -
+with the base each delta extends; a probe for each deeper base (a chain longer than one);
+one statement for their writes. Each row is then decoded on its own, from those bytes: no
+two tuples share an object, as with LangGraph's savers. The caller runs it all in one
+read transaction (a snapshot: ``connection.read_tx``).
+
+**Decoding without wrappers.** A read decodes four values where LangGraph's saver
+decodes one (the checkpoint, each channel's blob, a delta's base), so the Python around
+each decode counts: values are decoded by the serializer's ``loads_typed`` directly, and
+where a row is only built when something fails to decode. Every stored value that does
+not decode is still a :class:`CorruptRecordError` naming its row, and so is a delta whose
+base is not stored, a delta of a non-list, or a row whose ``channel_versions`` column
+names another version than its checkpoint does.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata, CheckpointTuple
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from langgraph_idem_saver.errors import CorruptRecordError
+from langgraph_idem_saver.list_deltas import ListDeltaEncoder, resolve_delta
+from langgraph_idem_saver.saver_config import make_config
+from langgraph_idem_saver.sqlite import sql
+
+# a stored value, (type, data, base_version), by (channel, version)
+Blobs = dict[tuple[str, str], tuple[str, bytes | None, str | None]]
+# a row of ``sql.CHECKPOINT_COLUMNS``
+Row = Sequence[Any]
+# what a row's tuple is decoded from: the row, the (channel, version) pairs its
+# channel_versions names (None: to be read from the row), the blobs read for it (and its
+# page), its writes
+Fetched = tuple[Row, Iterable[tuple[str, str]] | None, Blobs, list[Any]]
+
+
+def fetch_tuple(conn: sqlite3.Connection, row: Row) -> Fetched:
+    """What the tuple of one ``CHECKPOINT_COLUMNS`` row is decoded from."""
+    thread_id, ns = row[0], row[1]
+    named: list[tuple[str, str]] = []
+    blobs: Blobs = {}
+    for channel, version, *stored in conn.execute(
+        sql.SELECT_BLOBS_FOR_VERSIONS, (row[7], thread_id, ns)
+    ):
+        named.append((channel, version))
+        _add(blobs, channel, version, stored)
+    _fetch_bases(conn, thread_id, ns, blobs)
+    return row, named, blobs, conn.execute(sql.SELECT_WRITES_FOR_CHECKPOINT, row[:3]).fetchall()
+
+
+def fetch_page(conn: sqlite3.Connection, rows: Sequence[Row]) -> list[Fetched]:
+    """What the tuples of ``rows`` (``CHECKPOINT_COLUMNS``) are decoded from, in order."""
+    if len(rows) <= 1:
+        return [fetch_tuple(conn, row) for row in rows]
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row[0], row[1]), []).append(row)
+    fetched: dict[tuple[str, str, str], Fetched] = {}
+    for (thread_id, ns), group in groups.items():
+        blobs: Blobs = {}
+        versions = "[" + ",".join(r[7] for r in group) + "]"
+        for channel, version, *stored in conn.execute(
+            sql.SELECT_BLOBS_FOR_PAGE, (versions, thread_id, ns)
+        ):
+            _add(blobs, channel, version, stored)
+        _fetch_bases(conn, thread_id, ns, blobs)
+        writes: dict[str, list[Any]] = {r[2]: [] for r in group}
+        ids = json.dumps(list(writes))
+        for checkpoint_id, *write in conn.execute(
+            sql.SELECT_WRITES_FOR_CHECKPOINTS, (thread_id, ns, ids)
+        ):
+            writes[checkpoint_id].append(write)
+        for r in group:
+            fetched[thread_id, ns, r[2]] = (r, None, blobs, writes[r[2]])
+    return [fetched[row[0], row[1], row[2]] for row in rows]
+
+
+def _add(blobs: Blobs, channel: str, version: str, stored: list[Any]) -> None:
+    """A row of ``SELECT_BLOBS_FOR_*`` into ``blobs``: the value, and its base if any."""
+    type_, data, base, base_type, base_data, base_base = stored
+    blobs[channel, version] = (type_, data, base)
+    if base_type is not None:
+        blobs[channel, base] = (base_type, base_data, base_base)
+
+
+def _fetch_bases(conn: sqlite3.Connection, thread_id: str, ns: str, blobs: Blobs) -> None:
+    """Add to ``blobs`` the bases of its deltas that are not in it yet, down to whole
+    values (a probe each: chains deeper than one). A base that is not stored stays out:
+    the row that needs it is reported corrupt."""
+    need = [(c, b) for (c, _), (_, _, b) in blobs.items() if b is not None and (c, b) not in blobs]
+    tried: set[tuple[str, str]] = set()
+    while need:
+        channel, version = key = need.pop()
+        if key in blobs or key in tried:
+            continue
+        tried.add(key)
+        found = conn.execute(sql.SELECT_BLOB, (thread_id, ns, channel, version)).fetchone()
+        if found is not None:
+            blobs[key] = found
+            if found[2] is not None:
+                need.append((channel, found[2]))
+
+
+def decode_tuple(
+    fetched: Fetched, serde: SerializerProtocol, deltas: ListDeltaEncoder | None = None
+) -> CheckpointTuple:
+    """The tuple ``fetched`` holds. ``deltas``: the encoder to tell what a resuming graph
+    loaded (``aget_tuple``). Run after the read transaction: SQLite's own work runs
+    first, before the decoding of the values (most of a read) evicts it from the CPU's
+    caches."""
+    row, named, blobs, writes = fetched
+    (thread_id, ns, checkpoint_id, parent_id, type_, data, metadata, versions) = row
+    if named is None:  # a row of a page: the pairs its channel_versions column names
+        try:
+            named = json.loads(versions).items()
+        except Exception as exc:
+            raise _corrupt("checkpoint", row, exc) from exc
+    loads = serde.loads_typed
+    try:
+        checkpoint = loads((type_, data if data is not None else b""))
+    except Exception as exc:
+        raise _corrupt("checkpoint", row, exc) from exc
+    if not isinstance(checkpoint, dict) or "id" not in checkpoint:
+        why = f"decoded to {type(checkpoint).__name__}, not a checkpoint dict"
+        raise _corrupt("checkpoint", row, TypeError(why))
+    try:
+        meta = json.loads(metadata)
+    except Exception as exc:
+        raise _corrupt("metadata", row, exc) from exc
+    if type(meta) is not dict:
+        raise _corrupt("metadata", row, TypeError(f"decoded to {type(meta).__name__}"))
+    pending = []
+    for task_id, channel, wtype, value in writes:
+        try:
+            pending.append((task_id, channel, loads((wtype, value if value is not None else b""))))
+        except Exception as exc:
+            raise _corrupt("pending write", row, exc, task_id=task_id, channel=channel) from exc
+    own_versions = checkpoint.get("channel_versions") or {}
+    values: dict[str, Any] = {}  # last: most of the decoding
+    for channel, version in named:
+        stored = blobs.get((channel, version))
+        if stored is None:  # a version without a stored value (a join leaves it out)
+            continue
+        if str(own_versions.get(channel)) != version:
+            raise _corrupt(
+                "checkpoint",
+                row,
+                ValueError(
+                    f"its channel_versions do not name version {version!r} of channel "
+                    f"{channel!r}, which its row references"
+                ),
+            )
+        btype, blob, base = stored
+        if btype == "empty":
+            continue
+        depth, own = 0, None
+        if base is not None:  # a delta: resolved through its bases
+            where = _where(row)
+            value, depth, own = resolve_delta(
+                serde,
+                btype,
+                blob,
+                base,
+                lambda v: blobs.get((channel, v)),  # noqa: B023 - called here, at once
+                channel=channel,
+                **where,
+            )
+        else:
+            try:
+                value = loads((btype, blob if blob is not None else b""))
+            except Exception as exc:
+                raise _corrupt("channel value", row, exc, channel=channel) from exc
+        values[channel] = value
+        if deltas is not None:
+            deltas.loaded(thread_id, ns, channel, version, value, depth, own)
+    return CheckpointTuple(
+        config=make_config(thread_id, ns, checkpoint_id),
+        checkpoint=cast(Checkpoint, {**checkpoint, "channel_values": values}),
+        metadata=cast(CheckpointMetadata, meta),
+        parent_config=make_config(thread_id, ns, parent_id) if parent_id else None,
+        pending_writes=pending,
+    )
+
+
+def _where(row: Row) -> dict[str, Any]:
+    return {"thread_id": row[0], "checkpoint_ns": row[1], "checkpoint_id": row[2]}
+
+
+def _corrupt(what: str, row: Row, cause: BaseException, **more: Any) -> CorruptRecordError:
+    """The error for a stored ``what`` of ``row`` that does not decode."""
+    return CorruptRecordError(what, location={**_where(row), **more}, cause=cause)
+
+
+def decode_metadata(text: str, **where: Any) -> dict[str, Any]:
+    """A checkpoint's stored metadata, which must be a JSON object."""
+    try:
+        metadata = json.loads(text)
+    except Exception as exc:
+        raise CorruptRecordError("metadata", location=where, cause=exc) from exc
+    if not isinstance(metadata, dict):
+        raise CorruptRecordError(
+            "metadata", location=where, cause=TypeError(f"decoded to {type(metadata).__name__}")
+        )
+    return metadata
+
+
+__all__ = ["decode_metadata", "decode_tuple", "fetch_page", "fetch_tuple"]
