@@ -29,6 +29,9 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without an editable in
 # fixtures, and the helper to make fresh schemas
 from pg_server import afresh_dsn, pg_dsn, pg_server_dsn, server_tmp_dir  # noqa: E402, F401
 
+# the slow files first, and work stealing between xdist workers (see scheduling.py)
+from scheduling import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: E402, F401
+
 # --- Hypothesis profiles ------------------------------------------------------------
 #
 # ``ci`` (chosen when the CI environment variable is set, as .ci/run does): derandomized,
