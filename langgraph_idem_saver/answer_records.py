@@ -41,8 +41,8 @@ class AnswerRecords(LedgerPolicy):
         *,
         owner: str,
         lease_seconds: float,
-        result_type: str,
-        result: bytes,
+        result_type: str | None,
+        result: bytes | None,
     ) -> tuple[bool, LedgerEntry]:
         """Insert ``intent`` as a ``completed`` entry holding ``result``, in one commit
         (durable as a claim's); (True, that entry) - or, when its key is taken, (False,

@@ -24,8 +24,11 @@ the key: under durability ``"exit"`` the re-run starts from a new checkpoint. A
 time-travel fork runs at another step, so it is another position and asks anew.
 
 The record is an ordinary ledger entry: read first (a step seen before is answered from
-it), written after the model returned - claimed and completed back to back, so a crash
-during the model call leaves nothing behind - and removed with its thread.
+it), written after the model returned - so a crash during the model call leaves nothing
+behind - and removed with its thread. A model call is not a side effect, so nothing is
+claimed before it: on the PostgreSQL saver the record is one ``completed`` entry inserted
+in one commit (``answer_records``; a record another run wrote first is read back and
+wins); on other ledgers a claim and its outcome, written back to back.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from pydantic import BaseModel
 
+from langgraph_idem_saver.answer_records import AnswerRecords
 from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.engine.forks import fork_point
 from langgraph_idem_saver.engine.loops import on_loop, run_private, running_loop
@@ -379,19 +383,30 @@ class ModelRecorder:
     async def _arecord(
         self, site: ModelCallSite, answer: T, codec: Codec[T], config: RunnableConfig
     ) -> T:
-        """Claim and complete the record at once (on the ledger's loop). A record another
-        branch wrote first wins: both branches then go on with one answer."""
+        """Write the record (on the ledger's loop): one commit on a ledger that records
+        answers so (``answer_records``: the PostgreSQL saver), else a claim completed at
+        once. A record another branch wrote first wins: both branches then go on with
+        one answer."""
         ledger = site.ledger
         result_type, blob = dumps(ledger.serde, codec.encode(answer), "a model call")
         run = config.get("run_id") or config.get("metadata", {}).get("run_id")
         owner = self.owner
-        [claim] = await ledger.aclaim(
-            [site.intent(None if run is None else str(run))],
-            owner=owner,
-            lease_seconds=self.lease_seconds,
-        )
-        entry = claim.entry
-        if not claim.claimed:
+        intent = site.intent(None if run is None else str(run))
+        if isinstance(ledger, AnswerRecords):
+            recorded, entry = await ledger.arecord_answer(
+                intent,
+                owner=owner,
+                lease_seconds=self.lease_seconds,
+                result_type=result_type,
+                result=blob,
+            )
+            if recorded:
+                self.counts.recorded += 1
+                return answer
+        else:
+            [claim] = await ledger.aclaim([intent], owner=owner, lease_seconds=self.lease_seconds)
+            recorded, entry = claim.claimed, claim.entry
+        if not recorded:
             if entry.status is CallStatus.ISSUED and not entry.is_unknown():
                 # another branch claimed it an instant ago: its outcome follows at once
                 entry = await self._arecorded(site) or entry

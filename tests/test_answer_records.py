@@ -99,3 +99,36 @@ async def test_args_are_sealed_when_the_serializer_encrypts(pg_dsn: str) -> None
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         row = conn.execute("SELECT args FROM idem_tool_calls WHERE key = 'k'").fetchone()
     assert row is not None and bytes(row[0]).startswith(SEALED_ARGS)
+
+
+async def test_an_answer_commits_after_the_wal_flush(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record's transaction keeps the session's ``synchronous_commit`` (on), as a
+    claim's does: committed, the answer survives a server crash (observed inside the
+    statement's transaction, on a connection not in autocommit)."""
+    inside: list[str] = []
+    original = psycopg.AsyncCursor.execute
+
+    async def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await original(self, query, *args, **kwargs)
+        if "INSERT INTO idem_tool_calls" in str(query):
+            async with self.connection.cursor() as other:  # the same transaction
+                await original(other, "SHOW synchronous_commit")
+                row = await other.fetchone()
+                inside.append(row[0] if row else "")
+        return result
+
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=False) as conn:
+        await conn.execute("SET synchronous_commit = on")
+        await conn.commit()
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", execute)
+        recorded, _ = await saver.arecord_answer(
+            intent(), owner="me", lease_seconds=60, result_type="bytes", result=ANSWER
+        )
+        monkeypatch.undo()
+        await conn.rollback()  # nothing left open: the record was committed by itself
+        assert recorded and inside == ["on"]
+        assert await saver.aget_entry("t", "k") is not None
