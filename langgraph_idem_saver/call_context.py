@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextvars
 import hashlib
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from langgraph_idem_saver import telemetry
@@ -125,12 +124,7 @@ class in_call:  # a context manager, named as one
             self.span = telemetry.tool_span(self.batch, self.plan)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if self.span is not None:
             self.span.end(exc)
             self.span = None

@@ -8,7 +8,8 @@ each is one line, ``get_tuple = blocking(IdemSaverBase.aget_tuple)``, whose type
 (``ParamSpec``) is the target's, so mypy checks callers as before and a change of the
 target's signature changes the forwarder with it.
 
-The owner class says where calls go by implementing :class:`Bridged`.
+The owner class says where calls go by implementing :class:`Hops` (async forwarders) or
+:class:`Bridged` (sync ones too).
 """
 
 from __future__ import annotations
@@ -21,21 +22,19 @@ R = TypeVar("R")
 T = TypeVar("T")
 Y = TypeVar("Y")
 M = TypeVar("M")  # what a forwarder is on an instance
-F = TypeVar("F", bound="_Forwarder[Any]")
+H = TypeVar("H")  # what it needs of the instance: Hops or Bridged
+F = TypeVar("F", bound="_Forwarder[Any, Any]")
 
 # items fetched per hop when iterating an async generator from elsewhere (``list``,
 # a sync saver's ``alist``): the async savers read pages of 100
 LIST_CHUNK = 100
 
 
-class Bridged(Protocol):
-    """What a class with forwarded methods provides."""
+class Hops(Protocol):
+    """What a class with forwarded async methods provides."""
 
     def _bridge_target(self) -> Any:
         """The object whose ``a``-methods do the work."""
-
-    def _run_blocking(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` where the target lives and wait for its result (sync methods)."""
 
     async def _run_hopping(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` where the target lives, from any loop (async methods)."""
@@ -44,10 +43,17 @@ class Bridged(Protocol):
         """Whether nothing can run where the target lives any more (skip cleanup)."""
 
 
-class _Forwarder(Generic[M]):
+class Bridged(Hops, Protocol):
+    """What a class with forwarded sync methods provides as well."""
+
+    def _run_blocking(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` where the target lives and wait for its result (sync methods)."""
+
+
+class _Forwarder(Generic[M, H]):
     """A class attribute naming the target's method ``method.__name__``. Read on the
-    class it is itself; read on an instance, the target's method as ``_wrap`` makes it
-    run (``M``: its type there), presented as the target's."""
+    class it is itself; read on an instance (``H``: what it must provide), the target's
+    method as ``_wrap`` makes it run (``M``: its type there), presented as the target's."""
 
     def __init__(self, method: Callable[..., Any]) -> None:
         self.target_name = method.__name__
@@ -57,20 +63,20 @@ class _Forwarder(Generic[M]):
     def __get__(self: F, obj: None, owner: type) -> F: ...
 
     @overload
-    def __get__(self, obj: Bridged, owner: type | None = None) -> M: ...
+    def __get__(self, obj: H, owner: type | None = None) -> M: ...
 
-    def __get__(self, obj: Bridged | None, owner: type | None = None) -> Any:
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
         method = getattr(obj._bridge_target(), self.target_name)
         return _like(self._wrap(obj, method), method)
 
-    def _wrap(self, obj: Bridged, method: Any) -> M:
+    def _wrap(self, obj: H, method: Any) -> M:
         """``method`` (the target's, bound) as the owner's method runs it."""
         raise NotImplementedError
 
 
-class blocking(_Forwarder[Callable[P, R]]):
+class blocking(_Forwarder[Callable[P, R], Bridged]):
     """A sync method running the target's async ``method`` (``get_tuple`` from
     ``aget_tuple``) through the owner's ``_run_blocking``."""
 
@@ -84,7 +90,7 @@ class blocking(_Forwarder[Callable[P, R]]):
         return call
 
 
-class hopping(_Forwarder[Callable[P, Coroutine[Any, Any, R]]]):
+class hopping(_Forwarder[Callable[P, Coroutine[Any, Any, R]], Hops]):
     """An async method awaiting the target's ``method`` of the same name through the
     owner's ``_run_hopping`` (on the target's loop)."""
 
@@ -92,7 +98,7 @@ class hopping(_Forwarder[Callable[P, Coroutine[Any, Any, R]]]):
         super().__init__(method)
 
     def _wrap(
-        self, obj: Bridged, method: Callable[P, Coroutine[Any, Any, R]]
+        self, obj: Hops, method: Callable[P, Coroutine[Any, Any, R]]
     ) -> Callable[P, Coroutine[Any, Any, R]]:
         async def call(*args: P.args, **kwargs: P.kwargs) -> R:
             return await obj._run_hopping(method(*args, **kwargs))
@@ -100,7 +106,7 @@ class hopping(_Forwarder[Callable[P, Coroutine[Any, Any, R]]]):
         return call
 
 
-class paging(_Forwarder[Callable[P, Iterator[Y]]]):
+class paging(_Forwarder[Callable[P, Iterator[Y]], Bridged]):
     """A sync iterator over the target's async generator (``list`` from ``alist``),
     fetched lazily ``LIST_CHUNK`` items per hop: nothing is held between pages, so the
     caller may write while iterating."""
@@ -126,14 +132,14 @@ class paging(_Forwarder[Callable[P, Iterator[Y]]]):
         return call
 
 
-class relaying(_Forwarder[Callable[P, AsyncIterator[Y]]]):
+class relaying(_Forwarder[Callable[P, AsyncIterator[Y]], Hops]):
     """An async generator over the target's, fetched ``LIST_CHUNK`` items per hop."""
 
     def __init__(self, method: Callable[Concatenate[Any, P], AsyncIterator[Y]]) -> None:
         super().__init__(method)
 
     def _wrap(
-        self, obj: Bridged, method: Callable[P, AsyncIterator[Y]]
+        self, obj: Hops, method: Callable[P, AsyncIterator[Y]]
     ) -> Callable[P, AsyncIterator[Y]]:
         async def call(*args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Y]:
             agen = cast(AsyncGenerator[Y, None], method(*args, **kwargs))

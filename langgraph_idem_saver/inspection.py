@@ -18,6 +18,7 @@ keeps its attempt count.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import os
@@ -184,20 +185,16 @@ async def aresolve_unknown(
             status="error",
         )
         status = CallStatus.FAILED
-    serde = ledger.serde
-    result_type, data = serde.dumps_typed(message)
-    now = time.time()
-    settled = await ledger.aoperator_update(
+    result_type, data = ledger.serde.dumps_typed(message)
+    rewritten = dataclasses.replace(
         current,
         status=status,
-        owner=current.owner,
-        lease_expires_at=current.lease_expires_at,
         result_type=result_type,
         result=data,
         error=err,
-        finished_at=now,
-        event=event,
+        finished_at=time.time(),
     )
+    settled = await ledger.aoperator_update(current, rewritten, event)
     if settled is None:
         raise LedgerStateError(f"entry {entry.key[:12]} changed while being settled")
     return settled
@@ -231,17 +228,16 @@ async def _aapprove_rerun(
 ) -> LedgerEntry:
     """Mark the entry "issued, approved for a re-run": its lease is over and its owner
     says so, so the next resume reclaims it (attempts + 1) and runs the tool unasked."""
-    approved = await ledger.aoperator_update(
+    rewritten = dataclasses.replace(
         current,
         status=CallStatus.ISSUED,
         owner=f"{RERUN_APPROVED}{uuid.uuid4().hex[:12]}",
         lease_expires_at=0.0,
         result_type=None,
         result=None,
-        error=current.error,
         finished_at=None,
-        event=event,
     )
+    approved = await ledger.aoperator_update(current, rewritten, event)
     if approved is None:
         raise LedgerStateError(f"entry {current.key[:12]} changed while being released")
     return approved

@@ -341,19 +341,12 @@ class ToolCallLedger(ABC):
 
     @abstractmethod
     async def areclaim(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        lease_seconds: float,
-        expected_attempts: int,
-        expected_owner: str,
+        self, entry: LedgerEntry, *, owner: str, lease_seconds: float
     ) -> LedgerEntry | None:
-        """Take over an ``issued`` entry whose outcome is settled as "did not happen".
+        """Take over ``entry``, ``issued`` and its outcome settled as "did not happen".
 
         Atomically bumps ``attempts``, sets the new owner and lease, and returns the
-        row; returns None when the row changed since it was read (``attempts`` or
+        row; returns None when the row changed since ``entry`` was read (``attempts`` or
         ``owner`` differ, or it is no longer ``issued``) - another process got there
         first. Both are checked: a key released and claimed afresh starts again at
         attempt 1, but owners never repeat.
@@ -415,39 +408,26 @@ class ToolCallLedger(ABC):
         before fork slots: they have none, so nothing is found."""
         return []
 
-    async def afind_step_candidates(
-        self,
-        scope: str,
-        agent_path: str,
-        signatures: Sequence[tuple[str, str]],
-        spots: Sequence[tuple[str, str]],
-    ) -> StepCandidates:
+    async def afind_step_candidates(self, lookup: StepLookup) -> StepCandidates:
         """Both look-ups of orphan adoption for a whole step: ``afind_orphans`` of every
-        (tool, args hash) in ``signatures`` and ``afind_at_position`` of every (position,
-        tool) in ``spots``. The savers answer in one read, so a step's ledger cost does
-        not grow with its number of calls; this default (for ledgers written before it)
-        makes one read per signature and spot."""
-        by_signature = {
-            s: await self.afind_orphans(scope, agent_path, *s) for s in dict.fromkeys(signatures)
-        }
-        at_position = {s: await self.afind_at_position(scope, *s) for s in dict.fromkeys(spots)}
+        (tool, args hash) in ``lookup.signatures`` and ``afind_at_position`` of every
+        (position, tool) in ``lookup.spots``. The savers answer in one read, so a step's
+        ledger cost does not grow with its number of calls; this default (for ledgers
+        written before it) makes one read per signature and spot."""
+        scope, path = lookup.scope, lookup.agent_path
+        signatures, spots = dict.fromkeys(lookup.signatures), dict.fromkeys(lookup.spots)
+        by_signature = {s: await self.afind_orphans(scope, path, *s) for s in signatures}
+        at_position = {s: await self.afind_at_position(scope, *s) for s in spots}
         return StepCandidates(by_signature, at_position)
 
     async def aclaim_step(
-        self,
-        intents: Sequence[CallIntent],
-        lookup: StepLookup,
-        *,
-        owner: str,
-        lease_seconds: float,
+        self, intents: Sequence[CallIntent], lookup: StepLookup, *, owner: str, lease_seconds: float
     ) -> StepClaim:
         """A step's adoption read and, when it finds nothing (the common case), its
         claim: ``afind_step_candidates`` then ``aclaim``. The savers do both in one round
         trip (one statement, or one transaction), so a fresh step costs one trip to the
         database before its tools run; this default (for other ledgers) makes two."""
-        found = await self.afind_step_candidates(
-            lookup.scope, lookup.agent_path, lookup.signatures, lookup.spots
-        )
+        found = await self.afind_step_candidates(lookup)
         if found.any():
             return StepClaim(found, None)
         claimed = await self.aclaim(intents, owner=owner, lease_seconds=lease_seconds)
@@ -466,38 +446,19 @@ class ToolCallLedger(ABC):
         re-run by an operator."""
 
     @abstractmethod
-    async def aresolve(
-        self,
-        scope: str,
-        key: str,
-        *,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None,
-        expected_attempts: int,
-        expected_owner: str,
-    ) -> LedgerEntry | None:
-        """Settle an unknown outcome by hand (operator or human-in-the-loop).
+    async def aresolve(self, entry: LedgerEntry, outcome: Outcome) -> LedgerEntry | None:
+        """Settle ``entry``'s unknown outcome by hand (operator or human-in-the-loop).
 
         Returns None if the row is not ``issued`` any more, or its ``attempts`` or
-        ``owner`` changed since it was read.
+        ``owner`` changed since ``entry`` was read.
         """
 
     async def aoperator_update(
-        self,
-        entry: LedgerEntry,
-        *,
-        status: CallStatus,
-        owner: str,
-        lease_expires_at: float,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None,
-        finished_at: float | None,
-        event: dict[str, Any],
+        self, entry: LedgerEntry, rewritten: LedgerEntry, event: dict[str, Any]
     ) -> LedgerEntry | None:
-        """Rewrite an entry as an operator decided, appending ``event`` to its audit trail.
+        """Rewrite ``entry`` as an operator decided - its status, owner, lease, result,
+        error and finish time as in ``rewritten`` (``dataclasses.replace(entry, ...)``)
+        - appending ``event`` to its audit trail.
 
         Guarded by what the operator looked at: only applies while the row still has
         ``entry``'s status, attempts and owner (None otherwise). ``attempts`` is never

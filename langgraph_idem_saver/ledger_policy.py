@@ -34,7 +34,6 @@ from langgraph_idem_saver.backend import (
 from langgraph_idem_saver.errors import LedgerStateError
 from langgraph_idem_saver.ledger import (
     CallIntent,
-    CallStatus,
     ClaimOutcome,
     LedgerEntry,
     Outcome,
@@ -143,12 +142,7 @@ class LedgerPolicy(ToolCallLedger):
         return await self._insert_claims(self._claims(intents, owner, lease_seconds))
 
     async def aclaim_step(
-        self,
-        intents: Sequence[CallIntent],
-        lookup: StepLookup,
-        *,
-        owner: str,
-        lease_seconds: float,
+        self, intents: Sequence[CallIntent], lookup: StepLookup, *, owner: str, lease_seconds: float
     ) -> StepClaim:
         claims = self._claims(intents, owner, lease_seconds)
         found, claimed = await self._claim_unless_found(claims, lookup)
@@ -198,17 +192,10 @@ class LedgerPolicy(ToolCallLedger):
         """Whether ``_finish_soon``'s answer says the guard matched (or its error, raised)."""
 
     async def areclaim(
-        self,
-        scope: str,
-        key: str,
-        *,
-        owner: str,
-        lease_seconds: float,
-        expected_attempts: int,
-        expected_owner: str,
+        self, entry: LedgerEntry, *, owner: str, lease_seconds: float
     ) -> LedgerEntry | None:
-        now = time.time()
-        params = (owner, now, now + lease_seconds, scope, key, expected_attempts, expected_owner)
+        now, scope, key = time.time(), entry.scope, entry.key
+        params = (owner, now, now + lease_seconds, scope, key, entry.attempts, entry.owner)
         reclaim = Guarded(self._sql.RECLAIM_ENTRY, params, scope, key, before_tool_runs=True)
         return await self._guarded_update(reclaim)
 
@@ -245,18 +232,11 @@ class LedgerPolicy(ToolCallLedger):
             self._sql.SELECT_AT_POSITION, (scope, position, tool_name)
         )
 
-    async def afind_step_candidates(
-        self,
-        scope: str,
-        agent_path: str,
-        signatures: Sequence[tuple[str, str]],
-        spots: Sequence[tuple[str, str]],
-    ) -> StepCandidates:
+    async def afind_step_candidates(self, lookup: StepLookup) -> StepCandidates:
         """One read for the whole step (``SELECT_STEP_CANDIDATES``): the signatures and
         spots go as JSON arrays, the one list parameter both dialects can bind."""
-        params = step_params(StepLookup(scope, agent_path, list(signatures), list(spots)))
-        found = await self._select_entries(self._sql.SELECT_STEP_CANDIDATES, params)
-        return StepCandidates.sorted_out(found, agent_path, signatures, spots)
+        found = await self._select_entries(self._sql.SELECT_STEP_CANDIDATES, step_params(lookup))
+        return StepCandidates.sorted_out(found, lookup.agent_path, lookup.signatures, lookup.spots)
 
     async def alist_entries(
         self, thread_id: str | None = None, *, agent_path: str | None = None
@@ -279,62 +259,24 @@ class LedgerPolicy(ToolCallLedger):
         return [e for e in issued if e.is_unknown(at) and not e.rerun_approved()]
 
     async def aoperator_update(
-        self,
-        entry: LedgerEntry,
-        *,
-        status: CallStatus,
-        owner: str,
-        lease_expires_at: float,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None,
-        finished_at: float | None,
-        event: dict[str, Any],
+        self, entry: LedgerEntry, rewritten: LedgerEntry, event: dict[str, Any]
     ) -> LedgerEntry | None:
         history = json.dumps([*entry.events(), event], ensure_ascii=False, default=str)
+        new = rewritten
         params = (
-            status.value,
-            owner,
-            lease_expires_at,
-            result_type,
-            result,
-            self.ledger_error(error),
-            finished_at,
-            history,
-            entry.scope,
-            entry.key,
-            entry.status.value,
-            entry.attempts,
-            entry.owner,
-        )
+            new.status.value, new.owner, new.lease_expires_at, new.result_type, new.result,
+            self.ledger_error(new.error), new.finished_at, history,
+            entry.scope, entry.key, entry.status.value, entry.attempts, entry.owner,
+        )  # fmt: skip
         update = Guarded(self._sql.OPERATOR_UPDATE, params, entry.scope, entry.key)
         return await self._guarded_update(update)
 
-    async def aresolve(
-        self,
-        scope: str,
-        key: str,
-        *,
-        status: CallStatus,
-        result_type: str | None,
-        result: bytes | None,
-        error: str | None,
-        expected_attempts: int,
-        expected_owner: str,
-    ) -> LedgerEntry | None:
-        if status is CallStatus.ISSUED:
-            raise ValueError("aresolve settles an outcome: status must be completed or failed")
+    async def aresolve(self, entry: LedgerEntry, outcome: Outcome) -> LedgerEntry | None:
+        scope, key = entry.scope, entry.key
         params = (
-            status.value,
-            result_type,
-            result,
-            self.ledger_error(error),
-            time.time(),
-            scope,
-            key,
-            expected_attempts,
-            expected_owner,
-        )
+            outcome.status.value, outcome.result_type, outcome.result,
+            self.ledger_error(outcome.error), time.time(), scope, key, entry.attempts, entry.owner,
+        )  # fmt: skip
         return await self._guarded_update(Guarded(self._sql.RESOLVE_ENTRY, params, scope, key))
 
     async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:

@@ -416,14 +416,7 @@ class ModelRecorder:
             if entry.status is not CallStatus.ISSUED or not entry.is_unknown():
                 self.counts.unrecorded += 1
                 return answer  # the other writer did not finish in wait_seconds
-            taken = await ledger.areclaim(
-                site.scope,
-                site.key,
-                owner=owner,
-                lease_seconds=self.lease_seconds,
-                expected_attempts=entry.attempts,
-                expected_owner=entry.owner,
-            )
+            taken = await ledger.areclaim(entry, owner=owner, lease_seconds=self.lease_seconds)
             if taken is None:
                 self.counts.unrecorded += 1
                 return answer

@@ -27,23 +27,22 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.engine.loops import awaiting, on_loop, running_loop
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
-from langgraph_idem_saver.ledger import Outcome, ToolCallLedger
+from langgraph_idem_saver.forwarding import hopping
 from langgraph_idem_saver.retention import RetentionBase
 from langgraph_idem_saver.saver_base import IdemSaverBase
 from langgraph_idem_saver.sqlite.connection import Synchronous
 from langgraph_idem_saver.sqlite.files import parse_target
 from langgraph_idem_saver.surrogates import lossless
-from langgraph_idem_saver.sync_bridge import _Runtime
+from langgraph_idem_saver.sync_bridge import ForwardedLedger, _Runtime
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -52,8 +51,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ToolLedger"]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 T = TypeVar("T")
 
 _URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -93,35 +90,34 @@ def backend_of(conn_string: object) -> str:
     return "sqlite"
 
 
-class _LedgerMethod(Generic[P, R]):
-    """A ledger method of :class:`ToolLedger`: the inner saver's method of the same name,
-    awaited where that saver lives, once it is open (opened on first use)."""
+class _OnFirstUse:
+    """The saver's methods before the ledger is open (``ToolLedger._bridge_target``):
+    each opens it - in a worker thread, so the loop never waits - then awaits the
+    saver's method where it lives."""
 
-    def __init__(self, method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> None:
-        self.name = method.__name__
-        self.__doc__ = method.__doc__
+    __slots__ = ("_ledger",)
 
-    @overload
-    def __get__(self, obj: None, owner: type) -> _LedgerMethod[P, R]: ...
+    def __init__(self, ledger: ToolLedger) -> None:
+        self._ledger = ledger
 
-    @overload
-    def __get__(
-        self, obj: ToolLedger, owner: type | None = None
-    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    def __getattr__(self, name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
+        ledger = self._ledger
 
-    def __get__(self, obj: ToolLedger | None, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        name = self.name
-
-        async def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            saver = await obj._aready()
-            result: R = await obj._hop(getattr(saver, name)(*args, **kwargs))
-            return result
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            saver = await ledger._aready()
+            return await ledger._hop(awaiting(getattr(saver, name), *args, **kwargs))
 
         call.__name__ = call.__qualname__ = name
-        call.__doc__ = self.__doc__
         return call
+
+
+class _Itself:
+    """A class attribute read as the class: ``ToolLedger.from_conn_string(...)`` is
+    ``ToolLedger(...)`` (same arguments, same checks), named as LangGraph's savers name
+    their constructor."""
+
+    def __get__(self, obj: object, owner: type[T]) -> type[T]:
+        return owner
 
 
 S = TypeVar("S", bound=IdemSaverBase)
@@ -174,7 +170,7 @@ def _closed_error() -> ConnectionClosedError:
     )
 
 
-class ToolLedger(ToolCallLedger):
+class ToolLedger(ForwardedLedger):
     """A tool-call ledger on a database of its own, for a graph whose checkpointer is not
     one of our savers: pass it as ``ledger=`` to ``IdempotentToolNode``,
     ``IdempotencyMiddleware`` or ``idempotent_task``.
@@ -217,19 +213,7 @@ class ToolLedger(ToolCallLedger):
         self._stack: AsyncExitStack | None = None  # opened on the caller's loop
         self._closed = False
 
-    @classmethod
-    def from_conn_string(
-        cls,
-        conn_string: str,
-        *,
-        serde: SerializerProtocol | None = None,
-        synchronous: Synchronous = "EXTRA",
-        busy_timeout: float = 5.0,
-    ) -> ToolLedger:
-        """``ToolLedger(conn_string, ...)``, named as LangGraph's savers name theirs; use it
-        as is, or with ``async with`` / ``with`` to choose where it opens and when it
-        closes."""
-        return cls(conn_string, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout)
+    from_conn_string = _Itself()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._saver is not None else "not open"
@@ -337,15 +321,33 @@ class ToolLedger(ToolCallLedger):
         return saver
 
     async def _hop(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` where the saver lives."""
+        """Await ``coro`` where the saver lives; before it is open, here (``coro`` is
+        then ``_OnFirstUse``'s, which opens it and hops there itself)."""
         runtime = self._runtime
         if runtime is not None:
             return await runtime.hop(coro)
         saver = self._saver
-        if saver is None:
+        if saver is not None:
+            return await on_loop(saver.loop, coro)
+        if self._closed:
             coro.close()
             raise _closed_error()
-        return await on_loop(saver.loop, coro)
+        return await coro
+
+    # --- where the ledger's methods go (sync_bridge.ForwardedLedger) ----------------------
+
+    def _bridge_target(self) -> IdemSaverBase:
+        saver = self._saver
+        if saver is not None:
+            return saver
+        if self._closed:
+            raise _closed_error()
+        return cast(IdemSaverBase, _OnFirstUse(self))
+
+    _run_hopping = _hop
+
+    def _bridge_closed(self) -> bool:
+        return self._closed
 
     # --- lifetime ----------------------------------------------------------------------
 
@@ -387,60 +389,19 @@ class ToolLedger(ToolCallLedger):
         await self.aopen()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     def __enter__(self) -> Self:
         self.open()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # --- the ledger (ToolCallLedger), the inner saver's -----------------------------------
+    # --- the ledger: ForwardedLedger's methods, and the thread's ledger rows ----------------
 
-    aclaim = _LedgerMethod(IdemSaverBase.aclaim)
-    aclaim_step = _LedgerMethod(IdemSaverBase.aclaim_step)
-    areclaim = _LedgerMethod(IdemSaverBase.areclaim)
-    arelease = _LedgerMethod(IdemSaverBase.arelease)
-    aabandon = _LedgerMethod(IdemSaverBase.aabandon)
-    aadopt = _LedgerMethod(IdemSaverBase.aadopt)
-    aget_entry = _LedgerMethod(IdemSaverBase.aget_entry)
-    afind_orphans = _LedgerMethod(IdemSaverBase.afind_orphans)
-    afind_at_position = _LedgerMethod(IdemSaverBase.afind_at_position)
-    afind_step_candidates = _LedgerMethod(IdemSaverBase.afind_step_candidates)
-    alist_entries = _LedgerMethod(IdemSaverBase.alist_entries)
-    alist_issued = _LedgerMethod(IdemSaverBase.alist_issued)
-    alist_unknown = _LedgerMethod(IdemSaverBase.alist_unknown)
-    aresolve = _LedgerMethod(IdemSaverBase.aresolve)
-    aoperator_update = _LedgerMethod(IdemSaverBase.aoperator_update)
-    anote_replay = _LedgerMethod(IdemSaverBase.anote_replay)
-
-    # the thread's ledger rows, for a thread the checkpointer copied or deleted (it does
-    # not know this database): the saver's own methods, over a database with no checkpoint
-    acopy_thread = _LedgerMethod(IdemSaverBase.acopy_thread)
-    adelete_thread = _LedgerMethod(IdemSaverBase.adelete_thread)
-
-    def record_outcome(
-        self, scope: str, key: str, *, owner: str, outcome: Outcome
-    ) -> Awaitable[None]:
-        """The saver's own (its group commit) when called on its loop; from another
-        loop, started now in a task that hops there."""
-        saver = self._saver
-        if saver is None:  # a claim came first, so it was open: closed since
-            raise _closed_error()
-        record = saver.record_outcome
-        if running_loop() is self.loop:
-            return record(scope, key, owner=owner, outcome=outcome)
-        started = awaiting(record, scope, key, owner=owner, outcome=outcome)
-        return asyncio.ensure_future(self._hop(started))
+    # for a thread the checkpointer copied or deleted (it does not know this database): the
+    # saver's own methods, over a database with no checkpoint
+    acopy_thread = hopping(IdemSaverBase.acopy_thread)
+    adelete_thread = hopping(IdemSaverBase.adelete_thread)

@@ -53,19 +53,12 @@ import copy
 import logging
 import threading
 import weakref
-from collections.abc import (
-    Awaitable,
-    Callable,
-    Collection,
-    Coroutine,
-)
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from contextlib import AsyncExitStack
-from types import TracebackType
 from typing import Any, Generic, TypeVar, cast
 
-from langgraph.checkpoint.base import (
-    BaseCheckpointSaver,
-)
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.engine.loops import awaiting, on_loop, running_loop
@@ -207,10 +200,53 @@ def _closed_error() -> ConnectionClosedError:
     )
 
 
-class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
+class ForwardedLedger(ToolCallLedger):
+    """The ledger of a saver living on another loop, method for method: the sync savers'
+    (their async saver, on a private loop) and ``ToolLedger``'s. Each method is the
+    saver's, awaited where it lives (``forwarding.hopping``, through the class's
+    ``_bridge_target`` and ``_run_hopping``), so the two cannot drift apart."""
+
+    @abstractmethod
+    def _bridge_target(self) -> IdemSaverBase:
+        """The saver doing the work."""
+
+    @abstractmethod
+    async def _run_hopping(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the saver's loop."""
+
+    aclaim = hopping(IdemSaverBase.aclaim)
+    aclaim_step = hopping(IdemSaverBase.aclaim_step)
+    areclaim = hopping(IdemSaverBase.areclaim)
+    arelease = hopping(IdemSaverBase.arelease)
+    aabandon = hopping(IdemSaverBase.aabandon)
+    aadopt = hopping(IdemSaverBase.aadopt)
+    aget_entry = hopping(IdemSaverBase.aget_entry)
+    afind_orphans = hopping(IdemSaverBase.afind_orphans)
+    afind_at_position = hopping(IdemSaverBase.afind_at_position)
+    afind_step_candidates = hopping(IdemSaverBase.afind_step_candidates)
+    alist_entries = hopping(IdemSaverBase.alist_entries)
+    alist_issued = hopping(IdemSaverBase.alist_issued)
+    alist_unknown = hopping(IdemSaverBase.alist_unknown)
+    aresolve = hopping(IdemSaverBase.aresolve)
+    aoperator_update = hopping(IdemSaverBase.aoperator_update)
+    anote_replay = hopping(IdemSaverBase.anote_replay)
+
+    def record_outcome(
+        self, scope: str, key: str, *, owner: str, outcome: Outcome
+    ) -> Awaitable[None]:
+        """The saver's own (its group commit) on its loop; from another loop, started
+        now in a task that hops there."""
+        record = self._bridge_target().record_outcome
+        if running_loop() is self.loop:
+            return record(scope, key, owner=owner, outcome=outcome)
+        started = awaiting(record, scope, key, owner=owner, outcome=outcome)
+        return asyncio.ensure_future(self._run_hopping(started))
+
+
+class SyncSaverBase(BaseCheckpointSaver[str], ForwardedLedger, Generic[S]):
     """LangGraph's sync checkpointer interface, and the async one, over an async saver ``S``
-    that runs on a private loop (see the module docstring). Also a :class:`ToolCallLedger`,
-    so the front doors find it as the graph's checkpointer.
+    that runs on a private loop (see the module docstring). Also a :class:`ToolCallLedger`
+    (:class:`ForwardedLedger`), so the front doors find it as the graph's checkpointer.
 
     Attributes:
         saver: the async saver doing the work (use it only through this object's methods
@@ -264,12 +300,7 @@ class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
     def __enter__(self: Saver) -> Saver:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -347,34 +378,5 @@ class SyncSaverBase(BaseCheckpointSaver[str], ToolCallLedger, Generic[S]):
     aprune = hopping(IdemSaverBase.aprune)
     aget_delta_channel_history = hopping(IdemSaverBase.aget_delta_channel_history)
 
-    # --- the ledger (async, as the engine drives it; on the saver's loop) ----------------
-
-    aclaim = hopping(IdemSaverBase.aclaim)
-    aclaim_step = hopping(IdemSaverBase.aclaim_step)
-    areclaim = hopping(IdemSaverBase.areclaim)
-    arelease = hopping(IdemSaverBase.arelease)
-    aabandon = hopping(IdemSaverBase.aabandon)
-    aadopt = hopping(IdemSaverBase.aadopt)
-    aget_entry = hopping(IdemSaverBase.aget_entry)
-    afind_orphans = hopping(IdemSaverBase.afind_orphans)
-    afind_step_candidates = hopping(IdemSaverBase.afind_step_candidates)
-    alist_entries = hopping(IdemSaverBase.alist_entries)
-    alist_issued = hopping(IdemSaverBase.alist_issued)
-    alist_unknown = hopping(IdemSaverBase.alist_unknown)
-    aresolve = hopping(IdemSaverBase.aresolve)
-    aoperator_update = hopping(IdemSaverBase.aoperator_update)
-    anote_replay = hopping(IdemSaverBase.anote_replay)
-
     alist = relaying(IdemSaverBase.alist)
     list = paging(IdemSaverBase.alist)
-
-    def record_outcome(
-        self, scope: str, key: str, *, owner: str, outcome: Outcome
-    ) -> Awaitable[None]:
-        """The async saver's own (its group commit) on its loop; from another loop,
-        started now in a task that hops there."""
-        record = self.saver.record_outcome
-        if running_loop() is self.loop:
-            return record(scope, key, owner=owner, outcome=outcome)
-        started = awaiting(record, scope, key, owner=owner, outcome=outcome)
-        return asyncio.ensure_future(self._hop(started))

@@ -169,16 +169,7 @@ async def test_sigkill_during_ledger_commits(db: Db) -> None:
                     assert e.status is CallStatus.COMPLETED, e.key
                 if e.status is CallStatus.ISSUED:
                     assert (e.scope, e.key) in unknown  # dead owner: unknown at once
-                    settled = await saver.aresolve(
-                        e.scope,
-                        e.key,
-                        status=CallStatus.FAILED,
-                        result_type=None,
-                        result=None,
-                        error="settled by operator",
-                        expected_attempts=e.attempts,
-                        expected_owner=e.owner,
-                    )
+                    settled = await saver.aresolve(e, Outcome.failed("settled by operator"))
                     assert settled is not None and settled.status is CallStatus.FAILED
         assert await saver.alist_unknown() == []
     if db.backend == "sqlite":

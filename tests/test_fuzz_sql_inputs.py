@@ -374,13 +374,11 @@ def test_the_adoption_read_of_a_step_finds_what_the_reads_per_call_find(
                 for i, (name, digest, path, at) in enumerate(planted)
             ]
             await saver.aclaim(intents, owner="someone", lease_seconds=60)
-            one = await saver.afind_step_candidates("t", "tools", signatures, spots)
-            per_call = await ToolCallLedger.afind_step_candidates(
-                saver, "t", "tools", signatures, spots
-            )
+            lookup = StepLookup("t", "tools", signatures, spots)
+            one = await saver.afind_step_candidates(lookup)
+            per_call = await ToolCallLedger.afind_step_candidates(saver, lookup)
             assert one == per_call
             if signatures:  # the claim's own read finds the same (and then writes nothing)
-                lookup = StepLookup("t", "tools", signatures, spots)
                 fresh = CallIntent(
                     scope="t", key="new", thread_id="t", agent_path="tools", tool_name="send",
                     args_hash="new", args=b"{}", tool_call_id="new",

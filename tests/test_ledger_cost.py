@@ -107,8 +107,9 @@ async def test_the_one_read_finds_what_the_reads_per_call_find(saver: Any) -> No
     )
     signatures = [("send", "h1"), ("send", "h2"), ("charge", "h9")]
     spots = [("p1", "send"), ("p3", "send")]
-    one_read = await saver.afind_step_candidates("t", "tools", signatures, spots)
-    per_call = await ToolCallLedger.afind_step_candidates(saver, "t", "tools", signatures, spots)
+    lookup = StepLookup("t", "tools", signatures, spots)
+    one_read = await saver.afind_step_candidates(lookup)
+    per_call = await ToolCallLedger.afind_step_candidates(saver, lookup)
     assert one_read == per_call
 
     def keys(found: dict[tuple[str, str], list[Any]]) -> dict[tuple[str, str], list[str]]:
@@ -145,9 +146,7 @@ async def test_a_step_claim_writes_nothing_when_adoption_has_something_to_look_a
     for claim_step in (saver.aclaim_step, partial(ToolCallLedger.aclaim_step, saver)):
         step = await claim_step(again, finds, owner="me", lease_seconds=9)
         assert step.claimed is None
-        assert step.candidates == await saver.afind_step_candidates(
-            "t", "tools", finds.signatures, finds.spots
-        )
+        assert step.candidates == await saver.afind_step_candidates(finds)
         assert [e.key for e in step.candidates.by_signature["send", "h1"]] == ["k0", "k5"]
         assert [e.key for e in step.candidates.at_position["p1", "send"]] == ["k0", "k5"]
         assert sorted(e.key for e in await saver.alist_entries("t")) == ["k0", "k1", "k2", "k5"]

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -460,22 +461,13 @@ def test_an_issued_status_is_not_an_outcome() -> None:
 
 async def test_areclaim_is_guarded_by_attempts_and_owner(saver: Any) -> None:
     entry = await claim_one(saver, "k", owner="deadhost:1:x", lease=0.01)
-    assert (
-        await saver.areclaim(
-            "t", "k", owner=ME, lease_seconds=60, expected_attempts=7, expected_owner="deadhost:1:x"
-        )
-        is None
-    )
-    mine = await saver.areclaim(
-        "t", "k", owner=ME, lease_seconds=60, expected_attempts=1, expected_owner="deadhost:1:x"
-    )
+    assert await saver.areclaim(replace(entry, attempts=7), owner=ME, lease_seconds=60) is None
+    mine = await saver.areclaim(entry, owner=ME, lease_seconds=60)
     assert mine is not None
     assert (mine.attempts, mine.owner, mine.status) == (2, ME, CallStatus.ISSUED)
     assert mine.lease_expires_at > entry.lease_expires_at
     # a second resumer that read the same (attempts == 1) row loses
-    stale = await saver.areclaim(
-        "t", "k", owner=OTHER, lease_seconds=60, expected_attempts=1, expected_owner="deadhost:1:x"
-    )
+    stale = await saver.areclaim(entry, owner=OTHER, lease_seconds=60)
     assert stale is None
     assert (await saver.aget_entry("t", "k")).owner == ME
     # the new owner may finish; the old one may not
@@ -484,12 +476,7 @@ async def test_areclaim_is_guarded_by_attempts_and_owner(saver: Any) -> None:
             "t", "k", owner="deadhost:1:x", outcome=Outcome.completed(None, None)
         )
     await saver.record_outcome("t", "k", owner=ME, outcome=Outcome.completed(None, None))
-    assert (
-        await saver.areclaim(
-            "t", "k", owner=OTHER, lease_seconds=60, expected_attempts=2, expected_owner=ME
-        )
-        is None
-    )
+    assert await saver.areclaim(mine, owner=OTHER, lease_seconds=60) is None
 
 
 async def test_areclaim_from_a_stale_read_cannot_take_a_fresh_live_claim(saver: Any) -> None:
@@ -499,27 +486,13 @@ async def test_areclaim_from_a_stale_read_cannot_take_a_fresh_live_claim(saver: 
     R3's guarded reclaim must not take R4's live claim (R4 would then run it twice)."""
     read_by_r3 = await claim_one(saver, "k", owner="deadhost:1:x", lease=0.01)
     await asyncio.sleep(0.02)
-    r1 = await saver.areclaim(
-        "t",
-        "k",
-        owner="h:1:r1",
-        lease_seconds=60,
-        expected_attempts=1,
-        expected_owner="deadhost:1:x",
-    )
+    r1 = await saver.areclaim(read_by_r3, owner="h:1:r1", lease_seconds=60)
     assert r1 is not None
     assert await saver.arelease("t", "k", owner="h:1:r1")
     r4 = await claim_one(saver, "k", owner="h:4:r4")
     assert r4.attempts == read_by_r3.attempts == 1
 
-    stolen = await saver.areclaim(
-        "t",
-        "k",
-        owner="h:3:r3",
-        lease_seconds=60,
-        expected_attempts=read_by_r3.attempts,
-        expected_owner=read_by_r3.owner,
-    )
+    stolen = await saver.areclaim(read_by_r3, owner="h:3:r3", lease_seconds=60)
     assert stolen is None, "a reclaim based on a stale read took over a live claim"
     assert (await saver.aget_entry("t", "k")).owner == "h:4:r4"
 
@@ -580,57 +553,23 @@ async def test_alist_unknown_lists_claims_of_dead_owners(saver: Any) -> None:
 
 
 async def test_aresolve_is_guarded_by_attempts_and_owner(saver: Any) -> None:
-    await claim_one(saver, "k", owner="deadhost:1:x", lease=0.01)
-    kwargs = {
-        "status": CallStatus.COMPLETED,
-        "result_type": "json",
-        "result": b'"v"',
-        "error": None,
-    }
-    assert (
-        await saver.aresolve("t", "k", expected_attempts=2, expected_owner="deadhost:1:x", **kwargs)
-        is None
-    )
-    await saver.areclaim(
-        "t", "k", owner=ME, lease_seconds=60, expected_attempts=1, expected_owner="deadhost:1:x"
-    )
-    stale = await saver.aresolve(
-        "t", "k", expected_attempts=1, expected_owner="deadhost:1:x", **kwargs
-    )
-    assert stale is None, "stale"
-    with pytest.raises(ValueError):
-        await saver.aresolve(
-            "t",
-            "k",
-            status=CallStatus.ISSUED,
-            result_type=None,
-            result=None,
-            error=None,
-            expected_attempts=2,
-            expected_owner=ME,
-        )
-    settled = await saver.aresolve("t", "k", expected_attempts=2, expected_owner=ME, **kwargs)
+    read = await claim_one(saver, "k", owner="deadhost:1:x", lease=0.01)
+    outcome = Outcome.completed("json", b'"v"')
+    assert await saver.aresolve(replace(read, attempts=2), outcome) is None
+    mine = await saver.areclaim(read, owner=ME, lease_seconds=60)
+    assert mine is not None
+    assert await saver.aresolve(read, outcome) is None, "stale"
+    settled = await saver.aresolve(mine, outcome)
     assert settled is not None
     assert (settled.status, settled.result, settled.attempts) == (CallStatus.COMPLETED, b'"v"', 2)
-    again = await saver.aresolve("t", "k", expected_attempts=2, expected_owner=ME, **kwargs)
-    assert again is None, "settled once"
-    await claim_one(saver, "f", owner="deadhost:1:x", lease=0.01)
-    failed = await saver.aresolve(
-        "t",
-        "f",
-        status=CallStatus.FAILED,
-        result_type=None,
-        result=None,
-        error="operator: no",
-        expected_attempts=1,
-        expected_owner="deadhost:1:x",
-    )
+    assert await saver.aresolve(mine, outcome) is None, "settled once"
+    dead = await claim_one(saver, "f", owner="deadhost:1:x", lease=0.01)
+    failed = await saver.aresolve(dead, Outcome.failed("operator: no"))
     assert failed is not None and (failed.status, failed.error) == (
         CallStatus.FAILED,
         "operator: no",
     )
-    missing = await saver.aresolve("t", "missing", expected_attempts=1, expected_owner=ME, **kwargs)
-    assert missing is None
+    assert await saver.aresolve(replace(mine, key="missing"), outcome) is None
 
 
 async def test_anote_replay_counts_replays_and_conflicts(saver: Any) -> None:

@@ -305,14 +305,7 @@ async def test_stale_answer_from_an_earlier_attempt_is_asked_again(saver: Any) -
     fx = Counter()
     planted = await plant_unknown(saver, intent_for("t", CHARGE))
     # attempt 1 was answered "rerun" and died again: the same call, now attempt 2
-    again = await saver.areclaim(
-        "t",
-        planted.key,
-        owner="deadhost:1:dead2",
-        lease_seconds=0.001,
-        expected_attempts=1,
-        expected_owner=planted.owner,
-    )
+    again = await saver.areclaim(planted, owner="deadhost:1:dead2", lease_seconds=0.001)
     assert again is not None and again.attempts == 2
     await asyncio.sleep(0.01)
     graph = tool_graph(IdempotentToolNode([vendor_tools(fx)]), saver)

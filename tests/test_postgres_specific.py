@@ -15,6 +15,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -917,51 +918,23 @@ async def ledger_script(saver: Any) -> list[Any]:
     await step(saver.record_outcome("t", "k1", owner="a", outcome=Outcome.failed(None)))
     await step(saver.aget_entry("t", "k1"))
     await step(saver.alist_unknown())
+    k3 = await saver.aget_entry("t", "k3")
     for attempts, expected_owner, owner in [
         (2, "b", "c"),
         (1, "x", "c"),
         (1, "b", "c"),
         (1, "b", "d"),
     ]:
-        await step(
-            saver.areclaim(
-                "t",
-                "k3",
-                owner=owner,
-                lease_seconds=60,
-                expected_attempts=attempts,
-                expected_owner=expected_owner,
-            )
-        )
+        seen = replace(k3, attempts=attempts, owner=expected_owner)  # as a caller read it
+        await step(saver.areclaim(seen, owner=owner, lease_seconds=60))
     await step(saver.arelease("t", "k3", owner="x"))
     await step(saver.arelease("t", "k3", owner="c"))
     await step(saver.aget_entry("t", "k3"))
     await step(saver.aclaim([intent("k4", scope="ns:shared")], owner="a", lease_seconds=-5))
     await step(saver.alist_unknown())
-    await step(
-        saver.aresolve(
-            "ns:shared",
-            "k4",
-            status=CallStatus.FAILED,
-            result_type=None,
-            result=None,
-            error="boom",
-            expected_attempts=1,
-            expected_owner="a",
-        )
-    )
-    await step(
-        saver.aresolve(
-            "ns:shared",
-            "k4",
-            status=CallStatus.COMPLETED,
-            result_type=None,
-            result=None,
-            error=None,
-            expected_attempts=1,
-            expected_owner="a",
-        )
-    )
+    k4 = await saver.aget_entry("ns:shared", "k4")
+    await step(saver.aresolve(k4, Outcome.failed("boom")))
+    await step(saver.aresolve(k4, Outcome.completed(None, None)))
     await step(saver.afind_orphans("t", "agent", "charge", "h2"))
     await step(saver.aadopt("t", "k2", tool_call_id="new-call"))
     await step(saver.aadopt("t", "k2", tool_call_id="other-call"))

@@ -80,19 +80,7 @@ async def anote_event(
     if ledger is None:
         return None
     try:
-        return await on_ledger_loop(
-            batch,
-            ledger.aoperator_update(
-                entry,
-                status=entry.status,
-                owner=entry.owner,
-                lease_expires_at=entry.lease_expires_at,
-                result_type=entry.result_type,
-                result=entry.result,
-                error=entry.error,
-                finished_at=entry.finished_at,
-                event={"at": time.time(), **event},
-            ),
-        )
+        noted = ledger.aoperator_update(entry, entry, {"at": time.time(), **event})
+        return await on_ledger_loop(batch, noted)
     except NotImplementedError:  # a ledger without operator updates: nothing noted
         return None

@@ -32,6 +32,7 @@ and reads with the entry: no schema change, no extra read on the common path.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -50,7 +51,7 @@ from langgraph_idem_saver.engine.types import (
     Plan,
     ToolCallInProgress,
 )
-from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, ToolCallLedger
+from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, Outcome, ToolCallLedger
 from langgraph_idem_saver.owners import RERUN_APPROVED
 from langgraph_idem_saver.retention import ENDED  # appended by deleting transactions
 
@@ -136,14 +137,7 @@ async def arerun(ctx: EngineContext, batch: Batch, plan: Plan, entry: LedgerEntr
     ledger = cast(ToolCallLedger, batch.ledger)
     fresh = await on_ledger_loop(
         batch,
-        ledger.areclaim(
-            batch.scope,
-            entry.key,
-            owner=batch.owner,
-            lease_seconds=ctx.options.lease_seconds,
-            expected_attempts=entry.attempts,
-            expected_owner=entry.owner,
-        ),
+        ledger.areclaim(entry, owner=batch.owner, lease_seconds=ctx.options.lease_seconds),
     )
     if fresh is None:
         return False
@@ -176,24 +170,20 @@ async def _aupdate(
 ) -> LedgerEntry | None:
     """One guarded rewrite of ``entry`` with ``event`` appended to its history."""
     ledger = cast(ToolCallLedger, batch.ledger)
-    lease = entry.lease_expires_at
+    rewritten = dataclasses.replace(
+        entry,
+        status=status,
+        owner=owner,
+        # a claim we hold keeps its lease; one opened for a re-run has none
+        lease_expires_at=0.0 if owner.startswith(RERUN_APPROVED) else entry.lease_expires_at,
+        result_type=result_type,
+        result=result,
+        error=error,
+        finished_at=None if status is CallStatus.ISSUED else time.time(),
+    )
     event = {"at": time.time(), **event}
     try:
-        return await on_ledger_loop(
-            batch,
-            ledger.aoperator_update(
-                entry,
-                status=status,
-                owner=owner,
-                # a claim we hold keeps its lease; one opened for a re-run has none
-                lease_expires_at=0.0 if owner.startswith(RERUN_APPROVED) else lease,
-                result_type=result_type,
-                result=result,
-                error=error,
-                finished_at=None if status is CallStatus.ISSUED else time.time(),
-                event=event,
-            ),
-        )
+        return await on_ledger_loop(batch, ledger.aoperator_update(entry, rewritten, event))
     except NotImplementedError:  # a ledger without operator updates: no mark kept
         if status is CallStatus.ISSUED:
             return None
@@ -211,19 +201,8 @@ async def aresolve_as_decided(
     """Settle ``entry`` guarded by the attempt and owner it was decided about (None: the
     row changed since)."""
     ledger = cast(ToolCallLedger, batch.ledger)
-    return await on_ledger_loop(
-        batch,
-        ledger.aresolve(
-            batch.scope,
-            entry.key,
-            status=status,
-            result_type=result_type,
-            result=result,
-            error=error,
-            expected_attempts=entry.attempts,
-            expected_owner=entry.owner,
-        ),
-    )
+    outcome = Outcome(status, result_type, result, error)
+    return await on_ledger_loop(batch, ledger.aresolve(entry, outcome))
 
 
 def earlier_reason(plan: Plan) -> str | None:
