@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 from abc import abstractmethod
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from langgraph.checkpoint.base import (
@@ -117,6 +117,23 @@ class IdemSaverBase(CheckpointMethods, LedgerPolicy):
         """Record the loop of the first async call, for savers built outside a loop."""
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (with their writes) of these runs; never a ledger entry.
+
+        The server's ``multitask_strategy="rollback"`` calls it on a run it cancelled: the
+        run's effects happened (or may have), so its entries stay for a later identical
+        call to replay or ask about (docs/guarantees.md, "Lifecycle").
+        """
+        ids = [str(r) for r in run_ids]
+        if ids:
+            await self._delete_runs(ids)
+            self._deltas.forget()
+
+    @abstractmethod
+    async def _delete_runs(self, run_ids: list[str]) -> None:
+        """``adelete_for_runs`` of these runs (at least one), in one transaction: their
+        checkpoints and writes, and the blobs no checkpoint needs any more."""
 
     # --- adopting a database LangGraph's own saver filled --------------------------
 

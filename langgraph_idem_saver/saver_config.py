@@ -5,7 +5,10 @@ is written) so that no backend's driver sees text it cannot store.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata, CheckpointTuple
 
 from langgraph_idem_saver.errors import ConfigError
 
@@ -102,11 +105,34 @@ def make_config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> Runna
     }
 
 
+def stored_tuple(
+    thread_id: str,
+    ns: str,
+    checkpoint_id: str,
+    parent_id: str | None,
+    checkpoint: dict[str, Any],
+    values: dict[str, Any],
+    metadata: dict[str, Any],
+    pending: list[tuple[str, str, Any]],
+) -> CheckpointTuple:
+    """The ``CheckpointTuple`` of a stored checkpoint, as every backend returns it: its
+    config and its parent's (None for a thread's first), the decoded checkpoint with its
+    channel values, its metadata and its pending writes."""
+    return CheckpointTuple(
+        config=make_config(thread_id, ns, checkpoint_id),
+        checkpoint=cast(Checkpoint, {**checkpoint, "channel_values": values}),
+        metadata=cast(CheckpointMetadata, metadata),
+        parent_config=make_config(thread_id, ns, parent_id) if parent_id else None,
+        pending_writes=pending,
+    )
+
+
 __all__ = [
     "MAX_ID_BYTES",
     "checkpoint_id_of",
     "checkpoint_ns_of",
     "make_config",
     "storable_text",
+    "stored_tuple",
     "thread_id_of",
 ]

@@ -9,14 +9,14 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata, CheckpointTuple
+from langgraph.checkpoint.base import CheckpointTuple
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.list_deltas import resolve_delta
 from langgraph_idem_saver.saver_codec import decode_checkpoint, decode_json, decode_typed
-from langgraph_idem_saver.saver_config import make_config
+from langgraph_idem_saver.saver_config import stored_tuple
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -169,12 +169,8 @@ class PostgresCodec:
             raise CorruptRecordError(
                 "metadata", location=where, cause=TypeError("metadata is not a JSON object")
             )
-        return CheckpointTuple(
-            config=make_config(thread_id, ns, checkpoint_id),
-            checkpoint=cast(Checkpoint, {**checkpoint, "channel_values": values}),
-            metadata=cast(CheckpointMetadata, metadata),
-            parent_config=make_config(thread_id, ns, parent_id) if parent_id else None,
-            pending_writes=pending,
+        return stored_tuple(
+            thread_id, ns, checkpoint_id, parent_id, checkpoint, values, metadata, pending
         )
 
     def _resolve(

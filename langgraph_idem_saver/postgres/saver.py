@@ -408,31 +408,20 @@ class AsyncPostgresSaver(
         await self._run(delete, tx=True, pipeline=True)
         self._deltas.forget([tid])
 
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints (with their writes) of these runs; never a ledger entry.
-
-        The server's ``multitask_strategy="rollback"`` calls it on a run it cancelled: the
-        run's effects happened (or may have), so its entries stay for a later identical
-        call to replay or ask about (docs/guarantees.md, "Lifecycle").
-        """
-        ids = [str(r) for r in run_ids]
-        if not ids:
-            return
-
+    async def _delete_runs(self, run_ids: list[str]) -> None:
         async def delete(cur: Cursor) -> None:
-            await cur.execute(sql.SELECT_THREADS_OF_RUNS, {"runs": ids}, prepare=False)
+            await cur.execute(sql.SELECT_THREADS_OF_RUNS, {"runs": run_ids}, prepare=False)
             locked = [r[0] for r in await cur.fetchall()]
             if not locked:
                 return
             # the threads' locks before anything is deleted: see sql.THREAD_LOCK_SPACE
             await cur.execute(sql.LOCK_THREADS, {"threads": locked}, prepare=False)
-            await cur.execute(sql.DELETE_RUNS, {"runs": ids, "threads": locked}, prepare=False)
+            await cur.execute(sql.DELETE_RUNS, {"runs": run_ids, "threads": locked}, prepare=False)
             threads = [r[0] for r in await cur.fetchall()]
             if threads:
                 await cur.execute(sql.COLLECT_BLOBS, {"threads": threads}, prepare=False)
 
         await self._run(delete, tx=True)
-        self._deltas.forget()
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy a thread's whole history, and its thread-scoped ledger entries."""

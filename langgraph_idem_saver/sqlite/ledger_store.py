@@ -8,43 +8,26 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup
 from langgraph_idem_saver.sqlite import sql
-from langgraph_idem_saver.sqlite.connection import OUTCOME, Write
+from langgraph_idem_saver.sqlite.connection import OUTCOME, SqliteConnection
 
 if TYPE_CHECKING:
-    from langgraph_idem_saver.group_commit import GroupCommit
+    # what this mixin calls on the connection, as mypy sees it (the saver mixes both in)
+    _Connected = SqliteConnection
+else:
+    _Connected = object
 
-T = TypeVar("T")
 
-
-class SqliteLedgerStore:
+class SqliteLedgerStore(_Connected):
     """Ledger rows on SQLite: claims, guarded updates, writes, reads."""
 
     if TYPE_CHECKING:
 
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
-
-        async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
-
-        async def _write(
-            self,
-            body: Callable[[sqlite3.Connection], T],
-            *,
-            before_tool_runs: bool = False,
-            outcome: bool = False,
-            one_statement: bool = False,
-        ) -> T: ...
-
-        _group: GroupCommit[Write, tuple[bool, Any]]
-        is_setup: bool
-
-        async def setup(self) -> None: ...
-
-        def _written(self, ok: bool, value: Any) -> Any: ...
 
     def _claim_rows(self, conn: sqlite3.Connection, claims: Claims) -> list[ClaimOutcome]:
         """Insert every claim row whose key and slot are free. An inserted row's entry is

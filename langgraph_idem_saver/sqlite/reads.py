@@ -26,14 +26,14 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
-from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata, CheckpointTuple
+from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.list_deltas import ListDeltaEncoder, resolve_delta
-from langgraph_idem_saver.saver_config import make_config
+from langgraph_idem_saver.saver_config import stored_tuple
 from langgraph_idem_saver.sqlite import sql
 
 # a stored value, (type, data, base_version), by (channel, version)
@@ -185,13 +185,7 @@ def decode_tuple(
         values[channel] = value
         if deltas is not None:
             deltas.loaded(thread_id, ns, channel, version, value, depth, own)
-    return CheckpointTuple(
-        config=make_config(thread_id, ns, checkpoint_id),
-        checkpoint=cast(Checkpoint, {**checkpoint, "channel_values": values}),
-        metadata=cast(CheckpointMetadata, meta),
-        parent_config=make_config(thread_id, ns, parent_id) if parent_id else None,
-        pending_writes=pending,
-    )
+    return stored_tuple(thread_id, ns, checkpoint_id, parent_id, checkpoint, values, meta, pending)
 
 
 def _where(row: Row) -> dict[str, Any]:

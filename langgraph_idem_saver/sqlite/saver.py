@@ -37,6 +37,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from typing_extensions import TypedDict, Unpack
 
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
 from langgraph_idem_saver.group_commit import GroupCommit
@@ -85,11 +86,21 @@ from langgraph_idem_saver.sqlite.retention import SqliteRetention, mark_ended
 T = TypeVar("T")
 
 # moved with their jobs; importable from here as before
-__all__ = ["AsyncSqliteSaver", "Synchronous"]
+__all__ = ["AsyncSqliteSaver", "SqliteOptions", "Synchronous"]
 
 LIST_PAGE_SIZE = 100
 # for the key after which a page starts and its size, the read of that page
 PageBodies = Callable[[tuple[str, str, str] | None, int], Callable[[sqlite3.Connection], ListPage]]
+
+
+class SqliteOptions(TypedDict, total=False):
+    """A SQLite saver's keyword arguments (``AsyncSqliteSaver``'s, which says what each
+    does), as ``from_conn_string`` and the sync ``SqliteSaver`` pass them on."""
+
+    serde: SerializerProtocol | None
+    synchronous: Synchronous
+    busy_timeout: float
+    ttl: TTLConfig | Mapping[str, Any] | None
 
 
 class AsyncSqliteSaver(
@@ -145,15 +156,10 @@ class AsyncSqliteSaver(
     @classmethod
     @asynccontextmanager
     async def from_conn_string(
-        cls,
-        conn_string: str,
-        *,
-        serde: SerializerProtocol | None = None,
-        synchronous: Synchronous = "FULL",
-        busy_timeout: float = 5.0,
-        ttl: TTLConfig | Mapping[str, Any] | None = None,
+        cls, conn_string: str, **options: Unpack[SqliteOptions]
     ) -> AsyncIterator[AsyncSqliteSaver]:
-        """Open ``conn_string`` (a path, ``:memory:`` or a ``file:`` URI) for the block.
+        """Open ``conn_string`` (a path, ``:memory:`` or a ``file:`` URI) for the block,
+        with the constructor's keyword arguments (``options``).
 
         Refuses at once, naming the path: a missing directory or a directory
         (:class:`ConfigError`, nothing created); a database this process cannot write
@@ -161,14 +167,14 @@ class AsyncSqliteSaver(
         (``file:...?mode=ro``, where writes raise it instead); a file that is not SQLite
         (:class:`NotADatabaseError`).
         """
-        ttl = TTLConfig.of(ttl)  # refused before anything is opened
+        options["ttl"] = TTLConfig.of(options.get("ttl"))  # refused before anything is opened
         uri = conn_string.startswith("file:")
         # check_same_thread=False: the sync SqliteSaver runs its checkpoint reads and
         # writes from its callers' threads (holding the connection lock)
         conn = aiosqlite.connect(
             conn_string, isolation_level=None, uri=uri, check_same_thread=False
         )
-        saver = cls(conn, serde=serde, synchronous=synchronous, busy_timeout=busy_timeout, ttl=ttl)
+        saver = cls(conn, **options)
         saver._target = parse_target(conn_string, uri)
         try:
             await saver.setup()
@@ -348,20 +354,10 @@ class AsyncSqliteSaver(
         await self._write(delete)
         self._deltas.forget([tid])
 
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints (with their writes) of these runs; never a ledger entry.
-
-        The server's ``multitask_strategy="rollback"`` calls it on a run it cancelled: the
-        run's effects happened (or may have), so its entries stay for a later identical
-        call to replay or ask about (docs/guarantees.md, "Lifecycle").
-        """
-        ids = [str(r) for r in run_ids]
-        if not ids:
-            return
-
+    async def _delete_runs(self, run_ids: list[str]) -> None:
         def delete(conn: sqlite3.Connection) -> None:
             threads: set[str] = set()
-            for run_id in ids:
+            for run_id in run_ids:
                 for thread_id, ns, checkpoint_id in conn.execute(
                     sql.SELECT_CHECKPOINTS_OF_RUN, (run_id,)
                 ).fetchall():
@@ -372,7 +368,6 @@ class AsyncSqliteSaver(
                 collect_blobs(conn, thread_id)
 
         await self._write(delete)
-        self._deltas.forget()
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy a thread's whole history, and its thread-scoped ledger entries."""

@@ -63,7 +63,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     DeltaChannelHistory,
 )
-from langgraph.checkpoint.serde.base import SerializerProtocol
+from typing_extensions import Unpack
 
 from langgraph_idem_saver.backend import CheckpointPut
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
@@ -71,7 +71,7 @@ from langgraph_idem_saver.list_deltas import EncodedBlob
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
 from langgraph_idem_saver.saver_checkpoints import ListQuery, SyncCheckpointCalls, SyncPageReader
 from langgraph_idem_saver.sqlite.runner import BorrowedConnection, raw_connection
-from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver, Synchronous
+from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver, SqliteOptions
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
 
 __all__ = ["SqliteSaver"]
@@ -84,26 +84,14 @@ class SqliteSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncSqliteS
 
     Args:
         conn: a ``sqlite3.Connection`` opened with ``check_same_thread=False``.
-        serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default.
-        synchronous: SQLite's ``synchronous`` setting, as for ``AsyncSqliteSaver``
-            (``"FULL"``: every commit survives power loss).
-        busy_timeout: seconds to wait for another process's write lock before raising
-            :class:`~langgraph_idem_saver.errors.DatabaseLockedError`.
-        ttl: retention, applied by ``sweep()`` (see ``TTLConfig``).
+        options: ``AsyncSqliteSaver``'s keyword arguments (``serde``, ``synchronous``,
+            ``busy_timeout``, ``ttl``: retention, applied by ``sweep()``), the same defaults.
     """
 
     conn: sqlite3.Connection
     saver: AsyncSqliteSaver
 
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        *,
-        serde: SerializerProtocol | None = None,
-        synchronous: Synchronous = "FULL",
-        busy_timeout: float = 5.0,
-        ttl: TTLConfig | Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, conn: sqlite3.Connection, **options: Unpack[SqliteOptions]) -> None:
         if not isinstance(conn, sqlite3.Connection):
             raise TypeError(f"conn must be a sqlite3.Connection, got {type(conn).__name__}")
         if getattr(conn, "autocommit", None) is False:
@@ -114,35 +102,20 @@ class SqliteSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncSqliteS
                 "default transaction control or autocommit=True"
             )
         self.conn = conn
-        ttl = TTLConfig.of(ttl)
+        options["ttl"] = TTLConfig.of(options.get("ttl"))  # refused here, before any thread
 
         async def open_saver(stack: AsyncExitStack) -> AsyncSqliteSaver:
             _check_usable_from_another_thread(conn)  # we are on the loop's thread
             borrowed = BorrowedConnection(conn)  # its worker thread is a daemon, as ours
             stack.push_async_callback(borrowed.close)
-            return _closing_direct_first(
-                stack,
-                AsyncSqliteSaver(
-                    borrowed,
-                    serde=serde,
-                    synchronous=synchronous,
-                    busy_timeout=busy_timeout,
-                    ttl=ttl,
-                ),
-            )
+            return _closing_direct_first(stack, AsyncSqliteSaver(borrowed, **options))
 
         self._start("SqliteSaver", open_saver)
 
     @classmethod
     @contextmanager
     def from_conn_string(
-        cls,
-        conn_string: str,
-        *,
-        serde: SerializerProtocol | None = None,
-        synchronous: Synchronous = "FULL",
-        busy_timeout: float = 5.0,
-        ttl: TTLConfig | Mapping[str, Any] | None = None,
+        cls, conn_string: str, **options: Unpack[SqliteOptions]
     ) -> Iterator[SqliteSaver]:
         """Open ``conn_string`` (a path, ``:memory:`` or a ``file:`` URI) for the block.
 
@@ -152,13 +125,7 @@ class SqliteSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncSqliteS
 
         async def open_saver(stack: AsyncExitStack) -> AsyncSqliteSaver:
             opened = await stack.enter_async_context(
-                AsyncSqliteSaver.from_conn_string(
-                    conn_string,
-                    serde=serde,
-                    synchronous=synchronous,
-                    busy_timeout=busy_timeout,
-                    ttl=ttl,
-                )
+                AsyncSqliteSaver.from_conn_string(conn_string, **options)
             )
             return _closing_direct_first(stack, opened)
 
