@@ -62,7 +62,7 @@ INMEM_ENV = {
 }
 READY_SECONDS = 90.0
 PARK_SECONDS = 180.0
-FLUSH_SECONDS = 40.0  # the dev server saves its runs and threads every 10 s
+FLUSH_SECONDS = 40.0  # for a save of its runs and threads (every second: dev_server_knobs)
 DIE_SECONDS = 30.0
 JOBS = 32  # runs one server runs at once (every scenario of a life parks together)
 
@@ -108,7 +108,7 @@ class ServerProject:
         return [line.split()[0] for line in self.payments.read_text().splitlines()]
 
     def ops_file(self) -> Path:
-        """Where the dev server saves its threads and runs (every 10 s)."""
+        """Where the dev server saves its threads and runs (every second: dev_server_knobs)."""
         return self.root / ".langgraph_api" / ".langgraph_ops.pckl"
 
     def forget_server_state(self) -> None:
@@ -365,10 +365,12 @@ def _langgraph(args: list[str]) -> None:
     run is gone (``process_guard.exit_with_parent``): with reloading on, this process is
     the file watcher, which the server's own guard (in the graphs module) does not cover."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from dev_server_knobs import flush_often
     from langgraph_cli.cli import cli
     from process_guard import exit_with_parent
 
     exit_with_parent()
+    flush_often()  # saves every second, not every ten (a no-reload server runs here)
     cli(args, prog_name="langgraph")
 
 

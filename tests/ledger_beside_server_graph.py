@@ -67,10 +67,12 @@ def _build() -> Any:
 
 
 if __name__ == "__main__":
+    from dev_server_knobs import flush_often
     from langgraph_cli.cli import cli
     from process_guard import exit_with_parent
 
     exit_with_parent()
+    flush_often()  # the server saves its runs every second, not every ten
     cli(sys.argv[2:], prog_name="langgraph")
 else:
     agent = _build()

@@ -474,3 +474,17 @@ def test_a_subgraph_task_config_carries_the_checkpointer_and_checkpoint_map() ->
     assert point is not None and point.branch == checkpoint_map[graph_ns], changed(
         "langgraph", "the config fork_point reads", "engine/forks.py"
     )
+
+
+# --- langgraph dev's save interval (tests/dev_server_knobs.py) --------------------------
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="langgraph-api needs Python >= 3.11")
+def test_the_dev_server_saves_on_an_interval_its_module_holds() -> None:
+    """tests/dev_server_knobs.py makes ``langgraph dev`` save its runs every second by
+    setting the module global its flush loop waits on. If that moves, the server tests
+    would wait ten seconds per save again, or fail (``flush_often`` raises)."""
+    from langgraph_runtime_inmem import _persistence
+
+    assert isinstance(_persistence._flush_interval, int)
+    assert "wait(timeout=_flush_interval)" in inspect.getsource(_persistence._flush_loop)
