@@ -170,6 +170,7 @@ class LedgerEntry(CallRecord):
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(LedgerEntry))
+_new, _set = object.__new__, object.__setattr__
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,14 +199,27 @@ class Outcome:
     @classmethod
     def completed(cls, result_type: str | None, result: bytes | None) -> Outcome:
         """The tool returned: its result as the serializer typed and dumped it."""
-        return cls(CallStatus.COMPLETED, result_type, result)
+        return cls._of(CallStatus.COMPLETED, result_type, result, None)
 
     @classmethod
     def failed(
         cls, error: str | None, result_type: str | None = None, result: bytes | None = None
     ) -> Outcome:
         """The tool failed: ``error`` its text, ``result`` what to replay (if anything)."""
-        return cls(CallStatus.FAILED, result_type, result, error)
+        return cls._of(CallStatus.FAILED, result_type, result, error)
+
+    @classmethod
+    def _of(
+        cls, status: CallStatus, result_type: str | None, result: bytes | None, error: str | None
+    ) -> Outcome:
+        """An outcome of a status known to be one, without the frozen ``__init__`` and its
+        check (half the cost; the engine makes one a tool call)."""
+        outcome = _new(cls)
+        _set(outcome, "status", status)
+        _set(outcome, "result_type", result_type)
+        _set(outcome, "result", result)
+        _set(outcome, "error", error)
+        return outcome
 
 
 @dataclass(frozen=True)
