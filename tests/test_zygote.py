@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +181,25 @@ def test_the_switch_turns_the_zygote_off(monkeypatch: pytest.MonkeyPatch) -> Non
         [sys.executable, "-c", "import os; print(os.getppid())"], capture_output=True, text=True
     )
     assert done.stdout.strip() == str(os.getpid())
+
+
+def test_the_zygote_refuses_to_fork_once_a_thread_runs() -> None:
+    """What the zygote checks after its imports and before every fork."""
+    from zygote_server import unsafe_to_fork
+
+    alone = zygote.run(
+        [sys.executable, "-c", "from zygote_server import unsafe_to_fork as u; print(u())"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)},
+        timeout=60,
+    )
+    assert alone.stdout.strip() == "None", alone.stderr
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert "unsafe to fork" in (unsafe_to_fork() or "")
+    finally:
+        stop.set()
+        thread.join()

@@ -58,8 +58,11 @@ module (a worker script is run afresh as ``__main__`` in each child anyway)."""
 MAX_MESSAGE = 1 << 20
 
 
-def _threads() -> list[str]:
-    return os.listdir("/proc/self/task")
+def unsafe_to_fork() -> str | None:
+    """Why this process must not fork, if it must not: another thread runs (the child
+    would get a copy of any lock that thread holds, held forever)."""
+    threads = os.listdir("/proc/self/task")
+    return None if len(threads) == 1 else f"{len(threads)} threads run: unsafe to fork"
 
 
 def send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -88,8 +91,8 @@ def serve(fd: int) -> tuple[dict[str, Any], list[int]] | None:
             importlib.import_module(name)
         except Exception:  # a child importing it fails as a fresh interpreter would
             not_preloaded.append(f"{name}: {traceback.format_exc(limit=1).strip()[-300:]}")
-    if len(_threads()) != 1:
-        send(sock, {"fatal": f"the imports started threads: {_threads()} (unsafe to fork)"})
+    if (problem := unsafe_to_fork()) is not None:
+        send(sock, {"fatal": f"after the imports, {problem}"})
         return None
     # what pre-fork servers do (see ``gc.freeze``): the imported objects move to a
     # generation no collection visits, so a child's collections - and its exit - do not
@@ -127,8 +130,8 @@ def serve(fd: int) -> tuple[dict[str, Any], list[int]] | None:
             problem = f"expected 3 stdio fds, got {len(fds)}"
         elif not os.path.isdir(request["cwd"]):
             problem = f"no such directory: {request['cwd']!r}"
-        elif len(_threads()) != 1:
-            problem = f"the zygote has threads {_threads()}: unsafe to fork"
+        else:
+            problem = unsafe_to_fork()
         if problem is not None:
             for received in fds:
                 os.close(received)
