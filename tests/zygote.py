@@ -95,7 +95,7 @@ class _Zygote:
         self.sock = ours
         self.lock = threading.Condition()
         self.replies: dict[int, dict[str, Any]] = {}
-        self.exits: dict[int, int] = {}
+        self.exits: dict[int, int] = {}  # request id -> exit code (pids get reused)
         self.left: list[str] = []
         self.not_preloaded: list[str] = []  # failed to import: each child imports them
         self.pid = 0
@@ -129,7 +129,7 @@ class _Zygote:
                     self.pid = int(message["ready"])
                     self.not_preloaded = list(message["not_preloaded"])
                 elif "exited" in message:
-                    self.exits[int(message["exited"])] = int(message["code"])
+                    self.exits[int(message["id"])] = int(message["code"])
                 elif "left" in message:
                     self.left.append(f"{message['left']} {' '.join(message['argv'])[:120]}")
                 elif "fatal" in message:
@@ -141,8 +141,9 @@ class _Zygote:
 
     def spawn(
         self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int], *, new_session: bool
-    ) -> int:
-        """Fork a child running ``python *argv``; its pid."""
+    ) -> tuple[int, int]:
+        """Fork a child running ``python *argv``; its pid and request id (what its exit
+        is filed under: its pid may be another child's later)."""
         with self.sending:
             self.ids += 1
             request_id = self.ids
@@ -164,16 +165,16 @@ class _Zygote:
             raise ZygoteError(self.fatal or "the zygote did not answer")
         if "failed" in reply:
             raise ZygoteError(str(reply["error"]))
-        return int(reply["pid"])
+        return int(reply["pid"]), request_id
 
-    def exitcode(self, pid: int) -> int | None:
+    def exitcode(self, request_id: int) -> int | None:
         with self.lock:
-            return self.exits.get(pid)
+            return self.exits.get(request_id)
 
-    def wait(self, pid: int, timeout: float | None) -> int | None:
+    def wait(self, request_id: int, timeout: float | None) -> int | None:
         with self.lock:
-            self.lock.wait_for(lambda: pid in self.exits or self.closed, timeout)
-            return self.exits.get(pid)
+            self.lock.wait_for(lambda: request_id in self.exits or self.closed, timeout)
+            return self.exits.get(request_id)
 
     def stop(self) -> list[str]:
         """Ask the zygote to kill the children left and exit; reap it. Returns the
@@ -342,7 +343,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             errwrite if errwrite != -1 else 2,
         ]
         try:
-            self.pid = self._zygote.spawn(
+            self.pid, self._zygote_id = self._zygote.spawn(
                 self._zygote_argv, child_env, where, fds, new_session=self._zygote_session
             )
             self._child_created = True
@@ -354,7 +355,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if self._zygote is None:
             return super()._internal_poll(_deadstate, **kwargs)  # type: ignore[misc, no-any-return]
         if self.returncode is None:
-            code = self._zygote.exitcode(self.pid)
+            code = self._zygote.exitcode(self._zygote_id)
             if code is not None:
                 self.returncode = code
             elif self._zygote.closed:
@@ -366,7 +367,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             return super()._wait(timeout)  # type: ignore[misc, no-any-return]
         if self.returncode is not None:
             return self.returncode
-        code = self._zygote.wait(self.pid, timeout)
+        code = self._zygote.wait(self._zygote_id, timeout)
         if code is None:
             if not self._zygote.closed:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)

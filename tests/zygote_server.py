@@ -110,7 +110,7 @@ def serve(fd: int) -> tuple[dict[str, Any], list[int]] | None:
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
-    live: dict[int, list[str]] = {}
+    live: dict[int, tuple[int, list[str]]] = {}  # pid -> (request id, argv)
 
     def reap() -> None:
         while live:
@@ -120,8 +120,9 @@ def serve(fd: int) -> tuple[dict[str, Any], list[int]] | None:
                 return
             if pid == 0:
                 return
-            live.pop(pid, None)
-            send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+            request_id, _argv = live.pop(pid, (-1, []))
+            code = os.waitstatus_to_exitcode(status)
+            send(sock, {"exited": pid, "id": request_id, "code": code})
 
     def fork(request: dict[str, Any], fds: list[int]) -> dict[str, Any] | None:
         """The child's request (in the child) or ``None`` (in the zygote)."""
@@ -150,7 +151,7 @@ def serve(fd: int) -> tuple[dict[str, Any], list[int]] | None:
             return request
         for received in fds:
             os.close(received)
-        live[pid] = request["argv"]
+        live[pid] = (request["id"], request["argv"])
         send(sock, {"started": request["id"], "pid": pid})
         return None
 
@@ -182,11 +183,11 @@ def serve(fd: int) -> tuple[dict[str, Any], list[int]] | None:
         reap()
 
 
-def _stop_children(sock: socket.socket, live: dict[int, list[str]]) -> None:
+def _stop_children(sock: socket.socket, live: dict[int, tuple[int, list[str]]]) -> None:
     """SIGKILL every child still running, report it (if anyone listens) and reap it."""
     import signal
 
-    for pid, argv in live.items():
+    for pid, (_request_id, argv) in live.items():
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
