@@ -17,7 +17,6 @@ from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.errors import ConnectionClosedError, LedgerStateError
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup, slot_of
 from langgraph_idem_saver.postgres import ledger_sql as sql
-from langgraph_idem_saver.postgres.claim_group import ClaimStatement
 from langgraph_idem_saver.postgres.held_writes import PostgresHeldWrites, Run
 from langgraph_idem_saver.postgres.ledger_rows import claim_rows, finish_rows
 
@@ -33,7 +32,6 @@ class PostgresLedgerStore(PostgresHeldWrites):
     """Ledger rows on PostgreSQL: claims, outcomes, guarded updates, reads."""
 
     if TYPE_CHECKING:
-        _claim_group: GroupCommit[ClaimStatement, list[TupleRow] | Exception]
         _finishes: GroupCommit[tuple[tuple[Any, ...], bool], tuple[bool, TupleRow | None]]
 
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
@@ -55,11 +53,10 @@ class PostgresLedgerStore(PostgresHeldWrites):
     async def _claim(
         self, claims: Claims, lookup: StepLookup | None
     ) -> tuple[list[LedgerEntry], list[ClaimOutcome] | None]:
-        """Claim the batch in ONE statement (``CLAIM_STEP``: one round trip, one commit,
-        shared with the claims submitted beside it: ``claim_group``), after the step's
-        adoption read in the same statement when ``lookup`` is given (nothing is claimed
-        when it finds entries); then claim again, in a new statement, the calls it
-        returned no row for."""
+        """Claim the batch in ONE statement (``CLAIM_STEP``: one round trip, one commit),
+        after the step's adoption read in the same statement when ``lookup`` is given
+        (nothing is claimed when it finds entries); then claim again, in a new
+        statement, the calls it returned no row for."""
         base: dict[str, Any] = {
             "owner": claims.owner,
             "now": claims.issued_at,
@@ -75,13 +72,16 @@ class PostgresLedgerStore(PostgresHeldWrites):
         pending = list(enumerate(claims.rows))
         for _ in range(CLAIM_RETRIES):
             params = {**base, "rows": claim_rows([row for _, row in pending])}
-            try:  # with the claims submitted beside it, in one transaction (claim_group)
-                rows = await self._claim_group.submit((query, params))
+
+            async def claim(cur: Cursor, q: str = query, p: dict[str, Any] = params) -> Any:
+                await cur.execute(q, p)
+                return await cur.fetchall()
+
+            try:
+                rows = await self._run(claim)
             except ConnectionClosedError:  # committed or not, no tool runs under it
                 self._hold_claims_lost(claims)
                 raise
-            if isinstance(rows, Exception):
-                raise rows
             found = sorted((r for r in rows if r[0] == "f"), key=lambda r: r[1])  # seq
             if found:
                 return [self.entry_of(r[2:]) for r in found], None

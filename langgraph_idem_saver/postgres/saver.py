@@ -52,7 +52,6 @@ checkpoint, task, channel) containing them are refused (:class:`ConfigError` /
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
@@ -73,7 +72,6 @@ from langgraph_idem_saver.import_rows import LangGraphTables
 from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
 from langgraph_idem_saver.postgres import ledger_sql, sql
-from langgraph_idem_saver.postgres.claim_group import run_claims
 from langgraph_idem_saver.postgres.codec import COMPRESS_MIN_BYTES, ZLIB_PREFIX, PostgresCodec
 from langgraph_idem_saver.postgres.connection import (
     Conn,
@@ -158,8 +156,6 @@ class AsyncPostgresSaver(
         self._deltas = ListDeltaEncoder()
         # outcomes of calls that finish together share one transaction (group_commit.py)
         self._finishes = GroupCommit(self._finish_all)
-        # so do claims submitted together (claim_group.py: the middleware's parallel calls)
-        self._claim_group = GroupCommit(functools.partial(run_claims, self._run))
 
     @classmethod
     @asynccontextmanager
