@@ -114,3 +114,26 @@ async def test_a_missing_base_in_a_page_is_corrupt_naming_its_row(tmp_path: Path
             [t async for t in saver.alist({"configurable": {"thread_id": "t"}}, limit=4)]
         assert caught.value.location["thread_id"] == "t"
         assert caught.value.location["channel"] == "messages"
+
+
+def test_get_tuple_reads_a_deltas_base_with_it(tmp_path: Path) -> None:
+    """The latest checkpoint's list is a delta (re-versioned without growing): its base
+    comes with it, in the blob statement - the checkpoint, its blobs, its writes, inside
+    one read transaction."""
+    with SqliteSaver.from_conn_string(str(tmp_path / "g.db")) as saver:
+        fill(saver, "t", 6)
+        got: list[Any] = []
+        seen = statements_of(saver, lambda: got.append(saver.get_tuple(cfg_of("t"))))
+        assert [s.split()[0].upper() for s in seen] == [
+            "BEGIN",
+            "SELECT",
+            "SELECT",
+            "SELECT",
+            "COMMIT",
+        ]
+        assert got[0].checkpoint["channel_values"] == {"count": 6, "messages": WINDOW}
+        assert got[0].pending_writes == [("task-6", "count", 6)]
+
+
+def cfg_of(thread: str) -> Any:
+    return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
