@@ -203,3 +203,55 @@ def test_the_zygote_refuses_to_fork_once_a_thread_runs() -> None:
     finally:
         stop.set()
         thread.join()
+
+
+LEAVES_OPEN = """
+import sqlite3, sys
+where = sys.argv[1]
+notes = open(where + "/notes.txt", "w")
+notes.write("buffered, never flushed nor closed")
+conn = sqlite3.connect(where + "/db.sqlite")
+conn.execute("PRAGMA journal_mode=wal")
+conn.execute("CREATE TABLE t (x)")
+conn.execute("INSERT INTO t VALUES (1)")
+conn.commit()
+
+class Noisy:
+    def __del__(self):
+        print("finalized at exit", flush=True)
+
+left = Noisy()
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "-c"])
+def test_what_a_child_leaves_open_is_closed_as_at_interpreter_exit(
+    tmp_path: Path, how: str
+) -> None:
+    """A child's exit closes what the program left open as the interpreter's does: the
+    buffered file is written, SQLite's write-ahead log is gone (the last connection
+    closed), and ``__del__`` ran."""
+    script = tmp_path / "leaves_open.py"
+    script.write_text(LEAVES_OPEN)
+    seen = []
+    for start in (subprocess.run, zygote.run):
+        where = tmp_path / start.__module__
+        where.mkdir()
+        argv = [str(script)] if how == "script" else ["-c", LEAVES_OPEN]
+        done = start(
+            [sys.executable, *argv, str(where)], capture_output=True, text=True, timeout=120
+        )
+        seen.append(
+            (
+                done.returncode,
+                done.stdout,
+                done.stderr,
+                (where / "notes.txt").read_text(),
+                sorted(p.name for p in where.iterdir()),
+            )
+        )
+    fresh, forked = seen
+    assert fresh[3] == "buffered, never flushed nor closed"
+    assert fresh[4] == ["db.sqlite", "notes.txt"], "no -wal, no -shm"
+    assert fresh[1] == "finalized at exit\n"
+    assert forked == fresh

@@ -12,8 +12,9 @@ starts a thread (it checks ``/proc/self/task`` before every fork and refuses oth
 since forking a threaded process can copy a lock another thread held). The child then
 sets up what ``python script.py args`` would have - stdio (the parent's pipes, passed
 over a Unix socket), environment, working directory, ``sys.argv``, ``sys.path`` - and
-runs the script as ``__main__`` (``runpy``); it ends like any interpreter: ``SystemExit``
-or an uncaught exception, non-daemon threads joined, ``atexit`` handlers run. Killing it
+runs the script as ``__main__``; it ends like any interpreter: ``SystemExit``
+or an uncaught exception, non-daemon threads joined, ``atexit`` handlers run, what the
+program imported and made torn down (``zygote_server.end_process``). Killing it
 (``kill()``: SIGKILL) is a real kill of a real process; a "fresh process" that resumes
 is another fork of the zygote, with no memory of the killed one. See tests/README.md.
 
