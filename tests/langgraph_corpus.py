@@ -30,6 +30,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command, Send, StateSnapshot, interrupt
+from line_graph import line_graph
 from test_graphs import norm, norm_ns
 from typing_extensions import TypedDict
 
@@ -58,13 +59,7 @@ def two_questions(checkpointer: Any) -> Any:
         ok = interrupt(f"confirm {state['x']}?")
         return {"log": [f"confirm:{ok}"]}
 
-    builder = StateGraph(Counts)
-    builder.add_node("ask", ask)
-    builder.add_node("confirm", confirm)
-    builder.add_edge(START, "ask")
-    builder.add_edge("ask", "confirm")
-    builder.add_edge("confirm", END)
-    return builder.compile(checkpointer=checkpointer)
+    return line_graph(Counts, checkpointer, ask=ask, confirm=confirm)
 
 
 def one_question(checkpointer: Any) -> Any:
@@ -76,13 +71,7 @@ def one_question(checkpointer: Any) -> Any:
     def after(state: Counts) -> dict[str, Any]:
         return {"log": [f"after:{state['x']}"]}
 
-    builder = StateGraph(Counts)
-    builder.add_node("ask", ask)
-    builder.add_node("after", after)
-    builder.add_edge(START, "ask")
-    builder.add_edge("ask", "after")
-    builder.add_edge("after", END)
-    return builder.compile(checkpointer=checkpointer)
+    return line_graph(Counts, checkpointer, ask=ask, after=after)
 
 
 def nested(checkpointer: Any) -> Any:
@@ -93,20 +82,13 @@ def nested(checkpointer: Any) -> Any:
         b = interrupt("child: second?")
         return {"log": [f"child:{a}:{b}"]}
 
-    child = StateGraph(Log)
-    child.add_node("child_ask", child_ask)
-    child.add_edge(START, "child_ask")
-    child.add_edge("child_ask", END)
-
-    builder = StateGraph(Log)
-    builder.add_node("before", lambda state: {"log": ["before"]})
-    builder.add_node("child", child.compile())
-    builder.add_node("after", lambda state: {"log": ["after"]})
-    builder.add_edge(START, "before")
-    builder.add_edge("before", "child")
-    builder.add_edge("child", "after")
-    builder.add_edge("after", END)
-    return builder.compile(checkpointer=checkpointer)
+    return line_graph(
+        Log,
+        checkpointer,
+        before=lambda state: {"log": ["before"]},
+        child=line_graph(Log, child_ask=child_ask),
+        after=lambda state: {"log": ["after"]},
+    )
 
 
 class Fan(TypedDict):
@@ -177,13 +159,12 @@ def flaky(checkpointer: Any) -> Any:
 
 def counter(checkpointer: Any) -> Any:
     """A plain two-step graph (for durability 'exit' and the scheduled write)."""
-    builder = StateGraph(Counts)
-    builder.add_node("inc", lambda state: {"x": state["x"] + 1, "log": ["inc"]})
-    builder.add_node("ask", lambda state: {"log": [f"asked:{interrupt('go on?')}"]})
-    builder.add_edge(START, "inc")
-    builder.add_edge("inc", "ask")
-    builder.add_edge("ask", END)
-    return builder.compile(checkpointer=checkpointer)
+    return line_graph(
+        Counts,
+        checkpointer,
+        inc=lambda state: {"x": state["x"] + 1, "log": ["inc"]},
+        ask=lambda state: {"log": [f"asked:{interrupt('go on?')}"]},
+    )
 
 
 class Chat(TypedDict):

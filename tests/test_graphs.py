@@ -18,9 +18,9 @@ import pytest
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, Interrupt, StateSnapshot, interrupt
+from line_graph import line_graph
 from tool_node_helpers import cfg
 from typing_extensions import TypedDict
 
@@ -84,11 +84,7 @@ def bot(state: ChatState) -> dict[str, Any]:
 
 
 def chat_graph(checkpointer: Any) -> Any:
-    builder = StateGraph(ChatState)
-    builder.add_node("bot", bot)
-    builder.add_edge(START, "bot")
-    builder.add_edge("bot", END)
-    return builder.compile(checkpointer=checkpointer)
+    return line_graph(ChatState, checkpointer, bot=bot)
 
 
 class ApprovalState(TypedDict):
@@ -107,13 +103,7 @@ def act(state: ApprovalState) -> dict[str, Any]:
 
 
 def approval_graph(checkpointer: Any) -> Any:
-    builder = StateGraph(ApprovalState)
-    builder.add_node("ask", ask)
-    builder.add_node("act", act)
-    builder.add_edge(START, "ask")
-    builder.add_edge("ask", "act")
-    builder.add_edge("act", END)
-    return builder.compile(checkpointer=checkpointer)
+    return line_graph(ApprovalState, checkpointer, ask=ask, act=act)
 
 
 class ParentState(TypedDict):
@@ -128,13 +118,7 @@ def child_graph() -> Any:
         answer = interrupt("child needs input")
         return {"log": [f"child:got:{answer}"]}
 
-    builder = StateGraph(ParentState)
-    builder.add_node("child_prepare", child_prepare)
-    builder.add_node("child_confirm", child_confirm)
-    builder.add_edge(START, "child_prepare")
-    builder.add_edge("child_prepare", "child_confirm")
-    builder.add_edge("child_confirm", END)
-    return builder.compile()
+    return line_graph(ParentState, child_prepare=child_prepare, child_confirm=child_confirm)
 
 
 def parent_graph(checkpointer: Any) -> Any:
@@ -144,15 +128,7 @@ def parent_graph(checkpointer: Any) -> Any:
     def after(state: ParentState) -> dict[str, Any]:
         return {"log": ["parent:after"]}
 
-    builder = StateGraph(ParentState)
-    builder.add_node("before", before)
-    builder.add_node("child", child_graph())
-    builder.add_node("after", after)
-    builder.add_edge(START, "before")
-    builder.add_edge("before", "child")
-    builder.add_edge("child", "after")
-    builder.add_edge("after", END)
-    return builder.compile(checkpointer=checkpointer)
+    return line_graph(ParentState, checkpointer, before=before, child=child_graph(), after=after)
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -468,11 +444,7 @@ def delta_graph(checkpointer: Any) -> Any:
     def node(state: DeltaState) -> dict[str, Any]:
         return {"items": [f"n{len(state['items'])}"]}
 
-    builder = StateGraph(DeltaState)
-    builder.add_node("node", node)
-    builder.add_edge(START, "node")
-    builder.add_edge("node", END)
-    return builder.compile(checkpointer=checkpointer)
+    return line_graph(DeltaState, checkpointer, node=node)
 
 
 DELTA_ITEMS = ["in0", "n1", "in1", "n3", "in2", "n5", "in3", "n7", "in4", "n9"]
