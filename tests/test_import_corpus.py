@@ -20,15 +20,11 @@ half imported), and the issue's reproduction (an answered interrupt, refused wit
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
 import pytest
+from import_db import Db
 from langgraph.checkpoint.base import WRITES_IDX_MAP
 from langgraph_corpus import PAUSED, THREADS, afill, ahistory, aresume, fill_sync
-from pg_server import fresh_dsn
 
 from langgraph_idem_saver.errors import ImportLayoutError
 from langgraph_idem_saver.import_langgraph import STAGING_PREFIX
@@ -36,80 +32,19 @@ from langgraph_idem_saver.import_langgraph import STAGING_PREFIX
 FLAVOURS = ("sync", "async")
 
 
-class Source:
-    """One database (SQLite file or Postgres schema) and the savers that open it."""
-
-    def __init__(self, backend: str, where: str) -> None:
-        self.backend, self.where = backend, where
-
-    @asynccontextmanager
-    async def official(self) -> AsyncIterator[Any]:
-        if self.backend == "sqlite":
-            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-
-            async with AsyncSqliteSaver.from_conn_string(self.where) as saver:
-                yield saver
-            return
-        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-
-        async with AsyncPostgresSaver.from_conn_string(self.where) as saver:
-            await saver.setup()
-            yield saver
-
-    def fill_sync(self) -> None:
-        if self.backend == "sqlite":
-            from langgraph.checkpoint.sqlite import SqliteSaver
-
-            with SqliteSaver.from_conn_string(self.where) as saver:
-                fill_sync(saver)
-            return
-        from langgraph.checkpoint.postgres import PostgresSaver
-
-        with PostgresSaver.from_conn_string(self.where) as saver:
-            saver.setup()
-            fill_sync(saver)
-
-    @asynccontextmanager
-    async def ours(self) -> AsyncIterator[Any]:
-        if self.backend == "sqlite":
-            from langgraph_idem_saver import AsyncSqliteSaver
-
-            async with AsyncSqliteSaver.from_conn_string(self.where) as saver:
-                yield saver
-            return
-        from langgraph_idem_saver.postgres import AsyncPostgresSaver
-
-        async with AsyncPostgresSaver.from_conn_string(self.where) as saver:
-            yield saver
-
-    def sql(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        if self.backend == "sqlite":
-            with sqlite3.connect(self.where) as conn:
-                cur = conn.execute(statement.replace("%s", "?"), params)
-                return cur.fetchall() if cur.description else [(cur.rowcount,)]
-        import psycopg
-
-        with psycopg.connect(self.where, autocommit=True) as conn:
-            cur = conn.execute(statement.encode(), params)
-            return cur.fetchall() if cur.description else [(cur.rowcount,)]
-
-    def writes_table(self) -> str:
-        return "writes" if self.backend == "sqlite" else "checkpoint_writes"
-
-    def our_threads(self) -> set[str]:
-        return {r[0] for r in self.sql("SELECT DISTINCT thread_id FROM idem_checkpoints")}
-
-
 @pytest.fixture
-def source(backend: str, request: pytest.FixtureRequest) -> Source:
-    if backend == "sqlite":
-        return Source(backend, str(request.getfixturevalue("tmp_path") / "agent.db"))
-    return Source(backend, fresh_dsn(request.getfixturevalue("pg_server_dsn")))
+def source(backend: str, request: pytest.FixtureRequest) -> Db:
+    return Db.for_test(backend, request)
 
 
-async def filled(source: Source, flavour: str) -> None:
+def _fill_sync(source: Db) -> None:
+    with source.official_sync() as saver:
+        fill_sync(saver)
+
+
+async def filled(source: Db, flavour: str) -> None:
     if flavour == "sync":
-        await asyncio.to_thread(source.fill_sync)
+        await asyncio.to_thread(_fill_sync, source)
     else:
         async with source.official() as official:
             await afill(official)
@@ -120,7 +55,7 @@ async def filled(source: Source, flavour: str) -> None:
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 async def test_the_corpus_imports_reads_back_and_resumes_as_on_langgraphs_saver(
-    source: Source, flavour: str
+    source: Db, flavour: str
 ) -> None:
     await filled(source, flavour)
     # the corpus holds every special write index LangGraph defines
@@ -158,7 +93,7 @@ async def test_the_corpus_imports_reads_back_and_resumes_as_on_langgraphs_saver(
 
 
 @pytest.mark.parametrize("verify", [True, False])
-async def test_the_reproduction_an_answered_interrupt_imports(source: Source, verify: bool) -> None:
+async def test_the_reproduction_an_answered_interrupt_imports(source: Db, verify: bool) -> None:
     """The issue's case: ``Command(resume=41)`` left the task's writes at -4, -3 and 1,
     which the import refused (``ImportLayoutError ... [-4, -3, 1]``) after writing part
     of the thread."""
@@ -187,7 +122,7 @@ async def test_the_reproduction_an_answered_interrupt_imports(source: Source, ve
 # --------------------------------------------------------------------------- whole or nothing
 
 
-async def test_a_thread_that_fails_to_import_leaves_nothing_of_itself(source: Source) -> None:
+async def test_a_thread_that_fails_to_import_leaves_nothing_of_itself(source: Db) -> None:
     """A bad row in the middle of a thread: the threads before it are in, whole; of that
     thread nothing is visible (no checkpoint, no staged rows), and a re-run fails the same
     way, still writing nothing of it."""
@@ -236,7 +171,7 @@ async def test_a_thread_that_fails_to_import_leaves_nothing_of_itself(source: So
 
 
 async def test_a_thread_langgraphs_saver_grew_after_the_import_is_completed_whole(
-    source: Source,
+    source: Db,
 ) -> None:
     """The old application wrote more to a thread already imported: a re-run imports the
     new checkpoints (as a whole: staged, then renamed; the channel versions the thread

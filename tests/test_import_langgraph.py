@@ -14,23 +14,20 @@ import logging
 import math
 import operator
 import signal
-import sqlite3
 import sys
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
 import zygote
+from import_db import Db
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AnyMessage, HumanMessage
 from langgraph.checkpoint.serde.types import TASKS
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, Send
-from pg_server import fresh_dsn
+from line_graph import line_graph
 from test_delta_history import loop_graph, state_and_history
 from test_graphs import approval_graph, cfg, norm, parent_graph
 from typing_extensions import TypedDict
@@ -52,68 +49,9 @@ KEY = ("thread_id", "checkpoint_ns", "checkpoint_id")
 # --------------------------------------------------------------------------- the database
 
 
-@dataclass
-class Db:
-    """One SQLite file / Postgres schema, opened by LangGraph's saver or ours."""
-
-    backend: str
-    where: str  # a path, or a DSN whose search_path is the schema
-
-    def official(self) -> AbstractAsyncContextManager[Any]:
-        return _official(self)
-
-    def ours(self) -> AbstractAsyncContextManager[Any]:
-        if self.backend == "sqlite":
-            from langgraph_idem_saver import AsyncSqliteSaver
-
-            return AsyncSqliteSaver.from_conn_string(self.where)
-        from langgraph_idem_saver.postgres import AsyncPostgresSaver
-
-        return AsyncPostgresSaver.from_conn_string(self.where)
-
-    def sql(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Run one statement directly (as a user with a SQL shell would); its rows."""
-        if self.backend == "sqlite":
-            with sqlite3.connect(self.where) as conn:
-                cur = conn.execute(statement.replace("%s", "?"), params)
-                return cur.fetchall() if cur.description else [(cur.rowcount,)]
-        import psycopg
-
-        with psycopg.connect(self.where, autocommit=True) as conn:
-            cur = conn.execute(statement.encode(), params)
-            return cur.fetchall() if cur.description else [(cur.rowcount,)]
-
-    def writes_table(self) -> str:
-        return "writes" if self.backend == "sqlite" else "checkpoint_writes"
-
-    def our_rows(self) -> dict[str, list[tuple[Any, ...]]]:
-        """Everything in our checkpoint tables, in key order."""
-        return {
-            table: self.sql(f"SELECT * FROM {table} ORDER BY 1, 2, 3, 4")
-            for table in ("idem_checkpoints", "idem_blobs", "idem_writes")
-        }
-
-
-@asynccontextmanager
-async def _official(db: Db) -> AsyncIterator[Any]:
-    if db.backend == "sqlite":
-        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-
-        async with AsyncSqliteSaver.from_conn_string(db.where) as saver:
-            yield saver
-        return
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-
-    async with AsyncPostgresSaver.from_conn_string(db.where) as saver:
-        await saver.setup()
-        yield saver
-
-
 @pytest.fixture
 def db(backend: str, request: pytest.FixtureRequest) -> Db:
-    if backend == "sqlite":
-        return Db(backend, str(request.getfixturevalue("tmp_path") / "agent.db"))
-    return Db(backend, fresh_dsn(request.getfixturevalue("pg_server_dsn")))
+    return Db.for_test(backend, request)
 
 
 # --------------------------------------------------------------------------- the graphs
@@ -129,11 +67,7 @@ def chat_graph(checkpointer: Any) -> Any:
     async def call_model(state: Chat) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
 
-    builder = StateGraph(Chat)
-    builder.add_node("model", call_model)
-    builder.add_edge(START, "model")
-    builder.add_edge("model", END)
-    return builder.compile(checkpointer=checkpointer)
+    return line_graph(Chat, checkpointer, model=call_model)
 
 
 GRAPHS = {"chat": chat_graph, "nested": parent_graph, "approval": approval_graph}

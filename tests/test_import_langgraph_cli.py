@@ -15,15 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from pg_server import fresh_dsn
-from test_import_langgraph import THREADS, Db, filled
+from import_db import Db
+from test_import_langgraph import THREADS, filled
 
 
 @pytest.fixture
 def db(backend: str, request: pytest.FixtureRequest) -> Db:
-    if backend == "sqlite":
-        return Db(backend, str(request.getfixturevalue("tmp_path") / "agent.db"))
-    return Db(backend, fresh_dsn(request.getfixturevalue("pg_server_dsn")))
+    return Db.for_test(backend, request)
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
