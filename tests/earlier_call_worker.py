@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import time
-import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -36,7 +33,8 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage, ToolMessage
 from langgraph.types import Command
-from resume_worker import FAILED_EXIT_CODE, InvoiceModel, build_graph, effects_lines, make_node
+from resume_worker import InvoiceModel, build_graph, effects_lines, make_node
+from worker_report import report
 
 from langgraph_idem_saver import NOT_APPLIED, IdempotentToolNode
 
@@ -193,13 +191,7 @@ async def run(scenario: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    try:
-        payload = asyncio.run(run(json.loads(sys.argv[1])))
-    except Exception as exc:
-        payload = {"ok": False, "error": type(exc).__name__, "traceback": traceback.format_exc()}
-        print(json.dumps(payload), flush=True)
-        sys.exit(FAILED_EXIT_CODE)
-    print(json.dumps({**payload, "pid": os.getpid()}), flush=True)
+    report(run)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,6 @@ The saver is ``db`` (SQLite file) or ``dsn`` (PostgreSQL).
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import sys
-import traceback
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,13 +36,13 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatResult
 from langgraph.types import Command
 from resume_worker import (
-    FAILED_EXIT_CODE,
     InvoiceModel,
     _barrier,
     build_graph,
     effects_lines,
     make_node,
 )
+from worker_report import report
 
 from langgraph_idem_saver import IdempotentToolNode
 
@@ -140,13 +135,7 @@ async def run(scenario: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    try:
-        payload = asyncio.run(run(json.loads(sys.argv[1])))
-    except Exception as exc:
-        payload = {"ok": False, "error": type(exc).__name__, "traceback": traceback.format_exc()}
-        print(json.dumps(payload), flush=True)
-        sys.exit(FAILED_EXIT_CODE)
-    print(json.dumps({**payload, "pid": os.getpid()}), flush=True)
+    report(run)
 
 
 if __name__ == "__main__":
