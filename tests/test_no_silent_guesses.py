@@ -124,6 +124,34 @@ def test_on_earlier_call_decides_a_reworded_call_without_asking(
         assert answer == "charged inv-1 $10", "the recorded outcome of the lost call"
 
 
+def died_after_claiming_inv1(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> dict[str, Any]:
+    """Turn one of ``create_react_agent`` v2, durability ``"exit"``, asks for inv-1 and dies
+    after its claim, before its effect; the scenario that re-sends that turn."""
+    base = {**where(backend, tmp_path, request), "agent": "react_v2", "durability": "exit"}
+    turn = {**base, "text": "pay invoices inv-0 inv-1"}
+    run = {
+        **turn,
+        "phase": "run",
+        "calls": ["inv-1"],
+        "crash_at": "after_issued",
+        "crash_invoice": "inv-1",
+    }
+    code, _, err = child(run)
+    assert code == CRASH_EXIT_CODE, err
+    return turn
+
+
+def both_charged_once(out: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """inv-0 and inv-1 each charged once and told so; the lost inv-1 entry."""
+    assert Counter(effects_lines(tmp_path / "effects")) == {"inv-0": 1, "inv-1": 1}
+    told = {out["calls"][i]: text for i, text in out["tool_messages"].items()}
+    assert told == {"inv-0": "charged inv-0 $10", "inv-1": "charged inv-1 $10"}
+    [lost] = [e for e in out["ledger"] if e["invoice"] == "inv-1"]
+    return lost
+
+
 def test_a_superseded_lost_call_never_answers_a_call_with_its_own_arguments(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -133,27 +161,13 @@ def test_a_superseded_lost_call_never_answers_a_call_with_its_own_arguments(
     the lost inv-1, whose ``verify`` says "not applied": closed as superseded. The inv-1
     task then reaches that entry with the very same arguments and must run it - not be
     told "not applied; superseded"."""
-    base = {**where(backend, tmp_path, request), "agent": "react_v2", "durability": "exit"}
-    turn = "pay invoices inv-0 inv-1"
-    run = {
-        **base,
-        "phase": "run",
-        "text": turn,
-        "calls": ["inv-1"],
-        "crash_at": "after_issued",
-        "crash_invoice": "inv-1",
-    }
-    code, _, err = child(run)
-    assert code == CRASH_EXIT_CODE, err
+    turn = died_after_claiming_inv1(backend, tmp_path, request)
     assert effects_lines(tmp_path / "effects") == [], "inv-1 claimed, never charged"
 
     hold = {"invoice": "inv-1", "until": "inv-0"}
-    out = resumed({**base, "text": turn, "calls": ["inv-0", "inv-1"], "hold": hold})
+    out = resumed({**turn, "calls": ["inv-0", "inv-1"], "hold": hold})
 
-    assert Counter(effects_lines(tmp_path / "effects")) == {"inv-0": 1, "inv-1": 1}
-    told = {out["calls"][i]: text for i, text in out["tool_messages"].items()}
-    assert told == {"inv-0": "charged inv-0 $10", "inv-1": "charged inv-1 $10"}
-    [lost] = [e for e in out["ledger"] if e["invoice"] == "inv-1"]
+    lost = both_charged_once(out, tmp_path)
     assert lost["status"] == "completed" and lost["attempts"] == 2, lost
     assert lost["events"] == ["superseded", "reopened"], "closed, then run again - on record"
 
@@ -169,33 +183,18 @@ def test_a_lost_call_closed_as_superseded_while_its_own_call_settles_it_is_run(
     answers the inv-0 task (asked first) only once the inv-1 task asked too - it read the
     entry still unknown - and the inv-1 task only once inv-0 was charged (after the
     close)."""
-    base = {**where(backend, tmp_path, request), "agent": "react_v2", "durability": "exit"}
-    turn = "pay invoices inv-0 inv-1"
-    run = {
-        **base,
-        "phase": "run",
-        "text": turn,
-        "calls": ["inv-1"],
-        "crash_at": "after_issued",
-        "crash_invoice": "inv-1",
-    }
-    code, _, err = child(run)
-    assert code == CRASH_EXIT_CODE, err
+    turn = died_after_claiming_inv1(backend, tmp_path, request)
 
     out = resumed(
         {
-            **base,
-            "text": turn,
+            **turn,
             "calls": ["inv-0", "inv-1"],
             "hold": {"invoice": "inv-1", "until": "adopted"},
             "verify_waits_for": "inv-0",
         }
     )
 
-    assert Counter(effects_lines(tmp_path / "effects")) == {"inv-0": 1, "inv-1": 1}
-    told = {out["calls"][i]: text for i, text in out["tool_messages"].items()}
-    assert told == {"inv-0": "charged inv-0 $10", "inv-1": "charged inv-1 $10"}
-    [lost] = [e for e in out["ledger"] if e["invoice"] == "inv-1"]
+    lost = both_charged_once(out, tmp_path)
     assert lost["events"] == ["superseded", "reopened"], "the race was run, on record"
 
 
