@@ -38,6 +38,7 @@ from db_restart_harness import run_schedule
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
+from pg_blocking import charge_intent
 from pg_restart import CrashableServer
 from pg_server import afresh_dsn, require_postgres
 from psycopg.rows import dict_row
@@ -46,7 +47,7 @@ from tool_node_helpers import ToolCallingFakeModel
 
 from langgraph_idem_saver import AsyncPostgresSaver, CallStatus, ToolCallInProgress
 from langgraph_idem_saver.errors import ConnectionClosedError
-from langgraph_idem_saver.ledger import CallIntent, Outcome
+from langgraph_idem_saver.ledger import Outcome
 from langgraph_idem_saver.middleware import IdempotencyMiddleware
 from langgraph_idem_saver.owners import make_owner
 
@@ -89,19 +90,6 @@ async def saver_on(dsn: str, conn: str) -> AsyncIterator[AsyncPostgresSaver]:
         yield saver
 
 
-def intent(key: str) -> CallIntent:
-    return CallIntent(
-        scope="t",
-        key=key,
-        thread_id="t",
-        agent_path="tools",
-        tool_name="charge",
-        args_hash="h",
-        args=b'{"amount":1}',
-        tool_call_id=f"call-{key}",
-    )
-
-
 async def record(saver: AsyncPostgresSaver, key: str, owner: str = OWNER) -> None:
     type_, data = saver.serde.dumps_typed("charged")
     await saver.record_outcome("t", key, owner=owner, outcome=Outcome.completed(type_, data))
@@ -126,7 +114,7 @@ async def test_an_outcome_is_written_once_the_server_is_back(
     it (retried on a fresh connection) and returns once it is recorded, seconds after
     the server is back."""
     async with saver_on(dsn, conn) as saver:
-        await saver.aclaim([intent("k")], owner=OWNER, lease_seconds=300)
+        await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
         await kill(crashable)
         writing = asyncio.create_task(record(saver, "k"))
         await asyncio.sleep(0.5)
@@ -149,7 +137,7 @@ async def test_an_outcome_held_is_written_before_the_next_statement(
     error saying the outcome is kept, and the saver's next statement writes it first."""
     async with saver_on(dsn, conn) as saver:
         saver.outcome_retry_seconds = 0.3
-        await saver.aclaim([intent("k")], owner=OWNER, lease_seconds=300)
+        await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
         await kill(crashable)
         with pytest.raises(ConnectionClosedError, match="kept by the saver"):
             await record(saver, "k")
@@ -229,7 +217,7 @@ async def test_a_user_connection_keeps_the_typed_error_and_gives_up_at_once(
     owner = make_owner()  # this process's, as the engine's are
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         saver = AsyncPostgresSaver(conn)
-        await saver.aclaim([intent("k")], owner=owner, lease_seconds=300)
+        await saver.aclaim([charge_intent("k")], owner=owner, lease_seconds=300)
         await kill(crashable)
         with pytest.raises(ConnectionClosedError, match="cannot reconnect"):
             await record(saver, "k", owner)
@@ -291,16 +279,16 @@ async def test_a_claim_whose_answer_was_lost_is_undone(
     tool ran. The saver undoes that claim before its next statement, so the same call is
     claimed again at once (not a live claim of this process's for ``lease_seconds``)."""
     async with through_proxy(crashable) as proxy, saver_through(proxy, dsn) as saver:
-        await saver.aclaim([intent("warm")], owner=OWNER, lease_seconds=300)  # prepared
+        await saver.aclaim([charge_intent("warm")], owner=OWNER, lease_seconds=300)  # prepared
         proxy.cut_next_answer()
         with pytest.raises(ConnectionClosedError):
-            await saver.aclaim([intent("k")], owner=OWNER, lease_seconds=300)
+            await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
         assert proxy.cuts == 1
         async with await psycopg.AsyncConnection.connect(dsn) as other:
             cur = await other.execute("SELECT status FROM idem_tool_calls WHERE key = 'k'")
             assert await cur.fetchall() == [("issued",)]  # it did commit
         assert await saver.aget_entry("t", "k") is None  # undone first
-        [again] = await saver.aclaim([intent("k")], owner=OWNER, lease_seconds=300)
+        [again] = await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
     assert again.claimed
 
 
@@ -310,7 +298,8 @@ async def test_an_outcome_whose_answer_was_lost_counts_as_recorded(
     """The outcome committed, its answer never arrived: the retry finds the entry
     recorded as this very outcome and returns normally."""
     async with through_proxy(crashable) as proxy, saver_through(proxy, dsn) as saver:
-        await saver.aclaim([intent("warm"), intent("k")], owner=OWNER, lease_seconds=300)
+        intents = [charge_intent("warm"), charge_intent("k")]
+        await saver.aclaim(intents, owner=OWNER, lease_seconds=300)
         await record(saver, "warm")  # the outcome's statement prepared
         proxy.cut_next_answer()
         await record(saver, "k")

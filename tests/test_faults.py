@@ -25,6 +25,7 @@ import pytest
 import zygote
 from fault_child import Db
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+from pg_blocking import admin, charge_intent, named_pool, wait_until_blocked
 from pg_server import afresh_dsn, throwaway_server
 from psycopg_pool import AsyncConnectionPool
 from tool_node_helpers import cfg
@@ -259,37 +260,6 @@ async def test_sqlite_lock_released_within_busy_timeout(tmp_path: Path, lock_hol
 # ----------------------------------------------------------------------------- Postgres
 
 
-async def admin(dsn: str) -> psycopg.AsyncConnection[Any]:
-    return await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-
-
-async def wait_until_blocked(dsn: str) -> None:
-    async with await admin(dsn) as conn:
-        for _ in range(500):
-            cur = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()"
-            )
-            row = await cur.fetchone()
-            if row and row[0] >= 1:
-                return
-            await asyncio.sleep(0.02)
-    raise AssertionError("the saver's statement never blocked")
-
-
-def ledger_intent(key: str) -> CallIntent:
-    return CallIntent(
-        scope="t",
-        key=key,
-        thread_id="t",
-        agent_path="tools",
-        tool_name="charge",
-        args_hash="h",
-        args=b'{"amount":1}',
-        tool_call_id=f"call-{key}",
-    )
-
-
 @pytest.fixture
 async def pg(request: pytest.FixtureRequest) -> str:
     return await afresh_dsn(request.getfixturevalue("pg_server_dsn"))
@@ -300,7 +270,7 @@ async def test_pg_backend_terminated_during_claim(pg: str) -> None:
     no claim recorded, and the ledger is consistent for the next process. The saver
     ``from_conn_string`` made owns its connection: its next call opens a new one."""
     async with AsyncPostgresSaver.from_conn_string(pg) as saver:
-        await saver.aclaim([ledger_intent("kept")], owner="h:1:a", lease_seconds=60)
+        await saver.aclaim([charge_intent("kept")], owner="h:1:a", lease_seconds=60)
         assert isinstance(saver.conn, psycopg.AsyncConnection)
         pid = saver.conn.info.backend_pid
         blocker = await psycopg.AsyncConnection.connect(pg)
@@ -311,7 +281,7 @@ async def test_pg_backend_terminated_during_claim(pg: str) -> None:
                 "VALUES ('t', 'contended', 't', 'x', 'h', '', 'c', 'issued', 'o', 0, 0)"
             )
             claim = asyncio.create_task(
-                saver.aclaim([ledger_intent("contended")], owner="h:1:b", lease_seconds=60)
+                saver.aclaim([charge_intent("contended")], owner="h:1:b", lease_seconds=60)
             )
             await wait_until_blocked(pg)
             async with await admin(pg) as conn:
@@ -328,7 +298,7 @@ async def test_pg_backend_terminated_during_claim(pg: str) -> None:
         assert await fresh.aget_entry("t", "contended") is None
         kept = await fresh.aget_entry("t", "kept")
         assert kept is not None and kept.status is CallStatus.ISSUED
-        [again] = await fresh.aclaim([ledger_intent("contended")], owner="h:1:c", lease_seconds=60)
+        [again] = await fresh.aclaim([charge_intent("contended")], owner="h:1:c", lease_seconds=60)
         assert again.claimed
 
 
@@ -336,16 +306,9 @@ async def test_pg_backend_terminated_during_finish_with_a_pool(pg: str) -> None:
     """The outcome write dies with its backend: never half written, and kept - the saver
     writes it again on the pool's next connection (``held_outcomes``), so the call that
     recorded it returns the entry completed, once the row is free."""
-    async with AsyncConnectionPool(
-        pg,
-        min_size=2,
-        max_size=2,
-        kwargs={"autocommit": True, "application_name": "idem-fault-pool"},
-        open=False,
-    ) as pool:
-        await pool.wait()
+    async with named_pool(pg, "idem-fault-pool", 2) as pool:
         saver = AsyncPostgresSaver(pool)
-        await saver.aclaim([ledger_intent("k")], owner="h:1:a", lease_seconds=60)
+        await saver.aclaim([charge_intent("k")], owner="h:1:a", lease_seconds=60)
         type_, data = saver.serde.dumps_typed({"charged": 1})
 
         async def finish() -> Any:
@@ -406,12 +369,12 @@ async def test_pg_server_restart_single_connection(restartable: tuple[Any, str])
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         saver = AsyncPostgresSaver(conn)
         stored = await saver.aput(cfg("before"), generate_checkpoint(), {"step": 1}, {})
-        await saver.aclaim([ledger_intent("k")], owner="h:1:a", lease_seconds=60)
+        await saver.aclaim([charge_intent("k")], owner="h:1:a", lease_seconds=60)
         await asyncio.to_thread(restart, server)
         with pytest.raises(ConnectionClosedError):
             await saver.aget_tuple(cfg("before"))
         with pytest.raises(ConnectionClosedError):
-            await saver.aclaim([ledger_intent("k2")], owner="h:1:a", lease_seconds=60)
+            await saver.aclaim([charge_intent("k2")], owner="h:1:a", lease_seconds=60)
     async with AsyncPostgresSaver.from_conn_string(dsn) as fresh:
         tup = await fresh.aget_tuple(cfg("before"))
         assert tup is not None and tup.config == stored

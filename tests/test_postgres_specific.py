@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +26,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
+from pg_blocking import admin, named_pool, wait_until_blocked
 from pg_reads import plans_cached_on_empty_tables, scans_during, table_reads
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -72,37 +73,29 @@ async def saver(pg_dsn: str) -> AsyncIterator[AsyncPostgresSaver]:
         yield s
 
 
-async def admin(dsn: str) -> psycopg.AsyncConnection[Any]:
-    return await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-
-
 # ------------------------------------------------------------------- concurrency
 
 
-async def hold_checkpoint_key(dsn: str, thread_id: str, checkpoint_id: str) -> Any:
-    """An open transaction that inserted (thread_id, '', checkpoint_id): an aput of that
-    key blocks on it until it ends."""
+@asynccontextmanager
+async def aput_waiting(
+    saver: Any, dsn: str, cp: Any, versions: dict[str, Any] | None = None
+) -> AsyncIterator[asyncio.Task[Any]]:
+    """``saver.aput`` of ``cp`` on thread "busy", started and waiting on an open
+    transaction that inserted the same key; that transaction rolls back when the block
+    ends, which lets the write through."""
     blocker = await psycopg.AsyncConnection.connect(dsn)
-    await blocker.execute(
-        "INSERT INTO idem_checkpoints (thread_id, checkpoint_ns, checkpoint_id, type, "
-        "checkpoint, metadata, channel_versions) VALUES (%s, '', %s, 'x', '', '{}', '{}')",
-        (thread_id, checkpoint_id),
-    )
-    return blocker
-
-
-async def wait_until_blocked(dsn: str, n: int = 1) -> None:
-    async with await admin(dsn) as conn:
-        for _ in range(200):
-            cur = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()"
-            )
-            row = await cur.fetchone()
-            if row and row[0] >= n:
-                return
-            await asyncio.sleep(0.02)
-    raise AssertionError("the saver's statement never blocked")
+    try:
+        await blocker.execute(
+            "INSERT INTO idem_checkpoints (thread_id, checkpoint_ns, checkpoint_id, type, "
+            "checkpoint, metadata, channel_versions) VALUES ('busy', '', %s, 'x', '', '{}', '{}')",
+            (cp["id"],),
+        )
+        task = asyncio.create_task(saver.aput(config("busy"), cp, {}, versions or {}))
+        await wait_until_blocked(dsn)
+        yield task
+    finally:
+        await blocker.rollback()
+        await blocker.close()
 
 
 async def test_pool_runs_independent_calls_concurrently(pg_dsn: str) -> None:
@@ -110,20 +103,13 @@ async def test_pool_runs_independent_calls_concurrently(pg_dsn: str) -> None:
     async with AsyncConnectionPool(pg_dsn, min_size=2, max_size=4, open=False) as pool:
         saver = AsyncPostgresSaver(pool)
         await put(saver, "other")
-        cp = generate_checkpoint()
-        blocker = await hold_checkpoint_key(pg_dsn, "busy", cp["id"])
-        try:
-            blocked = asyncio.create_task(saver.aput(config("busy"), cp, {}, {}))
-            await wait_until_blocked(pg_dsn)
+        async with aput_waiting(saver, pg_dsn, generate_checkpoint()) as blocked:
             # with one connection (or LangGraph's one lock) this would wait for `blocked`
             tup = await asyncio.wait_for(saver.aget_tuple(config("other")), 5)
             assert tup is not None and tup.checkpoint["channel_values"]["a"] == "value-a"
             entries = await asyncio.wait_for(saver.alist_entries("other"), 5)
             assert entries == []
             assert not blocked.done()
-        finally:
-            await blocker.rollback()
-            await blocker.close()
         await asyncio.wait_for(blocked, 5)
         assert (await saver.aget_tuple(config("busy"))) is not None
 
@@ -131,17 +117,10 @@ async def test_pool_runs_independent_calls_concurrently(pg_dsn: str) -> None:
 async def test_single_connection_serializes_calls(saver: AsyncPostgresSaver, pg_dsn: str) -> None:
     """One connection runs one call at a time: concurrent calls queue, none fails."""
     await put(saver, "other")
-    cp = generate_checkpoint()
-    blocker = await hold_checkpoint_key(pg_dsn, "busy", cp["id"])
-    try:
-        blocked = asyncio.create_task(saver.aput(config("busy"), cp, {}, {}))
-        await wait_until_blocked(pg_dsn)
+    async with aput_waiting(saver, pg_dsn, generate_checkpoint()) as blocked:
         queued = asyncio.create_task(saver.aget_tuple(config("other")))
         await asyncio.sleep(0.2)
         assert not queued.done()
-    finally:
-        await blocker.rollback()
-        await blocker.close()
     await asyncio.wait_for(blocked, 5)
     assert (await asyncio.wait_for(queued, 5)) is not None
     # many concurrent calls on the one connection all complete
@@ -189,10 +168,7 @@ async def test_backend_killed_mid_transaction_single_connection(
     assert isinstance(saver.conn, psycopg.AsyncConnection)
     pid = saver.conn.info.backend_pid
     cp = generate_checkpoint(channel_values={"big": "x" * 10}, channel_versions={"big": "1"})
-    blocker = await hold_checkpoint_key(pg_dsn, "busy", cp["id"])
-    try:
-        task = asyncio.create_task(saver.aput(config("busy"), cp, {}, {"big": "1"}))
-        await wait_until_blocked(pg_dsn)
+    async with aput_waiting(saver, pg_dsn, cp, {"big": "1"}) as task:
         async with await admin(pg_dsn) as conn:
             await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
             for _ in range(500):  # the write again, on a new connection, waits too
@@ -209,9 +185,6 @@ async def test_backend_killed_mid_transaction_single_connection(
             await conn.execute("SELECT pg_terminate_backend(%s)", (again[0][0],))
         with pytest.raises(ConnectionClosedError, match="lost"):
             await asyncio.wait_for(task, 10)
-    finally:
-        await blocker.rollback()
-        await blocker.close()
     assert await saver.aget_tuple(config("busy")) is None  # on a new connection
     assert saver.conn.info.backend_pid != pid
     # the statement was atomic: neither the blob nor the checkpoint was written
@@ -238,37 +211,13 @@ async def test_backends_killed_with_a_pool_next_call_works(pg_dsn: str) -> None:
     """Every pooled backend terminated while an aput waits on a row lock: the write runs
     again on a fresh connection (an upsert of the same rows), lands once the row is free,
     and the next calls work."""
-    async with AsyncConnectionPool(
-        pg_dsn,
-        min_size=3,
-        max_size=3,
-        kwargs={"autocommit": True, "application_name": "idem-pool-test"},
-        open=False,
-    ) as pool:
-        await pool.wait()
+    async with named_pool(pg_dsn, "idem-pool-test", 3) as pool:
         saver = AsyncPostgresSaver(pool)
         await put(saver, "t")
-        cp = generate_checkpoint()
-        blocker = await hold_checkpoint_key(pg_dsn, "busy", cp["id"])
-        try:
-            task = asyncio.create_task(saver.aput(config("busy"), cp, {}, {}))
-            await wait_until_blocked(pg_dsn)
-            async with await admin(pg_dsn) as conn:  # every pool connection, idle ones too
-                cur = await conn.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'idem-pool-test'"
-                )
-                pids = [row[0] for row in await cur.fetchall()]
-                await conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", [pids]
-                )
-                # termination is a signal: wait until the backends are gone, or the pool's
-                # health check may still find an idle one alive (the CI flake of stop 22)
-                await wait_until_gone(conn, pids)
+        async with aput_waiting(saver, pg_dsn, generate_checkpoint()) as task:
+            await kill_backends(pg_dsn, "idem-pool-test")  # every pool connection, idle too
             await wait_until_blocked(pg_dsn)  # the write again, on a fresh connection
             assert not task.done()
-        finally:
-            await blocker.rollback()
-            await blocker.close()
         await asyncio.wait_for(task, 10)
         assert await saver.aget_tuple(config("busy")) is not None
         tup = await asyncio.wait_for(saver.aget_tuple(config("t")), 10)
@@ -279,7 +228,9 @@ async def test_backends_killed_with_a_pool_next_call_works(pg_dsn: str) -> None:
 
 async def kill_backends(dsn: str, application_name: str) -> None:
     """``pg_terminate_backend`` every backend of ``application_name``, and wait until
-    they are gone; the pool is not told (its idle connections now look alive)."""
+    they are gone; the pool is not told (its idle connections now look alive). The wait
+    matters: termination is a signal, and a pool's health check could still find an idle
+    backend alive."""
     async with await admin(dsn) as conn:
         cur = await conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [application_name]
@@ -296,11 +247,7 @@ async def test_a_read_or_a_write_on_a_dead_pooled_connection_is_run_again_once(
     """A read that meets a dead idle pooled connection runs again on a fresh one (it
     changes nothing); so does a checkpoint write (an upsert of the same rows: running it
     twice stores what running it once does)."""
-    kwargs = {"autocommit": True, "application_name": "idem-read-retry"}
-    async with AsyncConnectionPool(
-        pg_dsn, min_size=2, max_size=2, kwargs=kwargs, open=False
-    ) as pool:
-        await pool.wait()
+    async with named_pool(pg_dsn, "idem-read-retry", 2) as pool:
         saver = AsyncPostgresSaver(pool)
         await put(saver, "t")
         await kill_backends(pg_dsn, "idem-read-retry")
