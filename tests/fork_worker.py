@@ -134,12 +134,5 @@ async def run(scenario: dict[str, Any]) -> dict[str, Any]:
         }
 
 
-def main() -> None:
-    report(run)
-
-
 if __name__ == "__main__":
-    from process_guard import exit_with_parent
-
-    exit_with_parent()  # never outlive the test that started us (tests/process_guard.py)
-    main()
+    report(run)

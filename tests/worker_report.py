@@ -1,9 +1,10 @@
-"""``report``: how a scenario worker (``fork_worker.py``, ``earlier_call_worker.py``) ends.
+"""``report``: how a scenario worker (``fork_worker.py``, ``earlier_call_worker.py``) runs.
 
-The worker runs the JSON scenario of ``argv[1]`` and prints one JSON line: the run's
-payload with the worker's pid, exit code 0; or ``{"ok": false, "error", "traceback"}``
-with exit code :data:`resume_worker.FAILED_EXIT_CODE` when the run raised, so a test
-tells a failed run from a killed one (``CRASH_EXIT_CODE`` or a signal).
+It ends itself with the test that started it (``process_guard.exit_with_parent``), runs
+the JSON scenario of ``argv[1]`` and prints one JSON line: the run's payload with the
+worker's pid, exit code 0; or ``{"ok": false, "error", "traceback"}`` with exit code
+:data:`resume_worker.FAILED_EXIT_CODE` when the run raised, so a test tells a failed run
+from a killed one (``CRASH_EXIT_CODE`` or a signal).
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ Run = Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
 
 
 def report(run: Run) -> None:
-    """Run ``run(scenario)`` and print its one line (see the module's docstring)."""
+    """Run ``run(scenario)`` and print its one line (see the module's docstring); first
+    make sure the worker never outlives the test that started it (tests/process_guard.py)."""
+    from process_guard import exit_with_parent
+
+    exit_with_parent()
     try:
         payload = asyncio.run(run(json.loads(sys.argv[1])))
     except Exception as exc:
