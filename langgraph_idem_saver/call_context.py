@@ -97,37 +97,37 @@ def info_of(batch: Batch, plan: Plan) -> CallInfo:
 
 class in_call:  # a context manager, named as one
     """Around the run of a planned ``RUN`` call's tool: :func:`current_call` answers it,
-    and its ``execute_tool`` span is open (when OpenTelemetry traces). A class with
-    slots, not a generator: entered once per call of a 50-call step, and by
-    ``LedgerEngine.running``'s ``__aenter__``/``__aexit__`` by hand. The
-    :class:`CallInfo` (a digest, a dataclass) is made only when asked for: most tools
-    never call :func:`current_call`."""
+    and its ``execute_tool`` span is open (when the run is traced: ``Batch.traced``). A
+    class with slots, not a generator: entered once per call of a 50-call step (the
+    engine's ``Running`` is one, entered from its ``__aenter__``/``__aexit__``). Only
+    what a call needs is set: the :class:`CallInfo` (a digest, a dataclass) is made
+    only when asked for - most tools never call :func:`current_call` - and the span and
+    the context variable's token when it is entered."""
 
     __slots__ = ("_info", "batch", "plan", "span", "token")
+    _info: CallInfo
+    span: telemetry.ToolSpan | None
+    token: contextvars.Token[in_call | None]
 
     def __init__(self, batch: Batch, plan: Plan) -> None:
         self.batch, self.plan = batch, plan
-        self._info: CallInfo | None = None
-        self.span: telemetry.ToolSpan | None = None
-        self.token: contextvars.Token[in_call | None] | None = None
 
     @property
     def info(self) -> CallInfo:
-        info = self._info
-        if info is None:
+        try:
+            return self._info
+        except AttributeError:  # not made yet
             info = self._info = info_of(self.batch, self.plan)
-        return info
+            return info
 
     def __enter__(self) -> in_call:
         self.token = _CURRENT.set(self)
-        if telemetry.ENABLED and telemetry.tracing():
-            self.span = telemetry.tool_span(self.batch, self.plan)
+        self.span = telemetry.tool_span(self.batch, self.plan) if self.batch.traced else None
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if self.span is not None:
-            self.span.end(exc)
+        span = self.span
+        if span is not None:
             self.span = None
-        if self.token is not None:
-            _CURRENT.reset(self.token)
-            self.token = None
+            span.end(exc)
+        _CURRENT.reset(self.token)

@@ -251,6 +251,10 @@ def tool_span(batch: Batch, plan: Plan) -> ToolSpan:
     return ToolSpan(span, token)
 
 
+def _backend(batch: Any) -> str:
+    return type(batch.ledger).__name__ if batch.ledger is not None else ""
+
+
 def _plans_attributes(batch: Any) -> dict[str, Any]:
     from langgraph_idem_saver.engine.types import Kind
 
@@ -260,12 +264,17 @@ def _plans_attributes(batch: Any) -> dict[str, Any]:
         "idem.thread_id": intent.thread_id if intent is not None else "",
         "idem.agent_path": intent.agent_path if intent is not None else "",
         "idem.calls": len(plans),
-        "idem.backend": type(batch.ledger).__name__ if batch.ledger is not None else "",
+        "idem.backend": _backend(batch),
     }
 
 
 def traced_prepare(fn: F) -> F:
-    """``LedgerEngine.aprepare`` in an ``idem.claim`` span, timed, its claims counted."""
+    """``LedgerEngine.aprepare`` in an ``idem.claim`` span, timed, its claims counted.
+
+    Whether a run's calls open spans is decided here, once a run (``Batch.traced``):
+    asking OpenTelemetry for its provider reads the environment while none is set, and
+    a wide step runs 50 calls. Without a provider the span's attributes (passes over
+    the plans) are not computed either; the metrics are recorded either way."""
     if not ENABLED:
         return fn
 
@@ -277,23 +286,25 @@ def traced_prepare(fn: F) -> F:
             await fn(engine, batch, config)
             return
         otel = _otel()
+        traced = batch.traced = otel.tracing()
         started = time.perf_counter()
-        with otel.span("idem.claim") as span:
+        with otel.span("idem.claim") if traced else otel.no_span as span:
             try:
                 await fn(engine, batch, config)
             except BaseException as exc:
                 otel.error(span, exc)
                 raise
             finally:
-                span.set_attributes(_plans_attributes(batch))
+                if traced:
+                    span.set_attributes(_plans_attributes(batch))
                 otel.claim_seconds.record(
-                    time.perf_counter() - started,
-                    {"idem.backend": _plans_attributes(batch)["idem.backend"]},
+                    time.perf_counter() - started, {"idem.backend": _backend(batch)}
                 )
-            running = sum(p.kind is Kind.RUN for p in batch.all_plans)
-            span.set_attribute("idem.claimed", running)
-            # given the entry of a lost call (an orphan, a reworded call) or a fork slot's
-            span.set_attribute("idem.adopted", sum(_adopted(p) for p in batch.all_plans))
+            running = [p.kind for p in batch.all_plans].count(Kind.RUN)
+            if traced:
+                span.set_attribute("idem.claimed", running)
+                # given the entry of a lost call (an orphan, a reworded call) or a fork slot's
+                span.set_attribute("idem.adopted", sum(_adopted(p) for p in batch.all_plans))
             if running:
                 otel.counters["idem.calls.claimed"].add(running)
 
@@ -430,14 +441,12 @@ def traced_resolution(fn: F) -> F:
 
 
 def traced_outcomes(fn: F) -> F:
-    """Time an outcome commit (``afinish`` awaiting its own, ``aoutcomes`` a step's)."""
+    """Time an outcome commit (``arecord``: a call's own, ``aoutcomes``: a step's)."""
     if not ENABLED:
         return fn
 
     @functools.wraps(fn)
     async def timed(*args: Any, **kwargs: Any) -> Any:
-        if len(args) > 1 and getattr(args[1], "outcomes", None) is not None:
-            return await fn(*args, **kwargs)  # afinish in a step: awaited in aoutcomes
         started = time.perf_counter()
         try:
             return await fn(*args, **kwargs)

@@ -34,27 +34,30 @@ class AwaitsOutcomes(Protocol):
     async def aoutcomes(self, outcomes: Outcomes, *, raising: bool) -> None: ...
 
 
-class Running:
+class Running(in_call):
     """``LedgerEngine.running``'s context manager: a class, not an
     ``asynccontextmanager``, because it is entered once per tool call and stays alive
     while the tool runs - a generator-based one is four more objects a call (the async
     generator, its manager, the event loop's weak reference to it...) for the garbage
-    collector to walk and promote, in steps of 50 parallel calls."""
+    collector to walk and promote, in steps of 50 parallel calls. It is the call's
+    :class:`in_call` too (``current_call()``, the span), rather than holding one: one
+    object a call, not two."""
 
-    __slots__ = ("batch", "call", "engine", "plan")
+    __slots__ = ("engine",)
 
     def __init__(self, engine: EndsCalls, batch: Batch, plan: Plan) -> None:
         self.engine, self.batch, self.plan = engine, batch, plan
-        self.call = in_call(batch, plan)  # current_call() and its span (call_context.py)
 
     async def __aenter__(self) -> None:
         self.plan.started = True
-        self.call.__enter__()
+        self.__enter__()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
     ) -> None:  # the exception, if any, propagates
-        self.call.__exit__(exc_type, exc, tb)
+        self.__exit__(exc_type, exc, tb)
+        if exc is None:
+            return
         if isinstance(exc, Exception):
             await self.engine.araised(self.batch, self.plan, exc)
         elif isinstance(exc, asyncio.CancelledError):

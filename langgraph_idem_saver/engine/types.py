@@ -245,6 +245,9 @@ class Batch:
     # outcomes written and not yet awaited (``LedgerEngine.outcomes_at_end``); None: each
     # call awaits its own
     outcomes: list[tuple[Plan, Awaitable[None]]] | None = None
+    # its calls open ``execute_tool`` spans: an SDK tracer provider was set when the run
+    # was prepared (``telemetry.traced_prepare``), asked once a run, not once a call
+    traced: bool = False
 
     def add(self, plan: Plan) -> None:
         self.plans.setdefault(str(plan.call["id"]), deque()).append(plan)
