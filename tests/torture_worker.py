@@ -77,14 +77,14 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as the zygote script from a checkout
     sys.path.insert(0, str(REPO_ROOT))
 
+from resume_worker import build_graph as react_loop  # noqa: E402  (one ReAct loop)
 from resume_worker import summarize  # noqa: E402  (one definition of a thread's transcript)
 
 from langgraph_idem_saver import IdempotentToolNode  # noqa: E402
@@ -264,18 +264,7 @@ def make_node(scenario: dict[str, Any], saver: Any = None) -> ToolNode:
 
 def build_graph(node: ToolNode, saver: Any) -> Any:
     """agent -> (tools -> agent)* -> END over MessagesState: a minimal ReAct loop."""
-    model = BatchPayModel()
-
-    async def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", node)
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return builder.compile(checkpointer=saver)
+    return react_loop(BatchPayModel(), node, saver)
 
 
 @asynccontextmanager
