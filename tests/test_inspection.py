@@ -80,7 +80,9 @@ async def test_stats_count_each_state(saver: Any) -> None:
     assert (await astats(saver, "other-thread")).by_status == {}
 
 
-async def test_resolve_completed_is_replayed_by_the_next_resume(saver: Any) -> None:
+async def call_again(saver: Any, thread_id: str) -> tuple[Counter, dict[str, Any]]:
+    """The agent sends :data:`CALL` again on ``thread_id`` (as a resume does), to a
+    ``charge`` tool that counts its runs: those runs, and what the graph returned."""
     charges = Counter()
 
     @tool
@@ -89,35 +91,29 @@ async def test_resolve_completed_is_replayed_by_the_next_resume(saver: Any) -> N
         charges.bump(invoice)
         return f"charged {invoice}"
 
+    graph = tool_graph(IdempotentToolNode([charge]), saver)
+    out = await graph.ainvoke(
+        {"messages": [ai_calls(("charge", CALL["args"], "call_9"))]}, cfg(thread_id)
+    )
+    return charges, out
+
+
+async def test_resolve_completed_is_replayed_by_the_next_resume(saver: Any) -> None:
     entry = await plant_crashed(saver, CALL, "t-res")
     settled = await aresolve_unknown(saver, entry, "completed", result="charged inv-9 (by hand)")
     assert settled is not None and settled.status.value == "completed"
     assert decode_result(saver, settled).content == "charged inv-9 (by hand)"
 
-    graph = tool_graph(IdempotentToolNode([charge]), saver)
-    out = await graph.ainvoke(
-        {"messages": [ai_calls(("charge", CALL["args"], "call_9"))]}, cfg("t-res")
-    )
+    charges, out = await call_again(saver, "t-res")
     assert len(charges) == 0, "the operator said it happened: not re-run"
     assert [m.content for m in tool_messages(out)] == ["charged inv-9 (by hand)"]
 
 
 async def test_resolve_rerun_lets_the_next_resume_run_it(saver: Any) -> None:
-    charges = Counter()
-
-    @tool
-    def charge(invoice: str, amount: int) -> str:
-        """Charge."""
-        charges.bump(invoice)
-        return f"charged {invoice}"
-
     entry = await plant_crashed(saver, CALL, "t-rerun")
     approved = await aresolve_unknown(saver, entry, "rerun")
     assert approved.rerun_approved() and approved.attempts == entry.attempts
-    graph = tool_graph(IdempotentToolNode([charge]), saver)
-    out = await graph.ainvoke(
-        {"messages": [ai_calls(("charge", CALL["args"], "call_9"))]}, cfg("t-rerun")
-    )
+    charges, out = await call_again(saver, "t-rerun")
     assert len(charges) == 1
     assert [m.content for m in tool_messages(out)] == ["charged inv-9"]
     [done] = await aentries(saver, "t-rerun")
