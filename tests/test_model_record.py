@@ -678,15 +678,22 @@ async def test_two_runs_of_one_step_at_once_go_on_with_the_first_record(tmp_path
     """Two resumers re-run one step at the same moment: both ask the model, the first
     answer recorded wins, and both branches go on with it - the same tool-call ids, so
     each tool call runs once."""
-    model, effects = FakeModel(asked=[], delay=0.3), []
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "db")) as saver:
-        first, mw1 = agent_of(model, saver, charge_tool(effects))
-        second, mw2 = agent_of(model, saver, charge_tool(effects))
-        outs = await asyncio.gather(
-            first.ainvoke(USER, cfg(), durability="exit"),
-            second.ainvoke(USER, cfg(), durability="exit"),
-        )
-        assert ids_of(outs[0]["messages"]) == ids_of(outs[1]["messages"])
-        won = mw1.model_recorder.counts.adopted_other + mw2.model_recorder.counts.adopted_other
-        assert won >= 1  # at least the calls step: one branch took the other's answer
-        assert sorted(effects) == ["inv-1", "inv-2"]
+        await two_runs_at_once(saver)
+
+
+async def two_runs_at_once(saver: Any) -> None:
+    """Two agents run one step at once on ``saver``, their model slow to answer: the
+    same tool-call ids in both, at least one answer taken from the other's record (the
+    calls step), each charge made once."""
+    model, effects = FakeModel(asked=[], delay=0.3), []
+    first, mw1 = agent_of(model, saver, charge_tool(effects))
+    second, mw2 = agent_of(model, saver, charge_tool(effects))
+    outs = await asyncio.gather(
+        first.ainvoke(USER, cfg(), durability="exit"),
+        second.ainvoke(USER, cfg(), durability="exit"),
+    )
+    assert ids_of(outs[0]["messages"]) == ids_of(outs[1]["messages"])
+    won = mw1.model_recorder.counts.adopted_other + mw2.model_recorder.counts.adopted_other
+    assert won >= 1  # at least the calls step: one branch took the other's answer
+    assert sorted(effects) == ["inv-1", "inv-2"]

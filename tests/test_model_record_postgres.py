@@ -7,7 +7,6 @@ claim-and-outcome path, in ``test_model_record.py``.)"""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import psycopg
@@ -20,9 +19,9 @@ from test_model_record import (
     cfg,
     charge_tool,
     front_of,
-    ids_of,
     lose_a_run,
     model_entries,
+    two_runs_at_once,
 )
 
 from langgraph_idem_saver.ledger import CallStatus
@@ -98,17 +97,7 @@ async def test_a_re_run_model_step_is_replayed(front: str, pg_dsn: str) -> None:
 async def test_two_runs_of_one_step_at_once_go_on_with_the_first_record(pg_dsn: str) -> None:
     """Both runs ask the model; the second INSERT finds the first's record and goes on
     with it: the same tool-call ids in both, each charge made once."""
-    model, effects = FakeModel(asked=[], delay=0.3), []
     async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
         await saver.setup()
-        first, mw1 = agent_of(model, saver, charge_tool(effects))
-        second, mw2 = agent_of(model, saver, charge_tool(effects))
-        outs = await asyncio.gather(
-            first.ainvoke(USER, cfg(), durability="exit"),
-            second.ainvoke(USER, cfg(), durability="exit"),
-        )
-        assert ids_of(outs[0]["messages"]) == ids_of(outs[1]["messages"])
-        won = mw1.model_recorder.counts.adopted_other + mw2.model_recorder.counts.adopted_other
-        assert won >= 1
-        assert sorted(effects) == ["inv-1", "inv-2"]
+        await two_runs_at_once(saver)
         assert all(e.status is CallStatus.COMPLETED for e in await model_entries(saver))
