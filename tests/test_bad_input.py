@@ -22,7 +22,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from tool_node_helpers import Counter, ai_calls, cfg, tool_graph
+from tool_node_helpers import Counter, ai_calls, cfg, rerun_tool_step, tool_graph
 
 from langgraph_idem_saver import IdempotentToolNode
 from langgraph_idem_saver.errors import (
@@ -428,17 +428,6 @@ def echo_tools(effects: Counter) -> list[Any]:
         return "big", random.Random(size).randbytes(size // 2).hex()
 
     return [echo, produce]
-
-
-async def rerun_tool_step(graph: Any, thread: str) -> dict[str, Any]:
-    """Run the tool step of ``thread`` again from the checkpoint before it (what a resume
-    after a crash between the tool and LangGraph's commit does): the ledger must replay."""
-    target = None
-    async for state in graph.aget_state_history(cfg(thread)):
-        if state.next == ("tools",):
-            target = state.config
-    assert target is not None
-    return dict(await graph.ainvoke(None, target, durability="sync"))
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,15 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from tool_node_helpers import Counter, ai_calls, cfg, intent_for, plant_completed, tool_graph
+from tool_node_helpers import (
+    Counter,
+    ai_calls,
+    cfg,
+    intent_for,
+    plant_completed,
+    rerun_tool_step,
+    tool_graph,
+)
 
 from langgraph_idem_saver import IdempotentToolNode
 from langgraph_idem_saver.errors import CorruptRecordError
@@ -62,15 +70,6 @@ def secret_tools(effects: Counter) -> list[Any]:
         raise ValueError(f"card declined {MARKER}-error")
 
     return [fetch, refuse]
-
-
-async def rerun_tool_step(graph: Any, thread: str) -> dict[str, Any]:
-    target = None
-    async for state in graph.aget_state_history(cfg(thread)):
-        if state.next == ("tools",):
-            target = state.config
-    assert target is not None
-    return dict(await graph.ainvoke(None, target, durability="sync"))
 
 
 async def run_fetch(saver: Any, effects: Counter, thread: str = "t", **node_kw: Any) -> Any:

@@ -156,3 +156,14 @@ Fields = Callable[[ToolMessage], tuple[Any, ...]]
 def fields(m: ToolMessage) -> tuple[Any, ...]:
     """What a replayed ToolMessage must preserve."""
     return (m.content, m.artifact, m.status, m.name, m.tool_call_id)
+
+
+async def rerun_tool_step(graph: Any, thread: str) -> dict[str, Any]:
+    """Run the tool step of ``thread`` again from the checkpoint before it (what a resume
+    after a crash between the tool and LangGraph's commit does): the ledger must replay."""
+    target = None
+    async for state in graph.aget_state_history(cfg(thread)):
+        if state.next == ("tools",):
+            target = state.config
+    assert target is not None
+    return dict(await graph.ainvoke(None, target, durability="sync"))
