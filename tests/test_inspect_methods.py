@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.base import empty_checkpoint
-from tool_node_helpers import intent_for, plant_completed, plant_unknown
+from tool_node_helpers import cfg, intent_for, plant_completed, plant_unknown
 
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.inspect_types import (
@@ -23,10 +23,8 @@ CALL = {"name": "charge", "args": {"invoice": "inv-1", "amount": 5}, "id": "call
 
 
 def config(thread_id: str, ns: str = "", checkpoint_id: str | None = None) -> dict[str, Any]:
-    c: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ns}
-    if checkpoint_id is not None:
-        c["checkpoint_id"] = checkpoint_id
-    return {"configurable": c}
+    """``cfg`` that always names a namespace ("" the root)."""
+    return cfg(thread_id, ns, checkpoint_id)
 
 
 async def chain(saver: Any, thread_id: str, n: int, ns: str = "") -> list[str]:

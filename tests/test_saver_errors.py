@@ -16,6 +16,7 @@ import aiosqlite
 import pytest
 from conftest import sqlite_saver_class
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+from tool_node_helpers import cfg
 
 from langgraph_idem_saver.errors import (
     ConfigError,
@@ -33,10 +34,8 @@ AsyncSqliteSaver = sqlite_saver_class()
 
 
 def config(thread_id: str = "t", ns: str = "", checkpoint_id: str | None = None) -> Any:
-    c: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ns}
-    if checkpoint_id is not None:
-        c["checkpoint_id"] = checkpoint_id
-    return {"configurable": c}
+    """``cfg`` that always names a namespace ("" the root)."""
+    return cfg(thread_id, ns, checkpoint_id)
 
 
 async def put_one(
