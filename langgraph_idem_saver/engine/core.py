@@ -195,19 +195,23 @@ class LedgerEngine:
         """Plan one call: ledgered, or skipped (read-only, or a tool nobody registered -
         which never runs: the front door answers with an error)."""
         plan = Plan(call=call)
-        if known and self._read_only(batch, call["name"], tool):
-            self.counters.bump("read_only")
-        elif known:
-            plan.kind = Kind.PENDING
+        if known:
+            name = call["name"]
+            read_only = batch.read_only.get(name)  # asked once per tool of a step
+            if read_only is None:
+                read_only = self._read_only(batch, name, tool)
+            if read_only:
+                self.counters.bump("read_only")
+            else:
+                plan.kind = Kind.PENDING
         batch.add(plan)
         return plan
 
     def _read_only(self, batch: Batch, name: str, tool: Any) -> bool:
-        """``options.is_read_only``, asked once per tool of a step (a wide step repeats
-        one tool 50 times; its options and metadata do not change within the step)."""
-        found = batch.read_only.get(name)
-        if found is None:
-            found = batch.read_only[name] = self.options.is_read_only(name, tool)
+        """``options.is_read_only`` for a tool not asked about yet this step, kept for the
+        step (a wide step repeats one tool 50 times; its options and metadata do not
+        change within the step): ``add_call`` reads the kept answer itself."""
+        found = batch.read_only[name] = self.options.is_read_only(name, tool)
         return found
 
     def note_state(self, batch: Batch, pairs: list[tuple[str, str]] | None) -> None:
