@@ -29,8 +29,9 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from effects_file import effects_of, record
 from resume_rule import asaved_next, resume_input
-from tool_node_helpers import ToolCallingFakeModel
+from tool_node_helpers import ToolCallingFakeModel, ai_calls
 
 from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver, ToolCallInProgress
 from langgraph_idem_saver.middleware import IdempotencyMiddleware
@@ -38,17 +39,6 @@ from langgraph_idem_saver.middleware import IdempotencyMiddleware
 CRASH_EXIT_CODE = 137
 INVOICES = ["inv-1", "inv-2", "inv-3"]
 AFTER_TOOLS_STEP = 2  # -1 input, 0 start, 1 the model asked for the charges, 2 they ran
-
-
-def effects_of(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def record(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class CrashingModel(ToolCallingFakeModel):
@@ -62,11 +52,9 @@ class CrashingModel(ToolCallingFakeModel):
         from langchain_core.outputs import ChatGeneration, ChatResult
 
         if not any(isinstance(m, AIMessage) and m.tool_calls for m in messages):
-            calls = [
-                {"name": "charge", "args": {"invoice": inv}, "id": f"call_{i}", "type": "tool_call"}
-                for i, inv in enumerate(INVOICES[: int(os.environ["CALLS"])])
-            ]
-            message = AIMessage("", id="ai-charges", tool_calls=calls)
+            invoices = INVOICES[: int(os.environ["CALLS"])]
+            calls = [("charge", {"invoice": inv}, f"call_{i}") for i, inv in enumerate(invoices)]
+            message = ai_calls(*calls, msg_id="ai-charges")
         else:
             if self.crash_on_answer:
                 os._exit(CRASH_EXIT_CODE)

@@ -37,6 +37,8 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from effects_file import effects_of as lines
+from effects_file import record as append  # "record" is the scenario's switch here
 from resume_rule import asaved_next, resume_input
 
 from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver, IdempotentToolNode
@@ -44,17 +46,6 @@ from langgraph_idem_saver.durable_model import durable_model
 from langgraph_idem_saver.middleware import IdempotencyMiddleware
 
 CRASH_EXIT_CODE = 137
-
-
-def append(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 class CountingModel(BaseChatModel):

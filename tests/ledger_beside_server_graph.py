@@ -31,9 +31,10 @@ PARK_SECONDS = 180.0
 
 
 def _build() -> Any:
+    from effects_file import effects_of, record
     from langchain.agents import create_agent
     from langchain_core.tools import tool
-    from ledger_beside_worker import FreshIdsModel, charged_lines, record
+    from ledger_beside_worker import FreshIdsModel
     from process_guard import exit_with_parent
 
     from langgraph_idem_saver import NOT_APPLIED, IdempotencyMiddleware, ToolLedger
@@ -57,7 +58,7 @@ def _build() -> Any:
 
     def verify(args: dict[str, Any]) -> Any:
         invoice = args["invoice"]
-        return f"charged {invoice}" if invoice in charged_lines(effects) else NOT_APPLIED
+        return f"charged {invoice}" if invoice in effects_of(effects) else NOT_APPLIED
 
     middleware = []
     if os.environ.get("LEDGER_BESIDE_MODE") == "ours":

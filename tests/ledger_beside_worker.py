@@ -49,6 +49,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from effects_file import effects_of, record
 
 from langgraph_idem_saver import NOT_APPLIED, IdempotentToolNode, ToolLedger
 
@@ -85,17 +86,6 @@ class FreshIdsModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-def record(effects: Path, invoice: str) -> None:
-    with effects.open("a") as f:
-        f.write(invoice + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def charged_lines(effects: Path) -> list[str]:
-    return effects.read_text().splitlines() if effects.exists() else []
-
-
 def build(scenario: dict[str, Any], checkpointer: Any, ledger: ToolLedger | None) -> Any:
     """The scenario's graph: ``ledger`` None builds the stock one."""
     effects = Path(scenario["effects"])
@@ -114,7 +104,7 @@ def build(scenario: dict[str, Any], checkpointer: Any, ledger: ToolLedger | None
     def verify(args: dict[str, Any]) -> Any:
         return (
             f"charged {args['invoice']}"
-            if args["invoice"] in charged_lines(effects)
+            if args["invoice"] in effects_of(effects)
             else (NOT_APPLIED)
         )
 
@@ -236,7 +226,7 @@ def run_sync(scenario: dict[str, Any]) -> dict[str, Any]:
 def report(scenario: dict[str, Any], result: Any, entries: list[Any]) -> dict[str, Any]:
     return {
         "outcome": outcome(scenario["door"], result),
-        "effects": charged_lines(Path(scenario["effects"])),
+        "effects": effects_of(Path(scenario["effects"])),
         "ledger": sorted(
             [e.status.value, json.loads(e.args)["invoice"]]
             for e in entries

@@ -45,6 +45,7 @@ from langchain_core.tools import tool
 from langgraph.types import Command
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from effects_file import effects_of, record
 from resume_rule import asaved_next
 from tool_node_helpers import ToolCallingFakeModel
 
@@ -56,17 +57,6 @@ CHARGES = {"batched": [("inv-1", 10), ("inv-2", 20), ("inv-3", 30)], "per_call":
 CHARGES["retry"] = CHARGES["per_call"]
 EDITED = ("inv-2", 25)
 CONFIG: Any = {"configurable": {"thread_id": "t"}}
-
-
-def effects_of(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def record(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 STOPPED = threading.Condition()

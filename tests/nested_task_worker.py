@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from effects_file import effects_of, record
 from langgraph.func import entrypoint
 from langgraph.types import Command
 from resume_rule import asaved_next, resume_input
@@ -31,17 +32,6 @@ from langgraph_idem_saver.task import idempotent_task
 
 CRASH_EXIT_CODE = 137
 INVOICES = ["inv-1", "inv-2"]
-
-
-def effects_of(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def record(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 async def main(scenario: dict[str, Any]) -> dict[str, Any]:

@@ -34,24 +34,14 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from effects_file import effects_of, record
 from resume_rule import resume_input, saved_next
-from tool_node_helpers import ToolCallingFakeModel
+from tool_node_helpers import ToolCallingFakeModel, ai_calls
 
 from langgraph_idem_saver import NOT_APPLIED
 
 CRASH_EXIT_CODE = 137
 INVOICES = ["inv-1", "inv-2", "inv-3"]
-
-
-def effects_of(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def record(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class ChargingModel(ToolCallingFakeModel):
@@ -61,11 +51,8 @@ class ChargingModel(ToolCallingFakeModel):
         self, messages: list[Any], stop: Any = None, run_manager: Any = None, **kwargs: Any
     ) -> ChatResult:
         if not any(isinstance(m, AIMessage) and m.tool_calls for m in messages):
-            calls = [
-                {"name": "charge", "args": {"invoice": inv}, "id": f"call_{i}", "type": "tool_call"}
-                for i, inv in enumerate(INVOICES)
-            ]
-            message = AIMessage("", id="ai-charges", tool_calls=calls)
+            calls = [("charge", {"invoice": inv}, f"call_{i}") for i, inv in enumerate(INVOICES)]
+            message = ai_calls(*calls, msg_id="ai-charges")
         else:
             message = AIMessage("all charged", id="ai-done")
         return ChatResult(generations=[ChatGeneration(message=message)])

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from effects_file import effects_of, record
 from langgraph.func import entrypoint, task
 from resume_rule import asaved_next, resume_input
 
@@ -31,17 +32,6 @@ from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver
 from langgraph_idem_saver.task import idempotent_task
 
 CRASH_EXIT_CODE = 137
-
-
-def effects_of(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def record(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 async def main(

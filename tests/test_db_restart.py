@@ -43,7 +43,7 @@ from pg_restart import CrashableServer
 from pg_server import afresh_dsn, require_postgres
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
-from tool_node_helpers import ToolCallingFakeModel
+from tool_node_helpers import ToolCallingFakeModel, ai_calls
 
 from langgraph_idem_saver import AsyncPostgresSaver, CallStatus, ToolCallInProgress
 from langgraph_idem_saver.errors import ConnectionClosedError
@@ -338,11 +338,8 @@ async def test_killed_after_the_first_outcome_is_visible_nothing_stays_issued(
             from langchain_core.outputs import ChatGeneration, ChatResult
 
             if not any(isinstance(m, AIMessage) and m.tool_calls for m in messages):
-                calls = [
-                    {"name": "charge", "args": {"invoice": i}, "id": f"c{n}", "type": "tool_call"}
-                    for n, i in enumerate(delays)
-                ]
-                message = AIMessage("", id="ai-charges", tool_calls=calls)
+                calls = [("charge", {"invoice": i}, f"c{n}") for n, i in enumerate(delays)]
+                message = ai_calls(*calls, msg_id="ai-charges")
             else:
                 message = AIMessage("all charged", id="ai-done")
             return ChatResult(generations=[ChatGeneration(message=message)])

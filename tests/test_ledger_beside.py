@@ -28,6 +28,7 @@ from typing import Any
 import ledger_beside_worker as worker
 import pytest
 import zygote
+from effects_file import effects_of
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -78,7 +79,7 @@ def kill_then_resume(tmp_path: Path, **scenario: Any) -> dict[str, Any]:
     }
     code, _, err = run_phase(scenario, "run")
     assert code == -signal.SIGKILL, f"the run should have been killed in the tool: {err}"
-    assert "inv-1" in worker.charged_lines(Path(scenario["effects"])), "killed after the effect"
+    assert "inv-1" in effects_of(Path(scenario["effects"])), "killed after the effect"
     code, payload, err = run_phase(scenario, "resume")
     assert code == 0, err
     assert payload is not None
