@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import pytest
+from delta_extend import extend
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
@@ -397,14 +398,6 @@ async def test_statements_do_not_grow_with_the_chain(
 
 
 # --------------------------------------------------------------------------- graphs
-
-
-def extend(state: list[str], writes: Sequence[list[str]]) -> list[str]:
-    """Batching-invariant and order-sensitive, as DeltaChannel requires and tests need."""
-    out = list(state)
-    for w in writes:
-        out.extend(w)
-    return out
 
 
 class LoopState(TypedDict):

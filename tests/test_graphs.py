@@ -15,6 +15,7 @@ import uuid
 from typing import Annotated, Any
 
 import pytest
+from delta_extend import extend
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
@@ -429,15 +430,8 @@ async def test_concurrent_threads_on_one_saver(saver: Any) -> None:
 # --------------------------------------------------------------------------- DeltaChannel
 
 
-def extend_all(state: list[str] | None, writes: Any) -> list[str]:
-    out = list(state or [])
-    for w in writes:
-        out.extend(w)
-    return out
-
-
 class DeltaState(TypedDict):
-    items: Annotated[list[str], DeltaChannel(extend_all, snapshot_frequency=4)]
+    items: Annotated[list[str], DeltaChannel(extend, snapshot_frequency=4)]
 
 
 def delta_graph(checkpointer: Any) -> Any:

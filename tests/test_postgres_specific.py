@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 import psycopg
 import pytest
+from delta_extend import extend
 from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
@@ -30,6 +31,7 @@ from pg_blocking import admin, named_pool, wait_until_blocked
 from pg_reads import plans_cached_on_empty_tables, scans_during, table_reads
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+from tool_node_helpers import cfg
 from typing_extensions import TypedDict
 
 from langgraph_idem_saver import AsyncSqliteSaver
@@ -45,10 +47,8 @@ from langgraph_idem_saver.postgres import AsyncPostgresSaver, sql
 
 
 def config(thread_id: str = "t", ns: str = "", checkpoint_id: str | None = None) -> Any:
-    c: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ns}
-    if checkpoint_id is not None:
-        c["checkpoint_id"] = checkpoint_id
-    return {"configurable": c}
+    """``cfg`` that always names a namespace ("" the root)."""
+    return cfg(thread_id, ns, checkpoint_id)
 
 
 async def put(
@@ -1326,17 +1326,13 @@ async def test_alist_of_every_shape_planned_while_the_tables_were_small_never_sc
     assert [len(rows) for rows in read] == [3, 1, 2, 1]
 
 
-def _extend(state: list[Any], writes: Any) -> list[Any]:
-    return [*state, *(item for w in writes for item in w)]
-
-
 class DeltaLog(TypedDict):
-    log: Annotated[list[Any], DeltaChannel(_extend, snapshot_frequency=10**9)]
+    log: Annotated[list[Any], DeltaChannel(extend, snapshot_frequency=10**9)]
     count: int
 
 
 class TwoDeltaLogs(DeltaLog):
-    notes: Annotated[list[Any], DeltaChannel(_extend, snapshot_frequency=10**9)]
+    notes: Annotated[list[Any], DeltaChannel(extend, snapshot_frequency=10**9)]
 
 
 @pytest.mark.parametrize("channels", [1, 2], ids=["one channel", "two channels"])

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+from delta_extend import extend
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import UUID, uuid6
@@ -205,13 +206,6 @@ def test_checkpoint_time_reads_langgraph_ids() -> None:
 
 
 # --- a graph still loads and resumes after keep_latest ------------------------------------
-
-
-def extend(state: list[str], writes: Any) -> list[str]:
-    out = list(state)
-    for w in writes:
-        out.extend(w)
-    return out
 
 
 class State(TypedDict):

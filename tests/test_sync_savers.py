@@ -34,6 +34,7 @@ from typing import Annotated, Any
 import psycopg
 import pytest
 import zygote
+from delta_extend import extend
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
@@ -493,15 +494,8 @@ async def test_graph_ainvoke_with_a_sync_saver(sync_saver: Any) -> None:
     assert tool_messages(out)[-1].content == "charged 4" and fx.calls == [4]
 
 
-def _extend(state: list[str], writes: Sequence[list[str]]) -> list[str]:
-    out = list(state)
-    for w in writes:
-        out.extend(w)
-    return out
-
-
 class DeltaState(TypedDict):
-    items: Annotated[list[str], DeltaChannel(_extend, snapshot_frequency=3)]
+    items: Annotated[list[str], DeltaChannel(extend, snapshot_frequency=3)]
     n: int
 
 
