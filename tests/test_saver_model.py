@@ -102,6 +102,19 @@ def _cfg(config: dict[str, Any] | None) -> tuple[Any, ...] | None:
     return (c["thread_id"], c.get("checkpoint_ns", ""), c.get("checkpoint_id"))
 
 
+def _config(key: tuple[Any, ...]) -> dict[str, Any]:
+    """The config of a checkpoint from its key (thread_id, checkpoint_ns, checkpoint_id):
+    :func:`_cfg` the other way round."""
+    thread_id, ns, checkpoint_id = key
+    return {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
 def normalize(t: CheckpointTuple | None) -> Any:
     if t is None:
         return None
@@ -320,15 +333,8 @@ class Harness:
             _, ci, writes, task_id, task_path = op
             if not known:
                 return
-            target = known[ci % len(known)]["config"]
-            cfg = {
-                "configurable": {
-                    "thread_id": target[0],
-                    "checkpoint_ns": target[1],
-                    "checkpoint_id": target[2],
-                }
-            }
-            await self.both("aput_writes", cfg, writes, task_id, task_path)
+            target = _config(known[ci % len(known)]["config"])
+            await self.both("aput_writes", target, writes, task_id, task_path)
         elif kind == "get":
             _, ti, ns, mode, ci = op
             tid = self._thread(ti)
@@ -345,14 +351,7 @@ class Harness:
             _, ti, ns, flt, bi, limit, exact = op
             before = None
             if bi is not None and known:
-                b = known[bi % len(known)]["config"]
-                before = {
-                    "configurable": {
-                        "thread_id": b[0],
-                        "checkpoint_ns": b[1],
-                        "checkpoint_id": b[2],
-                    }
-                }
+                before = _config(known[bi % len(known)]["config"])
             if ti is None:
                 # Across threads: order between equal ids of copied threads is unspecified.
                 ours = await collect(self.ours, None, filter=flt, before=before)
