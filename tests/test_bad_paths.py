@@ -361,21 +361,29 @@ async def test_postgres_read_only_session_refuses_writes_typed(pg_dsn: str) -> N
 
 # --- the import surface --------------------------------------------------------------------
 
-NO_POSTGRES = r"""
+
+def without(blocked: tuple[str, ...], name: str) -> str:
+    """A program that imports the package as if the ``blocked`` modules were not installed
+    (its extra left out) and prints what ``import *`` gave, the error importing ``name``
+    raised, and ``dir()`` of the package, as JSON."""
+    return f"""
 import json, sys
-sys.modules["psycopg"] = None  # as if the [postgres] extra were not installed
-sys.modules["psycopg_pool"] = None
-namespace = {}
+for blocked in {blocked!r}:
+    sys.modules[blocked] = None
+namespace = {{}}
 exec("from langgraph_idem_saver import *", namespace)
-report = {"star": sorted(k for k in namespace if not k.startswith("__"))}
+report = {{"star": sorted(k for k in namespace if not k.startswith("__"))}}
 try:
-    from langgraph_idem_saver import AsyncPostgresSaver
+    from langgraph_idem_saver import {name}
 except ImportError as exc:
     report["error"] = [type(exc).__name__, str(exc)]
 import langgraph_idem_saver
 report["dir"] = dir(langgraph_idem_saver)
 print(json.dumps(report))
 """
+
+
+NO_POSTGRES = without(("psycopg", "psycopg_pool"), "AsyncPostgresSaver")
 
 
 def run_report(code: str) -> dict[str, Any]:
@@ -431,18 +439,7 @@ def test_every_bad_path_error_is_exported() -> None:
     assert not issubclass(NotADatabaseError, PermissionError)
 
 
-NO_LANGCHAIN = r"""
-import json, sys
-sys.modules["langchain"] = None  # as if the [agents] extra were not installed
-namespace = {}
-exec("from langgraph_idem_saver import *", namespace)
-report = {"star": sorted(k for k in namespace if not k.startswith("__"))}
-try:
-    from langgraph_idem_saver import IdempotencyMiddleware
-except ImportError as exc:
-    report["error"] = [type(exc).__name__, str(exc)]
-print(json.dumps(report))
-"""
+NO_LANGCHAIN = without(("langchain",), "IdempotencyMiddleware")
 
 
 def test_star_import_without_the_agents_extra() -> None:
