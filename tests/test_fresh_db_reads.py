@@ -39,6 +39,7 @@ WITH RECURSIVE d (version, base_version, depth) AS (
 )
 SELECT MAX(depth) FROM d
 """
+"""The longest chain of deltas of the ``messages`` channel (0: every row whole)."""
 
 
 class Chat(TypedDict):

@@ -20,6 +20,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 from pg_reads import plans_cached_on_empty_tables, table_reads
+from test_fresh_db_reads import DEPTHS
 from tool_node_helpers import cfg
 from typing_extensions import TypedDict
 
@@ -98,17 +99,7 @@ async def test_reopened_saver_starts_a_fresh_chain_and_reads_stay_equal(db: Db) 
     # and every chain is bounded
     rows, deltas, _ = await blob_stats(db)
     assert deltas > rows * 0.8
-    depths = await db.query(
-        """
-        WITH RECURSIVE d (version, base_version, depth) AS (
-            SELECT version, base_version, 0 FROM idem_blobs WHERE channel = 'messages'
-          UNION ALL
-            SELECT d.version, b.base_version, d.depth + 1
-            FROM d JOIN idem_blobs AS b ON b.channel = 'messages' AND b.version = d.base_version
-        )
-        SELECT MAX(depth) FROM d
-        """
-    )
+    depths = await db.query(DEPTHS)
     assert depths[0][0] <= MAX_CHAIN
 
 
