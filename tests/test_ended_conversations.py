@@ -105,6 +105,14 @@ async def test_a_swept_threads_kept_entry_asks_before_answering_a_new_conversati
         assert entry.status.value == "completed" and entry.attempts == 2
 
 
+async def lost_then_ended(saver: Any, vendor: Vendor, error: type[Exception]) -> None:
+    """Thread T's charge fails with ``error`` (its outcome unknown to the ledger), then
+    the conversation ends (``adelete_thread``)."""
+    with pytest.raises(error):
+        await graph_of(saver, vendor).ainvoke(PAY, cfg())
+    await saver.adelete_thread("T")
+
+
 async def test_an_unknown_entry_kept_by_adelete_thread_is_settled_then_asked_about(
     saver_factory: Any,
 ) -> None:
@@ -115,9 +123,7 @@ async def test_an_unknown_entry_kept_by_adelete_thread_is_settled_then_asked_abo
     async with saver_factory() as saver:
         vendor = Vendor()
         vendor.fail_after_charge = True
-        with pytest.raises(TimeoutError):
-            await graph_of(saver, vendor).ainvoke(PAY, cfg())
-        await saver.adelete_thread("T")
+        await lost_then_ended(saver, vendor, TimeoutError)
         [kept] = await saver.alist_entries("T")
         assert kept.status.value == "issued", "an unknown outcome is never forgotten"
         assert [e["action"] for e in kept.events()] == ["conversation_ended"]
@@ -185,9 +191,7 @@ async def test_a_kept_unknown_entry_that_did_not_happen_runs_the_new_call_unaske
     async with saver_factory() as saver:
         vendor = Vendor()
         vendor.fail_before_charge = True
-        with pytest.raises(ConnectionError):
-            await graph_of(saver, vendor).ainvoke(PAY, cfg())
-        await saver.adelete_thread("T")
+        await lost_then_ended(saver, vendor, ConnectionError)
 
         out = await graph_of(saver, vendor).ainvoke(PAY, cfg())
         assert "__interrupt__" not in out and told(out) == ["charged inv-1 $10"]
