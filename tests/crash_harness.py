@@ -37,16 +37,15 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.prebuilt import ToolNode, create_react_agent
 from langgraph.types import Command
+from scripted_chat_model import ScriptedChatModel
 
 from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode
 from langgraph_idem_saver.tool_node import NOT_APPLIED
@@ -54,7 +53,7 @@ from langgraph_idem_saver.tool_node import NOT_APPLIED
 CRASH_EXIT_CODE = 77
 
 
-class ScriptedModel(BaseChatModel):
+class ScriptedModel(ScriptedChatModel):
     """A stand-in LLM: asks for ``n_calls`` charges, then answers "done".
 
     Like a real model it mints fresh tool-call ids on every generation, so a model step
@@ -63,12 +62,7 @@ class ScriptedModel(BaseChatModel):
 
     n_calls: int = 1
 
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedModel:  # type: ignore[override]
-        return self
+    llm_type: ClassVar[str] = "scripted"
 
     def _generate(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any

@@ -34,12 +34,10 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Sequence
 from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
@@ -47,6 +45,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.func import entrypoint, task
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+from scripted_chat_model import ScriptedChatModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from effects_file import effects_of, record
@@ -56,15 +55,10 @@ from langgraph_idem_saver import NOT_APPLIED, IdempotentToolNode, ToolLedger
 INVOICES = ["inv-1", "inv-2"]
 
 
-class FreshIdsModel(BaseChatModel):
+class FreshIdsModel(ScriptedChatModel):
     """Asks for one charge per invoice (fresh ids each time), then answers "done"."""
 
-    @property
-    def _llm_type(self) -> str:
-        return "fresh-ids"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> FreshIdsModel:
-        return self
+    llm_type: ClassVar[str] = "fresh-ids"
 
     def _generate(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any

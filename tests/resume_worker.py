@@ -38,7 +38,7 @@ import traceback
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -47,6 +47,7 @@ from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from pydantic import Field
+from scripted_chat_model import ScriptedChatModel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
@@ -60,7 +61,7 @@ FAILED_EXIT_CODE = 3
 WORKER = Path(__file__)
 
 
-class InvoiceModel(BaseChatModel):
+class InvoiceModel(ScriptedChatModel):
     """A scripted tool-calling "LLM".
 
     For a user turn ``"pay invoices a b c"`` it asks, in one message (a parallel batch),
@@ -74,12 +75,7 @@ class InvoiceModel(BaseChatModel):
     script: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     fixed_ids: bool = False
 
-    @property
-    def _llm_type(self) -> str:
-        return "scripted-invoices"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> InvoiceModel:  # type: ignore[override]
-        return self
+    llm_type: ClassVar[str] = "scripted-invoices"
 
     def _generate(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any

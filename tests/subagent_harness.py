@@ -42,12 +42,11 @@ import os
 import sys
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
@@ -64,6 +63,7 @@ from langgraph.prebuilt import InjectedState, create_react_agent
 from langgraph.prebuilt.chat_agent_executor import AgentState
 from langgraph.types import Command, Send, interrupt
 from pydantic import Field
+from scripted_chat_model import ScriptedChatModel
 from typing_extensions import TypedDict
 
 if __package__ in (None, ""):  # run as a script: make `langgraph_idem_saver` importable
@@ -79,7 +79,7 @@ COST = {"shared": 3.0, "alpha": 5.0, "beta": 7.0, "gamma": 11.0}
 # --- the scripted models -----------------------------------------------------------------
 
 
-class PlanModel(BaseChatModel):
+class PlanModel(ScriptedChatModel):
     """A stand-in LLM following a plan: one batch of tool calls per turn, then a summary.
 
     ``plans`` maps the task (the last HumanMessage's content) to a list of batches, each
@@ -91,12 +91,7 @@ class PlanModel(BaseChatModel):
     plans: dict[str, list[list[list[Any]]]] = Field(default_factory=dict)
     fixed_ids: bool = False
 
-    @property
-    def _llm_type(self) -> str:
-        return "plan"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> PlanModel:  # type: ignore[override]
-        return self
+    llm_type: ClassVar[str] = "plan"
 
     def _generate(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any

@@ -71,14 +71,14 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
+from scripted_chat_model import ScriptedChatModel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as the zygote script from a checkout
@@ -96,19 +96,14 @@ BATCH = 2
 """Invoices per tools step: a turn of three invoices takes two tools steps."""
 
 
-class BatchPayModel(BaseChatModel):
+class BatchPayModel(ScriptedChatModel):
     """A scripted ReAct "LLM": ``"pay a b c"`` -> charge a, b (parallel) -> charge c -> done.
 
     Everything it says derives from the conversation since the last user turn, so a
     re-run model step asks for the same charges (under fresh ids, as a real model would).
     """
 
-    @property
-    def _llm_type(self) -> str:
-        return "scripted-batch-pay"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> BatchPayModel:
-        return self
+    llm_type: ClassVar[str] = "scripted-batch-pay"
 
     def _generate(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any

@@ -25,28 +25,22 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
+from scripted_chat_model import ScriptedChatModel
 
 INVOICE = "inv-1"
 AMOUNT = 500
 
 
-class OneChargeModel(BaseChatModel):
+class OneChargeModel(ScriptedChatModel):
     """Asks for one charge (fixed ids, as a recorded answer would give), then "done"."""
 
-    @property
-    def _llm_type(self) -> str:
-        return "one-charge"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> OneChargeModel:  # type: ignore[override]
-        return self
+    llm_type: ClassVar[str] = "one-charge"
 
     def _generate(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
