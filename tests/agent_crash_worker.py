@@ -29,11 +29,11 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from effects_file import effects_of, record
+from effects_file import record, verify_charge
 from resume_rule import asaved_next, resume_input
 from tool_node_helpers import ToolCallingFakeModel, ai_calls
 
-from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver, ToolCallInProgress
+from langgraph_idem_saver import AsyncSqliteSaver, ToolCallInProgress
 from langgraph_idem_saver.middleware import IdempotencyMiddleware
 
 CRASH_EXIT_CODE = 137
@@ -97,12 +97,7 @@ async def main(db: str, effects: Path, thread: str, mode: str, durability: str, 
             os._exit(CRASH_EXIT_CODE)
         return f"charged {invoice}"
 
-    def charged(args: dict[str, Any]) -> Any:
-        return (
-            f"charged {args['invoice']}"
-            if args["invoice"] in effects_of(effects)
-            else (NOT_APPLIED)
-        )
+    charged = verify_charge(effects)
 
     model = CrashingModel(messages=iter([]), crash_on_answer=crash == "after_tools")
     middleware = [IdempotencyMiddleware(verify={"charge": charged})] if mode == "ours" else []

@@ -31,13 +31,13 @@ PARK_SECONDS = 180.0
 
 
 def _build() -> Any:
-    from effects_file import effects_of, record
+    from effects_file import record, verify_charge
     from langchain.agents import create_agent
     from langchain_core.tools import tool
     from ledger_beside_worker import FreshIdsModel
     from process_guard import exit_with_parent
 
-    from langgraph_idem_saver import NOT_APPLIED, IdempotencyMiddleware, ToolLedger
+    from langgraph_idem_saver import IdempotencyMiddleware, ToolLedger
 
     exit_with_parent()  # the server never outlives the test run
     effects = WORK / "effects"
@@ -56,9 +56,7 @@ def _build() -> Any:
             os.killpg(os.getpgrp(), signal.SIGKILL)
         return f"charged {invoice}"
 
-    def verify(args: dict[str, Any]) -> Any:
-        invoice = args["invoice"]
-        return f"charged {invoice}" if invoice in effects_of(effects) else NOT_APPLIED
+    verify = verify_charge(effects)
 
     middleware = []
     if os.environ.get("LEDGER_BESIDE_MODE") == "ours":

@@ -48,9 +48,9 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from scripted_chat_model import ScriptedChatModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from effects_file import effects_of, record
+from effects_file import effects_of, record, verify_charge
 
-from langgraph_idem_saver import NOT_APPLIED, IdempotentToolNode, ToolLedger
+from langgraph_idem_saver import IdempotentToolNode, ToolLedger
 
 INVOICES = ["inv-1", "inv-2"]
 
@@ -95,12 +95,7 @@ def build(scenario: dict[str, Any], checkpointer: Any, ledger: ToolLedger | None
             raise ConnectionResetError("connection reset after the charge was sent")
         return f"charged {invoice}"
 
-    def verify(args: dict[str, Any]) -> Any:
-        return (
-            f"charged {args['invoice']}"
-            if args["invoice"] in effects_of(effects)
-            else (NOT_APPLIED)
-        )
+    verify = verify_charge(effects)
 
     door = scenario["door"]
     if door == "task":

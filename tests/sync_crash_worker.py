@@ -34,11 +34,9 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from effects_file import effects_of, record
+from effects_file import record, verify_charge
 from resume_rule import resume_input, saved_next
 from tool_node_helpers import ToolCallingFakeModel, ai_calls
-
-from langgraph_idem_saver import NOT_APPLIED
 
 CRASH_EXIT_CODE = 137
 INVOICES = ["inv-1", "inv-2", "inv-3"]
@@ -89,9 +87,7 @@ def main(backend: str, db: str, effects: Path, thread: str, door: str, crash: st
             os._exit(CRASH_EXIT_CODE)
         return f"charged {invoice}"
 
-    def charged(args: dict[str, Any]) -> Any:
-        invoice = args["invoice"]
-        return f"charged {invoice}" if invoice in effects_of(effects) else NOT_APPLIED
+    charged = verify_charge(effects)
 
     config: Any = {"configurable": {"thread_id": thread}}
     with open_saver(backend, db) as saver:

@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from effects_file import effects_of, record
+from effects_file import record, verify_charge
 from langgraph.func import entrypoint, task
 from resume_rule import asaved_next, resume_input
 
-from langgraph_idem_saver import NOT_APPLIED, AsyncSqliteSaver
+from langgraph_idem_saver import AsyncSqliteSaver
 from langgraph_idem_saver.task import idempotent_task
 
 CRASH_EXIT_CODE = 137
@@ -37,12 +37,7 @@ CRASH_EXIT_CODE = 137
 async def main(
     db: str, effects: Path, thread: str, mode: str, durability: str, crash: str, shape: str
 ) -> None:
-    def charged(args: dict[str, Any]) -> Any:
-        return (
-            f"charged {args['invoice']}"
-            if args["invoice"] in effects_of(effects)
-            else (NOT_APPLIED)
-        )
+    charged = verify_charge(effects)
 
     async def charge_body(invoice: str) -> str:
         record(effects, invoice)
