@@ -63,13 +63,16 @@ class Db:
             yield saver
 
     def ours(self) -> AbstractAsyncContextManager[Any]:
+        opened: AbstractAsyncContextManager[Any]
         if self.backend == "sqlite":
             from langgraph_idem_saver import AsyncSqliteSaver
 
-            return AsyncSqliteSaver.from_conn_string(self.where)
-        from langgraph_idem_saver.postgres import AsyncPostgresSaver
+            opened = AsyncSqliteSaver.from_conn_string(self.where)
+        else:
+            from langgraph_idem_saver.postgres import AsyncPostgresSaver
 
-        return AsyncPostgresSaver.from_conn_string(self.where)
+            opened = AsyncPostgresSaver.from_conn_string(self.where)
+        return opened
 
     def sql(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run one statement directly (as a user with a SQL shell would); its rows."""
@@ -79,9 +82,9 @@ class Db:
                 return cur.fetchall() if cur.description else [(cur.rowcount,)]
         import psycopg
 
-        with psycopg.connect(self.where, autocommit=True) as conn:
-            cur = conn.execute(statement.encode(), params)
-            return cur.fetchall() if cur.description else [(cur.rowcount,)]
+        with psycopg.connect(self.where, autocommit=True) as pg:
+            pg_cur = pg.execute(statement.encode(), params)
+            return pg_cur.fetchall() if pg_cur.description else [(pg_cur.rowcount,)]
 
     def writes_table(self) -> str:
         return "writes" if self.backend == "sqlite" else "checkpoint_writes"

@@ -22,5 +22,5 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return self.llm_type
 
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Self:  # type: ignore[override]
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Self:
         return self
