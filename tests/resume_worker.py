@@ -250,6 +250,20 @@ async def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
         }
 
 
+def uncrashed_run(base: Path, inputs: list[Any]) -> list[Any]:
+    """The final messages of ``inputs`` run once, never crashed, in this process (only a
+    reference for the crash tests); its database and effects file are in ``base``."""
+    base.mkdir(parents=True, exist_ok=True)
+    scenario = {
+        "phase": "run",
+        "db": str(base / "a.db"),
+        "effects": str(base / "effects"),
+        "inputs": inputs,
+    }
+    payload = asyncio.run(run_scenario(scenario))
+    return list(payload["messages"])
+
+
 def main() -> None:
     scenario = json.loads(sys.argv[1])
     try:

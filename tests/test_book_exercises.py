@@ -40,6 +40,7 @@ from resume_worker import (
     effects_lines,
     run_scenario,
     summarize,
+    uncrashed_run,
 )
 from tool_node_helpers import cfg
 
@@ -62,16 +63,7 @@ def run_child(scenario: dict[str, Any]) -> tuple[int, dict[str, Any] | None, str
 @cache
 def baseline(tmp: str) -> list[Any]:
     """Five turns, never interrupted (run in this process: only a reference)."""
-    base = Path(tmp) / "book-baseline"
-    base.mkdir(parents=True, exist_ok=True)
-    scenario = {
-        "phase": "run",
-        "db": str(base / "a.db"),
-        "effects": str(base / "effects"),
-        "inputs": TURNS,
-    }
-    payload = asyncio.run(run_scenario(scenario))
-    return list(payload["messages"])
+    return uncrashed_run(Path(tmp) / "book-baseline", TURNS)
 
 
 async def read_state(db: str) -> Any:

@@ -17,7 +17,6 @@ What must hold:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from resume_worker import (
     FAILED_EXIT_CODE,
     WORKER,
     effects_lines,
-    run_scenario,
+    uncrashed_run,
 )
 
 INVOICES = ["inv-0", "inv-1", "inv-2"]
@@ -80,16 +79,9 @@ def run_child(scenario: dict[str, Any]) -> tuple[int, dict[str, Any] | None, str
 def baseline(tmp: str) -> list[Any]:
     """The final messages of an uncrashed run (in this process: it is only a reference)."""
     base = Path(tmp) / "concurrent-baseline"
-    base.mkdir(parents=True, exist_ok=True)
-    scenario = {
-        "phase": "run",
-        "db": str(base / "a.db"),
-        "effects": str(base / "effects"),
-        "inputs": [PAY],
-    }
-    payload = asyncio.run(run_scenario(scenario))
+    messages = uncrashed_run(base, [PAY])
     assert effects_lines(base / "effects") == INVOICES
-    return list(payload["messages"])
+    return messages
 
 
 def resume_together(tmp_path: Path, scenario: dict[str, Any], n: int) -> list[dict[str, Any]]:
