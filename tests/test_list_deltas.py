@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import psycopg
@@ -68,15 +69,22 @@ async def history(graph: Any, thread: str) -> list[Any]:
     ]
 
 
+async def chat_beside_reference(saver: Any, make_graph: Callable[[Any], Any], turns: int) -> Any:
+    """``turns`` turns of thread t on ``saver`` and on LangGraph's ``InMemorySaver``, whose
+    histories must agree; the reference graph (on ``InMemorySaver``)."""
+    reference = make_graph(InMemorySaver())
+    await chat(reference, "t", turns)
+    graph = make_graph(saver)
+    await chat(graph, "t", turns)
+    assert await history(graph, "t") == await history(reference, "t")
+    return reference
+
+
 async def test_a_long_chat_stores_each_message_about_once_and_reads_back_identically(
     db: Db,
 ) -> None:
-    reference = chat_graph(InMemorySaver())
-    await chat(reference, "t", 60)
     async with db.open() as saver:
-        graph = chat_graph(saver)
-        await chat(graph, "t", 60)
-        assert await history(graph, "t") == await history(reference, "t")
+        await chat_beside_reference(saver, chat_graph, 60)
         serde = saver.serde
     rows, deltas, size = await blob_stats(db)
     assert deltas > rows * 0.8, "most versions are stored as deltas"
@@ -418,12 +426,8 @@ async def test_a_list_re_versioned_without_growing_is_not_stored_again(db: Db) -
     (a delta: the same bytes and base) or as a delta of no items (its last version was
     whole): never the whole list once more. Every version reads back as LangGraph's own
     saver gives it, in this saver and in a fresh one."""
-    reference = reemit_graph(InMemorySaver())
-    await chat(reference, "t", 12)
     async with db.open() as saver:
-        graph = reemit_graph(saver)
-        await chat(graph, "t", 12)
-        assert await history(graph, "t") == await history(reference, "t")
+        reference = await chat_beside_reference(saver, reemit_graph, 12)
     async with db.open() as saver:
         assert await history(reemit_graph(saver), "t") == await history(reference, "t")
     rows = await db.query(
