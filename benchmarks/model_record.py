@@ -6,7 +6,7 @@ A one-node graph calls ``durable_model(model)``; the model is a fake that sleeps
 ``--latency-ms`` (default 300 ms, a short real LLM call) and answers with two tool calls.
 Around each ``ainvoke`` the node times the whole call and, inside the model, the model's
 own time; the difference is what recording added (the input's digest, the read that
-finds no record, the claim and the outcome committed before the answer is returned). A
+finds no record, the record committed - one commit - before the answer is returned). A
 second pass re-runs the same steps after their checkpoints were lost (as durability
 ``"exit"`` loses them in a crash): each answer is replayed (one read, one count), no model
 is asked. Reported: the median of each, and the fresh call's cost as a fraction of the

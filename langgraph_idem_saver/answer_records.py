@@ -11,25 +11,41 @@ to be taken over later. Written as one ``INSERT ... ON CONFLICT DO NOTHING`` of 
 finished entry, the record costs one commit; a record another run of the same step
 wrote first is left as it is and read back, and that answer wins, as before.
 
-Mixed into the savers of this package (:class:`AnswerRecords`, over the backend's
-``_ledger_write`` and ``_select_entries``); ``model_record`` falls back to the claim and
-its outcome for other ledgers.
+Mixed into the savers of this package, SQLite and PostgreSQL (:class:`AnswerRecords`,
+over the backend's ``_ledger_write`` and ``_select_entries``), and forwarded by the
+ledgers that hand their calls to one (the sync savers, ``ToolLedger``):
+``model_record`` takes this path on any ledger that is an :class:`AnswerRecorder`, and
+falls back to the claim and its outcome for other ledgers (a ``ToolCallLedger`` written
+elsewhere).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Protocol, runtime_checkable
 
 from langgraph_idem_saver.errors import LedgerStateError
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry
 from langgraph_idem_saver.ledger_policy import LedgerPolicy
 
-__all__ = ["ANSWER_READ_RETRIES", "AnswerRecords"]
+__all__ = ["ANSWER_READ_RETRIES", "AnswerRecorder", "AnswerRecords"]
 
 # a record inserted by another run and deleted (its thread deleted) between our INSERT
 # and our read: insert again, this many times
 ANSWER_READ_RETRIES = 3
+
+
+@runtime_checkable
+class AnswerRecorder(Protocol):
+    """A ledger that records a model answer in one commit: :class:`AnswerRecords` or a
+    forward of its :meth:`~AnswerRecords.arecord_answer` (what ``model_record`` checks).
+    A class whose ``arecord_answer`` raises ``AttributeError`` is not one."""
+
+    @property
+    def arecord_answer(self) -> Callable[..., Awaitable[tuple[bool, LedgerEntry]]]:
+        """:meth:`AnswerRecords.arecord_answer`, bound."""
 
 
 class AnswerRecords(LedgerPolicy):
@@ -45,9 +61,10 @@ class AnswerRecords(LedgerPolicy):
         result: bytes | None,
     ) -> tuple[bool, LedgerEntry]:
         """Insert ``intent`` as a ``completed`` entry holding ``result``, in one commit
-        (durable as a claim's); (True, that entry) - or, when its key is taken, (False,
-        the entry under it), unchanged. ``owner`` and the lease are kept as a claim's
-        would be (``idem-saver ledger`` shows who recorded it)."""
+        (on PostgreSQL durable as a claim's; on SQLite committed as the saver's
+        ``synchronous`` setting says - synced under FULL); (True, that entry) - or, when
+        its key is taken, (False, the entry under it), unchanged. ``owner`` and the lease
+        are kept as a claim's would be (``idem-saver ledger`` shows who recorded it)."""
         claims = self._claims([intent], owner, lease_seconds)
         [row] = claims.rows
         now = time.time()

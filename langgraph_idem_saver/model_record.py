@@ -26,9 +26,10 @@ time-travel fork runs at another step, so it is another position and asks anew.
 The record is an ordinary ledger entry: read first (a step seen before is answered from
 it), written after the model returned - so a crash during the model call leaves nothing
 behind - and removed with its thread. A model call is not a side effect, so nothing is
-claimed before it: on the PostgreSQL saver the record is one ``completed`` entry inserted
-in one commit (``answer_records``; a record another run wrote first is read back and
-wins); on other ledgers a claim and its outcome, written back to back.
+claimed before it: on the savers of this package (and the ledgers forwarding to one) the
+record is one ``completed`` entry inserted in one commit (``answer_records``; a record
+another run wrote first is read back and wins); on other ledgers a claim and its outcome,
+written back to back.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from pydantic import BaseModel
 
-from langgraph_idem_saver.answer_records import AnswerRecords
+from langgraph_idem_saver.answer_records import AnswerRecorder
 from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.engine.forks import fork_point
 from langgraph_idem_saver.engine.loops import on_loop, run_private, running_loop
@@ -384,7 +385,7 @@ class ModelRecorder:
         self, site: ModelCallSite, answer: T, codec: Codec[T], config: RunnableConfig
     ) -> T:
         """Write the record (on the ledger's loop): one commit on a ledger that records
-        answers so (``answer_records``: the PostgreSQL saver), else a claim completed at
+        answers so (``answer_records``: this package's savers), else a claim completed at
         once. A record another branch wrote first wins: both branches then go on with
         one answer."""
         ledger = site.ledger
@@ -392,7 +393,7 @@ class ModelRecorder:
         run = config.get("run_id") or config.get("metadata", {}).get("run_id")
         owner = self.owner
         intent = site.intent(None if run is None else str(run))
-        if isinstance(ledger, AnswerRecords):
+        if isinstance(ledger, AnswerRecorder):
             recorded, entry = await ledger.arecord_answer(
                 intent,
                 owner=owner,

@@ -61,6 +61,7 @@ from typing import Any, Generic, TypeVar, cast
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from langgraph_idem_saver.answer_records import AnswerRecords
 from langgraph_idem_saver.engine.loops import awaiting, on_loop, running_loop
 from langgraph_idem_saver.errors import ConnectionClosedError
 from langgraph_idem_saver.forwarding import blocking, hopping, paging, relaying
@@ -230,6 +231,8 @@ class ForwardedLedger(ToolCallLedger):
     aresolve = hopping(IdemSaverBase.aresolve)
     aoperator_update = hopping(IdemSaverBase.aoperator_update)
     anote_replay = hopping(IdemSaverBase.anote_replay)
+    # both savers of this package record a model answer in one commit (answer_records)
+    arecord_answer = hopping(AnswerRecords.arecord_answer)
 
     def record_outcome(
         self, scope: str, key: str, *, owner: str, outcome: Outcome

@@ -51,7 +51,9 @@ from langgraph_idem_saver import (
     SqliteSaver,
     TTLConfig,
 )
+from langgraph_idem_saver.answer_records import AnswerRecorder
 from langgraph_idem_saver.durable_model import durable_model
+from langgraph_idem_saver.ledger import CallStatus
 from langgraph_idem_saver.middleware import IdempotencyMiddleware
 from langgraph_idem_saver.model_record import (
     MODEL_TOOL_NAME,
@@ -98,6 +100,16 @@ class LosingAsyncSaver(Losing, AsyncSqliteSaver):
 
 class LosingSyncSaver(Losing, SqliteSaver):
     pass
+
+
+class ClaimAndOutcomeSaver(LosingAsyncSaver):
+    """A ledger that cannot record an answer in one commit (as a ``ToolCallLedger``
+    written elsewhere): ``model_record`` falls back to an ``issued`` claim and its
+    ``completed`` outcome. Our savers record in one commit (test_model_record_sqlite.py)."""
+
+    @property
+    def arecord_answer(self) -> Any:  # not an AnswerRecorder
+        raise AttributeError("arecord_answer")
 
 
 class Receipt(BaseModel):
@@ -697,3 +709,35 @@ async def two_runs_at_once(saver: Any) -> None:
     won = mw1.model_recorder.counts.adopted_other + mw2.model_recorder.counts.adopted_other
     assert won >= 1  # at least the calls step: one branch took the other's answer
     assert sorted(effects) == ["inv-1", "inv-2"]
+
+
+async def test_without_a_one_commit_record_an_answer_is_a_claim_and_its_outcome(
+    tmp_path: Path,
+) -> None:
+    """The fallback: per model call an ``issued`` claim under the model's tool name, then
+    its outcome; the record replays a re-run step as the one-commit record does."""
+    model, effects = FakeModel(asked=[]), []
+    async with ClaimAndOutcomeSaver.from_conn_string(str(tmp_path / "db")) as saver:
+        assert not isinstance(saver, AnswerRecorder)
+        graph = front_of("agent", model, saver, effects)
+        seen: list[str] = []
+        await saver.conn._execute(lambda: saver.conn._conn.set_trace_callback(seen.append))
+        await lose_a_run(graph, saver, cfg())
+        inserts = [s for s in seen if s.lstrip().startswith("INSERT INTO idem_tool_calls")]
+        model_inserts = [s for s in inserts if f"'{MODEL_TOOL_NAME}'" in s]
+        out = await graph.ainvoke(USER, cfg(), durability="exit")
+        entries = await model_entries(saver)
+    assert len(model.asked) == 2  # the second run was replayed
+    assert sorted(effects) == ["inv-1", "inv-2"]
+    assert out["messages"][-1].content == "done: 2"
+    assert len(model_inserts) == 2, inserts  # one claim per model call, as issued
+    assert all("'issued'" in s and "'completed'" not in s for s in model_inserts), inserts
+    assert [(e.status, e.replays) for e in entries] == [(CallStatus.COMPLETED, 1)] * 2
+
+
+async def test_two_runs_at_once_through_claim_and_outcome_go_on_with_the_first_record(
+    tmp_path: Path,
+) -> None:
+    async with ClaimAndOutcomeSaver.from_conn_string(str(tmp_path / "db")) as saver:
+        await two_runs_at_once(saver)
+        assert all(e.status is CallStatus.COMPLETED for e in await model_entries(saver))

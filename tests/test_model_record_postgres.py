@@ -2,8 +2,9 @@
 (``answer_records``): a fresh model call costs one read and one write - the ``completed``
 entry, never an ``issued`` claim first - a re-run step is replayed from it, and two runs
 of one step at once go on with the first answer recorded. (The crash tests of recorded
-answers on PostgreSQL are in ``test_durable_model.py``; the SQLite ones, through the
-claim-and-outcome path, in ``test_model_record.py``.)"""
+answers on PostgreSQL are in ``test_durable_model.py``; the one-commit record on SQLite
+in ``test_model_record_sqlite.py``; the claim-and-outcome fallback of other ledgers in
+``test_model_record.py``.)"""
 
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from typing_extensions import TypedDict, Unpack
 
+from langgraph_idem_saver.answer_records import AnswerRecords
 from langgraph_idem_saver.backend import CheckpointPut, LedgerStatements, ListPage
 from langgraph_idem_saver.group_commit import GroupCommit
 from langgraph_idem_saver.import_rows import LangGraphTables
@@ -109,6 +110,7 @@ class AsyncSqliteSaver(
     SqliteConnection,
     SqliteInspection,
     SqliteRetention,
+    AnswerRecords,
     IdemSaverBase,
 ):
     """Async SQLite checkpointer and tool-call ledger (see the module docstring).
