@@ -48,8 +48,8 @@ def twin_of(
     target: Callable[Concatenate[Any, P], Any],
 ) -> Callable[[Callable[..., R]], Callable[Concatenate[Any, P], R]]:
     """A sync method typed as the twin of the async ``target``: ``target``'s parameters
-    (written once, there), its own result; its docstring and ``help()`` are
-    ``target``'s."""
+    (a method taking ``*args, **kwargs`` passes them on: written once, there), its own
+    result; its docstring and ``help()`` are ``target``'s."""
 
     def typed(method: Callable[..., R]) -> Callable[Concatenate[Any, P], R]:
         own = inspect.signature(method).return_annotation
@@ -71,17 +71,15 @@ class ListQuery:
     checkpoint_id: str | None
     before_id: str | None
     filter: dict[str, Any] | None
-    limit: int | None  # rows in all (``Paging``'s, not the backends')
 
     @classmethod
     def of(
         cls,
         config: RunnableConfig | None,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
     ) -> ListQuery:
-        """``alist``'s arguments, read (and checked) once."""
+        """``alist``'s arguments (but ``limit``: ``Paging``'s), read and checked once."""
         thread_id = ns = checkpoint_id = None
         if config is not None:
             thread_id = thread_id_of(config)
@@ -89,7 +87,7 @@ class ListQuery:
                 ns = checkpoint_ns_of(config)
             checkpoint_id = checkpoint_id_of(config)
         before_id = None if before is None else checkpoint_id_of(before)
-        return cls(thread_id, ns, checkpoint_id, before_id, filter or None, limit)
+        return cls(thread_id, ns, checkpoint_id, before_id, filter or None)
 
 
 class CheckpointMethods(BaseCheckpointSaver[str], ABC):
@@ -198,7 +196,7 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
 
         ``limit`` of 0 or less yields nothing (SQLite's ``LIMIT -1`` would mean "all").
         """
-        query = ListQuery.of(config, filter, before, limit)
+        query = ListQuery.of(config, filter, before)
         paging = Paging(limit, self._list_page_size)
         if paging.done:
             return
@@ -241,10 +239,20 @@ class SyncCheckpointCalls(ABC):
         if rows:
             self._direct_writes(rows)
 
+    # list's parameters spelled out, not passed on as *args: a generator's body runs at
+    # the first next(), so only its own signature refuses a bad call when it is made
+    # (filter, before, limit keyword-only, as in BaseCheckpointSaver.list)
     @twin_of(CheckpointMethods.alist)
-    def list(self, *args: Any, **kwargs: Any) -> Iterator[CheckpointTuple]:
-        query = ListQuery.of(*args, **kwargs)
-        paging = Paging(query.limit, self.saver._list_page_size)
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        query = ListQuery.of(config, filter, before)
+        paging = Paging(limit, self.saver._list_page_size)
         for page in paging.pages(lambda: self._direct_pages(query)):
             yield from paging.take(page)
 
