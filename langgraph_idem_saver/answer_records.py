@@ -41,7 +41,9 @@ ANSWER_READ_RETRIES = 3
 class AnswerRecorder(Protocol):
     """A ledger that records a model answer in one commit: :class:`AnswerRecords` or a
     forward of its :meth:`~AnswerRecords.arecord_answer` (what ``model_record`` checks).
-    A class whose ``arecord_answer`` raises ``AttributeError`` is not one."""
+    ``isinstance`` only sees that the attribute is there (from Python 3.12 without
+    reading it), so a forwarder must forward to an :class:`AnswerRecords`: both savers
+    of this package are one."""
 
     @property
     def arecord_answer(self) -> Callable[..., Awaitable[tuple[bool, LedgerEntry]]]:
