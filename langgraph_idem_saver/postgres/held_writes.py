@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 Run = Callable[[Callable[[Cursor], Awaitable[Any]]], Awaitable[Any]]
-Batch = list[tuple[tuple[Any, ...], bool]]
+Batch = list[tuple[Any, ...]]  # outcomes' parameters (``held_outcomes.Outcome``)
 Answers = list[tuple[bool, Any]]
 
 _COLUMNS = LEDGER_COLUMNS.split(", ")
@@ -108,7 +108,7 @@ class PostgresHeldWrites:
                 continue
             return await self._answers_after_loss(batch, answers, self._run)
         calls = len(batch)
-        if self._keep([Held.outcome(params) for params, _ in batch]):
+        if self._keep([Held.outcome(params) for params in batch]):
             raise ConnectionClosedError(
                 f"{lost}; the outcome of {calls} tool call(s) is kept by the saver and "
                 "written before its next statement: retry the run once PostgreSQL is back "
@@ -153,7 +153,7 @@ class PostgresHeldWrites:
     async def _write_held(self, held: list[Held]) -> None:
         """Write what is held: one transaction, on the connection ``_run`` was about to
         use (raises while the database is unreachable: it is then held again)."""
-        outcomes = [(h.params, False) for h in held if h.kind == "outcome"]
+        outcomes = [h.params for h in held if h.kind == "outcome"]
         others = [h for h in held if h.kind != "outcome"]
 
         async def undo(cur: Cursor) -> None:
@@ -181,7 +181,7 @@ class PostgresHeldWrites:
         refused = [i for i, (done, _) in enumerate(answers) if not done]
         if not refused:
             return answers
-        wanted = [identity(batch[i][0]) for i in refused]
+        wanted = [identity(batch[i]) for i in refused]
 
         async def read(cur: Cursor) -> list[TupleRow]:
             params = ([w[0] for w in wanted], [w[1] for w in wanted])
@@ -192,6 +192,6 @@ class PostgresHeldWrites:
         out = list(answers)
         for i, (scope, key, _) in zip(refused, wanted, strict=True):
             row = rows.get((scope, key))
-            if landed(batch[i][0], row, _COLUMNS):
+            if landed(batch[i], row, _COLUMNS):
                 out[i] = (True, row)
         return out

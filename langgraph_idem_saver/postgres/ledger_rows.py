@@ -50,7 +50,7 @@ def claim_rows(rows: Sequence[tuple[Any, ...]]) -> str:
 
 
 def finish_rows(batch: Sequence[tuple[Any, ...]]) -> str:
-    """Outcomes (``_finish_soon``'s parameters) as the JSON ``FINISH_STEP`` reads."""
+    """Outcomes (``_finish_soon``'s parameters) as the JSON ``FINISH_STEP_KEYS`` reads."""
     out = []
     for params in batch:
         values = list(params)

@@ -210,10 +210,8 @@ END
     volatile=True,
     plan_each_call=True,
 )
-_FINISH_STEP_CALL = "FROM idem_finish_step(%s::json)"
-FINISH_STEP = f"SELECT {LEDGER_COLUMNS} {_FINISH_STEP_CALL}"
-# the same, returning the keys alone (what the engine needs: which outcomes were recorded)
-FINISH_STEP_KEYS = f"SELECT scope, key {_FINISH_STEP_CALL}"
+# the keys of the rows it finished (all the engine needs: which outcomes were recorded)
+FINISH_STEP_KEYS = "SELECT scope, key FROM idem_finish_step(%s::json)"
 
 # One outcome alone (a lone call, or a call finishing by itself): a function of the
 # plain UPDATE on the primary key (migration 8), so the statement sent is prepared like
@@ -239,9 +237,7 @@ END
 """,
     volatile=True,
 )
-_FINISH_ONE_CALL = "FROM idem_finish_one(%s, %s, %s, %s, %s, %s, %s, %s)"
-FINISH_ONE = f"SELECT {LEDGER_COLUMNS} {_FINISH_ONE_CALL}"
-FINISH_ONE_KEY = f"SELECT scope, key {_FINISH_ONE_CALL}"
+FINISH_ONE_KEY = "SELECT scope, key FROM idem_finish_one(%s, %s, %s, %s, %s, %s, %s, %s)"
 
 RELEASE_ENTRY = """
 DELETE FROM idem_tool_calls

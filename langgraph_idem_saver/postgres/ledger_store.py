@@ -32,7 +32,7 @@ class PostgresLedgerStore(PostgresHeldWrites):
     """Ledger rows on PostgreSQL: claims, outcomes, guarded updates, reads."""
 
     if TYPE_CHECKING:
-        _finishes: GroupCommit[tuple[tuple[Any, ...], bool], tuple[bool, TupleRow | None]]
+        _finishes: GroupCommit[tuple[Any, ...], tuple[bool, TupleRow | None]]
 
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
 
@@ -122,38 +122,35 @@ class PostgresLedgerStore(PostgresHeldWrites):
     def _finish_soon(self, outcome: tuple[Any, ...]) -> asyncio.Future[Any]:
         """An outcome submitted to the group commit now: outcomes of calls that finish
         together share one statement (``_finish_batch``)."""
-        return self._finishes.submit_nowait((outcome, False))
+        return self._finishes.submit_nowait(outcome)
 
     def _finish_matched(self, answer: tuple[bool, TupleRow | None]) -> bool:
         return answer[0]
 
     async def _finish_batch(
-        self, batch: list[tuple[tuple[Any, ...], bool]], run: Run | None = None
+        self, batch: list[tuple[Any, ...]], run: Run | None = None
     ) -> list[tuple[bool, TupleRow | None]]:
         """Record the outcomes of calls that finished together: ONE statement (one round
-        trip, one commit) for all, prepared: ``FINISH_STEP`` (its rows as one JSON
-        document) for several, ``FINISH_ONE`` for one. Per outcome, whether it was ours to
-        record, and its row. The rows come back whole only when one is asked for
-        (``read_back``); the engine asks for none, and then only keys travel back.
+        trip, one commit) for all, prepared: ``FINISH_STEP_KEYS`` (its rows as one JSON
+        document) for several, ``FINISH_ONE_KEY`` for one. Per outcome, whether it was
+        ours to record, and the (scope, key) of its row: no row travels back whole.
         ``run``: how to run it (``_run``; the held writes' path runs it directly)."""
         run = run or self._run
-        back = any(back for _, back in batch)
-        if len(batch) == 1:  # one outcome: scalar parameters, no JSON (FINISH_ONE)
-            ((params, _),) = batch
+        if len(batch) == 1:  # one outcome: scalar parameters, no JSON (FINISH_ONE_KEY)
+            (params,) = batch
 
             async def finish_one(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
-                await cur.execute(sql.FINISH_ONE if back else sql.FINISH_ONE_KEY, params)
+                await cur.execute(sql.FINISH_ONE_KEY, params)
                 row = await cur.fetchone()
                 return [(row is not None, row)]
 
             return await run(finish_one)  # type: ignore[no-any-return]
-        query = sql.FINISH_STEP if back else sql.FINISH_STEP_KEYS
 
         async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
-            await cur.execute(query, (finish_rows([p for p, _ in batch]),))
+            await cur.execute(sql.FINISH_STEP_KEYS, (finish_rows(batch),))
             finished = {(r[0], r[1]): r for r in await cur.fetchall()}  # scope, key
             out: list[tuple[bool, TupleRow | None]] = []
-            for params, _ in batch:
+            for params in batch:
                 row = finished.pop((params[5], params[6]), None)
                 out.append((row is not None, row))
             return out
