@@ -149,6 +149,40 @@ def test_the_zygote_holds_no_thread_no_file_and_no_connection() -> None:
     assert [c for c in process.net_connections(kind="inet")] == []
 
 
+OPEN_FDS = """
+import os
+kinds = []
+for name in sorted(os.listdir("/proc/self/fd"), key=int):
+    try:  # a pipe, a socket, an epoll instance or a file, without its inode
+        kinds.append((int(name), os.readlink(f"/proc/self/fd/{name}").split(":")[0]))
+    except OSError:
+        pass  # the listing's own descriptor, closed by now
+print(kinds)
+"""
+
+
+def test_a_child_holds_the_descriptors_a_fresh_interpreter_holds() -> None:
+    """Nothing of the zygote's plumbing (its socket to the test process, its wake-up
+    pipe, its selector) nor of another child's stdio reaches a child: its open
+    descriptors are a fresh interpreter's, number and kind."""
+    kwargs: dict[str, Any] = {
+        "stdin": subprocess.DEVNULL,
+        "capture_output": True,
+        "text": True,
+        "timeout": 120,
+    }
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    other = zygote.Popen(sleeper, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:  # another child running, its pipes open in the test process
+        fresh, forked = both(["-c", OPEN_FDS], **kwargs)
+    finally:
+        other.kill()
+        other.communicate()
+    assert fresh.returncode == forked.returncode == 0, forked.stderr
+    assert forked.stdout == fresh.stdout, (forked.stdout, fresh.stdout)
+    assert "socket" not in forked.stdout, forked.stdout
+
+
 def test_a_timeout_kills_the_child() -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         zygote.run(

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zygote_server import send
+from zygote_server import MAX_MESSAGE, send
 
 ZYGOTE = Path(__file__).resolve().with_name("zygote_server.py")
 
@@ -116,7 +116,7 @@ class _Zygote:
     def _read(self) -> None:
         while True:
             try:
-                data = self.sock.recv(65536)
+                data = self.sock.recv(MAX_MESSAGE)  # a longer message would be cut
             except OSError:
                 data = b""
             if not data:
