@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -576,13 +577,17 @@ def test_an_unclosed_ledger_is_closed_at_exit(tmp_path: Path) -> None:
     (SQLite removes its write-ahead log when the last connection closes)."""
     path = tmp_path / "l.db"
     script = CLOSES_AT_EXIT.format(tests=str(Path(__file__).parent), path=str(path))
-    proc = zygote.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    # fresh interpreters, not zygote children: their exit tears down every module, which a
+    # zygote child skips for the preloaded ones (this package's among them)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr[-2000:]
     assert path.exists() and not Path(f"{path}-wal").exists(), "closed: the WAL is gone"
     # the control: the same program leaving with os._exit closes nothing, and the WAL stays
     other = tmp_path / "l2.db"
     script = CLOSES_AT_EXIT.format(tests=str(Path(__file__).parent), path=str(other))
-    proc = zygote.run(
+    proc = subprocess.run(
         [sys.executable, "-c", script + "import os; os._exit(0)\n"],
         capture_output=True,
         text=True,
