@@ -319,8 +319,9 @@ def end_process(code: int) -> NoReturn:
     then what the child imported and made is dropped and collected - its files are
     flushed and closed, its SQLite connections closed, its ``__del__`` methods run - and
     stdio flushed. What it does not do is tear down the zygote's own modules, which
-    touches (and copies) every page they fill: ~0.2 s of every child, observable by
-    nothing but the clock."""
+    touches (and copies) every page they fill: ~0.2 s of every child. What a preloaded
+    module still holds is then not finalized: a test of what a program does at exit
+    runs a fresh interpreter (tests/README.md)."""
     import atexit
     import gc
     import threading
