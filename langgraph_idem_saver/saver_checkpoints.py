@@ -206,6 +206,10 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
                 yield tup
 
 
+# alist's signature, which the sync list binds its arguments to
+_ALIST = inspect.signature(CheckpointMethods.alist)
+
+
 class SyncCheckpointCalls(ABC):
     """The sync savers' direct ``put``, ``put_writes`` and ``list``: read, validated and
     paged here, once, over three hooks each backend writes, which run the async saver's
@@ -239,19 +243,16 @@ class SyncCheckpointCalls(ABC):
         if rows:
             self._direct_writes(rows)
 
-    # list's parameters spelled out, not passed on as *args: a generator's body runs at
-    # the first next(), so only its own signature refuses a bad call when it is made
-    # (filter, before, limit keyword-only, as in BaseCheckpointSaver.list)
     @twin_of(CheckpointMethods.alist)
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        query = ListQuery.of(config, filter, before)
+    def list(self, *args: Any, **kwargs: Any) -> Iterator[CheckpointTuple]:
+        # not a generator itself: alist's parameters (filter, before, limit keyword-only,
+        # as in BaseCheckpointSaver.list) are bound now, so a bad call fails when made,
+        # not at the first next()
+        given = _ALIST.bind(None, *args, **kwargs).arguments
+        query = ListQuery.of(given["config"], given.get("filter"), given.get("before"))
+        return self._listed(query, given.get("limit"))
+
+    def _listed(self, query: ListQuery, limit: int | None) -> Iterator[CheckpointTuple]:
         paging = Paging(limit, self.saver._list_page_size)
         for page in paging.pages(lambda: self._direct_pages(query)):
             yield from paging.take(page)
