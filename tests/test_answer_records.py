@@ -65,27 +65,32 @@ async def test_an_answer_is_one_statement_and_comes_back_as_stored(
     assert entry.owner == "me" and entry.attempts == 1 and entry.finished_at is not None
 
 
+async def check_a_taken_key_is_left_as_it_is(saver: AnswerRecords) -> None:
+    """A second record under a key returns the first, unchanged; so does one under an
+    ``issued`` claim (a record written as claim and outcome): returned issued, for the
+    caller to wait for or take over. (Both backends: the SQLite test calls it too.)"""
+    first = await saver.arecord_answer(
+        intent(), owner="a", lease_seconds=60, result_type="bytes", result=b"first"
+    )
+    second = await saver.arecord_answer(
+        intent(), owner="b", lease_seconds=60, result_type="bytes", result=b"second"
+    )
+    assert first[0] and not second[0]
+    assert second[1] == first[1] and second[1].result == b"first"
+    [claim] = await saver.aclaim([intent("claimed")], owner="c", lease_seconds=60)
+    taken = await saver.arecord_answer(
+        intent("claimed"), owner="d", lease_seconds=60, result_type="bytes", result=b"x"
+    )
+    assert not taken[0] and taken[1] == claim.entry
+    assert [e.status for e in await saver.alist_entries("t")] == [
+        CallStatus.COMPLETED,
+        CallStatus.ISSUED,
+    ]
+
+
 async def test_a_key_taken_is_left_as_it_is_and_its_entry_returned(pg_dsn: str) -> None:
     async with opened(pg_dsn) as saver:
-        first = await saver.arecord_answer(
-            intent(), owner="a", lease_seconds=60, result_type="bytes", result=b"first"
-        )
-        second = await saver.arecord_answer(
-            intent(), owner="b", lease_seconds=60, result_type="bytes", result=b"second"
-        )
-        assert first[0] and not second[0]
-        assert second[1] == first[1] and second[1].result == b"first"
-        # an issued claim under the key (a record written as claim and outcome): returned
-        # issued, for the caller to wait for or take over
-        [claim] = await saver.aclaim([intent("claimed")], owner="c", lease_seconds=60)
-        taken = await saver.arecord_answer(
-            intent("claimed"), owner="d", lease_seconds=60, result_type="bytes", result=b"x"
-        )
-        assert not taken[0] and taken[1] == claim.entry
-        assert [e.status for e in await saver.alist_entries("t")] == [
-            CallStatus.COMPLETED,
-            CallStatus.ISSUED,
-        ]
+        await check_a_taken_key_is_left_as_it_is(saver)
 
 
 async def test_args_are_sealed_when_the_serializer_encrypts(pg_dsn: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
-from test_answer_records import ANSWER, intent
+from test_answer_records import ANSWER, check_a_taken_key_is_left_as_it_is, intent
 from test_model_record import (
     USER,
     FakeModel,
@@ -73,23 +73,7 @@ async def test_an_answer_is_one_statement_committed_as_the_setting_says(
 
 async def test_a_key_taken_is_left_as_it_is_and_its_entry_returned(tmp_path: Path) -> None:
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "s.db")) as saver:
-        first = await saver.arecord_answer(
-            intent(), owner="a", lease_seconds=60, result_type="bytes", result=b"first"
-        )
-        second = await saver.arecord_answer(
-            intent(), owner="b", lease_seconds=60, result_type="bytes", result=b"second"
-        )
-        assert first[0] and not second[0]
-        assert second[1] == first[1] and second[1].result == b"first"
-        [claim] = await saver.aclaim([intent("claimed")], owner="c", lease_seconds=60)
-        taken = await saver.arecord_answer(
-            intent("claimed"), owner="d", lease_seconds=60, result_type="bytes", result=b"x"
-        )
-        assert not taken[0] and taken[1] == claim.entry
-        assert [e.status for e in await saver.alist_entries("t")] == [
-            CallStatus.COMPLETED,
-            CallStatus.ISSUED,
-        ]
+        await check_a_taken_key_is_left_as_it_is(saver)
 
 
 async def test_args_are_sealed_when_the_serializer_encrypts(tmp_path: Path) -> None:

@@ -50,6 +50,22 @@ from langgraph_idem_saver.inspection import aresolve_unknown
 HERE = Path(__file__).resolve().parent
 
 
+def run_program(program: str, db: Path) -> dict[str, Any]:
+    """Run ``program`` in a fresh interpreter (what it imports is the point: OpenTelemetry
+    present or not, a provider set or not) on the database ``db``; its last line of JSON."""
+    env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{HERE}"}
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(db)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return seen
+
+
 class Otel:
     """The SDK providers of this test process (OpenTelemetry's globals are set once)."""
 
@@ -490,16 +506,7 @@ asyncio.run(main(sys.argv[1]))
 
 
 def test_without_opentelemetry_nothing_is_imported(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{HERE}"}
-    done = subprocess.run(
-        [sys.executable, "-c", NO_OTEL, str(tmp_path / "db.sqlite")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen = run_program(NO_OTEL, tmp_path / "db.sqlite")
     assert seen["enabled"] is False and seen["loaded"] == [] and seen["wrapped"] is False
     assert all(str(k).startswith("idem-") for k in seen["keys"]) and len(set(seen["keys"])) == 3
 
@@ -543,15 +550,6 @@ asyncio.run(main(sys.argv[1]))
 def test_api_alone_makes_no_spans_until_an_sdk_is_set(tmp_path: Path) -> None:
     """With the API and no SDK, spans are not even made (they would be no-ops); an SDK
     provider set later, after the first calls, gets the spans from then on."""
-    env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{HERE}"}
-    done = subprocess.run(
-        [sys.executable, "-c", API_ONLY, str(tmp_path / "db.sqlite")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen = run_program(API_ONLY, tmp_path / "db.sqlite")
     assert seen["before"] is False and seen["after"] is True
     assert seen["spans"] == ["execute_tool charge", "idem.claim"]

@@ -10,13 +10,9 @@ first steps is used by the next step's calls.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from test_telemetry import run_program
 
 ASKED = """
 import asyncio, json, sys
@@ -73,16 +69,7 @@ asyncio.run(main(sys.argv[1]))
 
 
 def test_a_wide_step_asks_for_the_tracer_provider_once_a_run(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{HERE}"}
-    done = subprocess.run(
-        [sys.executable, "-c", ASKED, str(tmp_path / "db.sqlite")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen = run_program(ASKED, tmp_path / "db.sqlite")
     assert seen["one"]["ran"] == 1 and seen["fifty"]["ran"] == 50
     # the count sees the engine's question: once a run, whatever the run's calls
     assert seen["one"]["asked"] == seen["fifty"]["asked"] == 1, seen
