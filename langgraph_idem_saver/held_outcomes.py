@@ -26,8 +26,9 @@ never learned it (no tool ran under it), and a release or an abandon may not hav
 landed. Left alone, each is a claim live under this process for ``lease_seconds``; held,
 each is undone or written again before the saver's next statement.
 
-Outcome parameters are the tuple ``IdemSaverBase._outcome`` builds: (status,
-result_type, result, error, finished_at, scope, key, owner).
+Outcome parameters are the tuple ``LedgerPolicy.record_outcome`` builds from an
+``Outcome`` (:data:`OutcomeParams`): (status, result_type, result, error, finished_at,
+scope, key, owner).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ MAX_DELAY = 1.0
 # where an outcome's parameters keep what identifies it
 STATUS, FINISHED_AT, SCOPE, KEY, OWNER = 0, 4, 5, 6, 7
 
-Outcome = tuple[Any, ...]
+OutcomeParams = tuple[Any, ...]
 
 # (scope, key, owner) of claims this process gave up on (never written, never to be)
 _given_up: set[tuple[str, str, str]] = set()
@@ -74,7 +75,7 @@ def remaining(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.05)
 
 
-def identity(outcome: Outcome) -> tuple[str, str, str]:
+def identity(outcome: OutcomeParams) -> tuple[str, str, str]:
     """(scope, key, owner): which claim ``outcome`` finishes."""
     return outcome[SCOPE], outcome[KEY], outcome[OWNER]
 
@@ -101,11 +102,11 @@ class Held(NamedTuple):
     params: tuple[Any, ...]
 
     @classmethod
-    def outcome(cls, outcome: Outcome) -> Held:
+    def outcome(cls, outcome: OutcomeParams) -> Held:
         return cls("outcome", *identity(outcome), outcome)
 
 
-def landed(outcome: Outcome, row: Sequence[Any] | None, columns: Sequence[str]) -> bool:
+def landed(outcome: OutcomeParams, row: Sequence[Any] | None, columns: Sequence[str]) -> bool:
     """Whether ``row`` (the entry read back, in ``columns`` order) is ``outcome`` itself,
     committed by an attempt whose answer was lost with the connection: same status,
     owner and ``finished_at`` (a float this process chose, stored exactly)."""

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 Run = Callable[[Callable[[Cursor], Awaitable[Any]]], Awaitable[Any]]
-Batch = list[tuple[Any, ...]]  # outcomes' parameters (``held_outcomes.Outcome``)
+Batch = list[tuple[Any, ...]]  # outcomes' parameters (``held_outcomes.OutcomeParams``)
 Answers = list[tuple[bool, Any]]
 
 _COLUMNS = LEDGER_COLUMNS.split(", ")
