@@ -194,6 +194,13 @@ def test_relative_imports_resolve(tmp_path: Path) -> None:
     assert imports_of(f"{NAME}.sub.y", mod, known) == {f"{NAME}.sub.x"}
 
 
+def imported_anywhere_by(module: str) -> set[str]:
+    """The package's modules ``module`` imports, at module level or inside functions."""
+    found = modules()
+    name = f"{NAME}.{module}"
+    return imports_of(name, found[name], set(found), everywhere=True)
+
+
 def test_no_import_circle() -> None:
     found = [sorted(c) for c in circles(import_graph())]
     assert not found, f"import circle(s) at module level: {found}"
@@ -201,12 +208,10 @@ def test_no_import_circle() -> None:
 
 @pytest.mark.parametrize("module", BACKEND_FREE)
 def test_the_shared_saver_code_names_no_backend(module: str) -> None:
-    found = modules()
-    name = f"{NAME}.{module}"
-    imported = imports_of(name, found[name], set(found), everywhere=True)
+    imported = imported_anywhere_by(module)
     backends = sorted(m for m in imported if m.startswith((f"{NAME}.sqlite", f"{NAME}.postgres")))
     assert not backends, f"{module} imports {backends}"
-    text = found[name].read_text(encoding="utf-8")
+    text = modules()[f"{NAME}.{module}"].read_text(encoding="utf-8")
     assert "isinstance(saver, Async" not in text and ".__module__" not in text
 
 
@@ -240,8 +245,6 @@ def test_postgres_sql_text_imports_no_runtime_module(module: str) -> None:
 
 @pytest.mark.parametrize("module", ENGINE_HELPERS)
 def test_the_engine_helpers_never_import_the_engine(module: str) -> None:
-    found = modules()
-    name = f"{NAME}.{module}"
-    imported = imports_of(name, found[name], set(found), everywhere=True)
+    imported = imported_anywhere_by(module)
     assert f"{NAME}.engine.core" not in imported, f"{module} imports engine.core"
     assert f"{NAME}.engine" not in imported, f"{module} imports the engine package"
