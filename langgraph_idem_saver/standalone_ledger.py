@@ -111,6 +111,30 @@ class _OnFirstUse:
         return call
 
 
+class _Closed:
+    """The saver's methods after ``close()`` (``ToolLedger._bridge_target``): looking one
+    up succeeds, as Python's attribute contract wants (``hasattr``, ``getattr(ledger,
+    name, None)``, ``isinstance`` with a runtime-checkable protocol such as
+    ``AnswerRecorder``), and calling it raises :class:`ConnectionClosedError` when
+    awaited. Only the forwarders ask it for a name, so an unknown name is still the
+    ledger's ``AttributeError``."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
+        if name.startswith("__"):  # copy, pickle and friends probe dunders: not a method
+            raise AttributeError(name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            raise _closed_error()
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+
+_CLOSED = _Closed()
+
+
 class _Itself:
     """A class attribute read as the class: ``ToolLedger.from_conn_string(...)`` is
     ``ToolLedger(...)`` (same arguments, same checks), named as LangGraph's savers name
@@ -340,8 +364,8 @@ class ToolLedger(ForwardedLedger):
         saver = self._saver
         if saver is not None:
             return saver
-        if self._closed:
-            raise _closed_error()
+        if self._closed:  # looked up fine, raises when called (_Closed)
+            return cast(IdemSaverBase, _CLOSED)
         return cast(IdemSaverBase, _OnFirstUse(self))
 
     _run_hopping = _hop
