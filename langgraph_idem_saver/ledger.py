@@ -33,7 +33,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.counts import Counts
 from langgraph_idem_saver.errors import ConfigError
-from langgraph_idem_saver.held_outcomes import given_up
+from langgraph_idem_saver.held_outcomes import KEY, OWNER, SCOPE, STATUS, OutcomeParams, given_up
 from langgraph_idem_saver.owners import RERUN_APPROVED, minted_here, owner_is_dead
 
 
@@ -271,12 +271,19 @@ class StepCandidates:
 class StepLookup:
     """What orphan adoption looks for in one step (``afind_step_candidates``' arguments):
     the entries of each call signature (tool, args hash) of the agent path, and those each
-    tool made at each spot (fork position, tool)."""
+    tool made at each spot (fork position, tool).
+
+    ``inert``: keys of the other calls of the step's message, as this state shows them
+    (``adoption.step_lookup``). An entry under one of them, adopted by nobody, is a call
+    of this state, which adoption never takes (``adoption._maybe_orphan``): found alone,
+    it does not hold the claim back (a sibling's claim of a ``create_agent`` message is
+    then one statement, not a read and a claim)."""
 
     scope: str
     agent_path: str
     signatures: list[tuple[str, str]]
     spots: list[tuple[str, str]]
+    inert: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -352,6 +359,29 @@ class ToolCallLedger(ABC):
         this ledger's ``loop`` (any, when that is None). Nothing is read back: the engine
         has no use for the row (``aget_entry`` reads it).
         """
+
+    def record_outcome_rows(
+        self, rows: Sequence[OutcomeParams]
+    ) -> Awaitable[list[Exception | None]]:
+        """Record the outcomes of several calls that finished together, each given as its
+        parameters (``held_outcomes.OutcomeParams``: status value, result type, result,
+        error, finished_at, scope, key, owner): every write under way before this returns,
+        as :meth:`record_outcome`'s. Awaited: per row None (recorded) or the exception
+        awaiting its :meth:`record_outcome` would raise. A wide step of
+        ``IdempotentToolNode`` sends its outcomes this way, once a loop iteration; this
+        default records each with :meth:`record_outcome`, and the savers of this package
+        send the rows as one write (``LedgerPolicy``)."""
+        return errors_of(
+            [
+                self.record_outcome(
+                    row[SCOPE],
+                    row[KEY],
+                    owner=row[OWNER],
+                    outcome=Outcome(CallStatus(row[STATUS]), row[1], row[2], row[3]),
+                )
+                for row in rows
+            ]
+        )
 
     @abstractmethod
     async def areclaim(
@@ -487,3 +517,23 @@ class ToolCallLedger(ABC):
     @abstractmethod
     async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
         """Count a replay (or an idempotency conflict) on an entry."""
+
+
+async def errors_of(writes: Sequence[Awaitable[None]]) -> list[Exception | None]:
+    """Await every write; per write None or the exception it raised. Cancelled, the
+    writes not awaited yet are closed (a coroutine) or left to finish (a future) without
+    being reported as never awaited."""
+    errors: list[Exception | None] = []
+    for at, written in enumerate(writes):
+        try:
+            await written
+        except Exception as exc:
+            errors.append(exc)
+            continue
+        except BaseException:
+            for left in writes[at + 1 :]:
+                if asyncio.iscoroutine(left):
+                    left.close()
+            raise
+        errors.append(None)
+    return errors

@@ -32,6 +32,7 @@ from langgraph_idem_saver.backend import (
     step_params,
 )
 from langgraph_idem_saver.errors import LedgerStateError
+from langgraph_idem_saver.held_outcomes import KEY, OWNER, SCOPE, OutcomeParams
 from langgraph_idem_saver.ledger import (
     CallIntent,
     ClaimOutcome,
@@ -163,6 +164,51 @@ class LedgerPolicy(ToolCallLedger):
             scope, key, owner,
         )  # fmt: skip
         return self._recorded(self._finish_soon(params), scope, key, owner)
+
+    def record_outcome_rows(
+        self, rows: Sequence[OutcomeParams]
+    ) -> Awaitable[list[Exception | None]]:
+        # one write for all (``_finish_all_soon``), its answer read once the caller awaits
+        if any(row[3] is not None for row in rows) and self._encrypts():
+            rows = [(*row[:3], None, *row[4:]) for row in rows]  # as ``ledger_error``
+        return self._rows_recorded(self._finish_all_soon(rows), rows)
+
+    async def _rows_recorded(
+        self, finishing: Awaitable[Any], rows: Sequence[OutcomeParams]
+    ) -> list[Exception | None]:
+        matched = self._finish_all_matched(await finishing)
+        if matched.count(True) == len(rows):  # every guard matched: the usual answer
+            return [None] * len(rows)
+        errors: list[Exception | None] = []
+        for answer, row in zip(matched, rows, strict=True):
+            if answer is True:
+                errors.append(None)
+            elif answer is False:
+                errors.append(await self._not_finished(row[SCOPE], row[KEY], row[OWNER]))
+            else:
+                errors.append(answer)
+        return errors
+
+    def _finish_all_soon(self, rows: Sequence[OutcomeParams]) -> Awaitable[Any]:
+        """Submit several outcomes to the backend's group commit now; the awaitable of
+        the answer ``_finish_all_matched`` reads. Here each through ``_finish_soon`` (they
+        share the group commit's batch); a backend may send them as one write."""
+        return asyncio.gather(*(self._finish_soon(row) for row in rows), return_exceptions=True)
+
+    def _finish_all_matched(self, answer: Any) -> list[bool | Exception]:
+        """Per row of ``_finish_all_soon``: whether its guard matched, or its error."""
+        matched: list[bool | Exception] = []
+        for one in answer:
+            if isinstance(one, BaseException):
+                if not isinstance(one, Exception):
+                    raise one
+                matched.append(one)
+                continue
+            try:
+                matched.append(self._finish_matched(one))
+            except Exception as exc:
+                matched.append(exc)
+        return matched
 
     async def _recorded(
         self, finishing: asyncio.Future[Any], scope: str, key: str, owner: str

@@ -247,6 +247,13 @@ class IdempotentToolNode(ToolNode):
         if taken is None:
             return await ToolNode._arun_one(self, call, input_type, runtime)
         batch, engine, current = taken
+        if current.kind is Kind.RUN and current.outcome is None:
+            # the usual call: nothing of the step follows it (no result to publish)
+            async with engine.running(batch, current):
+                result = await ToolNode._arun_one(self, call, input_type, runtime)
+            if engine.finish_in_step(batch, current, result):
+                return result
+            return await engine.afinish(batch, current, result)
         with Settling(current) as settle:
             if current.kind is Kind.RUN:
                 async with engine.running(batch, current):

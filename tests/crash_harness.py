@@ -213,6 +213,19 @@ class _Crashing:
 
         return then_die()
 
+    def record_outcome_rows(self, rows: Any) -> Any:
+        """A ToolNode step's outcomes of one loop iteration, sent together: die right
+        after the first batch is committed (before the node returns)."""
+        written = super().record_outcome_rows(rows)  # type: ignore[misc]
+
+        async def then_die() -> Any:
+            errors = await written
+            if self.crash_at == "after_completed":
+                die()
+            return errors
+
+        return then_die()
+
 
 class CrashingSqliteSaver(_Crashing, AsyncSqliteSaver):
     pass

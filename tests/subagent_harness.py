@@ -545,6 +545,21 @@ def crashing(cls: type) -> type:
 
             return then_die()
 
+        def record_outcome_rows(self, rows: Any) -> Any:
+            """Outcomes of a ToolNode step sent together: committed once awaited; the
+            point is each row's (``KEY`` of ``held_outcomes.OutcomeParams``)."""
+            written = super().record_outcome_rows(rows)
+
+            async def then_die() -> Any:
+                errors = await written
+                if self.faults is not None:
+                    for row, error in zip(rows, errors, strict=True):
+                        if error is None:  # committed
+                            self.faults.die("after_completed", self.items.get(row[6], ""))
+                return errors
+
+            return then_die()
+
     return CrashingSaver
 
 

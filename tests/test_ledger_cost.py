@@ -195,21 +195,68 @@ async def test_outcomes_finishing_together_are_refused_one_by_one(saver: Any) ->
     assert entries["k2"].status is CallStatus.ISSUED and entries["k2"].result is None
 
 
+async def test_outcome_rows_recorded_together_are_refused_one_by_one(saver: Any) -> None:
+    """``record_outcome_rows`` (a step's outcomes of one loop iteration, as rows): the
+    rows not ours to record (another owner's claim, a missing row) are answered with
+    ``LedgerStateError`` naming the entry's state, the others are written - the same
+    answers from the saver's one write and from ``ToolCallLedger``'s default (a
+    ``record_outcome`` each)."""
+    intents = [planted(i, tool="send", digest=f"d{i}", at="p") for i in range(8)]
+    await saver.aclaim(intents, owner="me", lease_seconds=60)
+
+    def row(i: int, owner: str = "me", status: str = "completed") -> tuple[Any, ...]:
+        error = "boom" if status == "failed" else None
+        return (status, "bytes", str(i).encode(), error, 1.0, "t", f"k{i}", owner)
+
+    for record_rows, first in (
+        (saver.record_outcome_rows, 0),
+        (partial(ToolCallLedger.record_outcome_rows, saver), 4),
+    ):
+        rows = [row(first), row(first + 1, status="failed"), row(first + 2, owner="thief"), row(9)]
+        written = record_rows(rows)
+        assert await completed_soon_all(saver, [f"k{first}", f"k{first + 1}"])  # under way
+        errors = await written
+        assert errors[:2] == [None, None]
+        assert [type(e).__name__ for e in errors[2:]] == ["LedgerStateError"] * 2
+        assert "issued (owner 'me')" in str(errors[2]) and "missing" in str(errors[3])
+        entries = {e.key: e for e in await saver.alist_entries("t")}
+        assert (entries[f"k{first}"].status, entries[f"k{first}"].result) == (
+            CallStatus.COMPLETED,
+            str(first).encode(),
+        )
+        assert (entries[f"k{first + 1}"].status, entries[f"k{first + 1}"].error) == (
+            CallStatus.FAILED,
+            "boom",
+        )
+        assert entries[f"k{first + 2}"].status is CallStatus.ISSUED
+
+
+async def completed_soon_all(saver: Any, keys: list[str]) -> bool:
+    """Whether every key of ``keys`` is settled within a few seconds, nobody awaiting."""
+    for _ in range(500):
+        entries = {e.key: e.status for e in await saver.alist_entries("t")}
+        if all(entries.get(k) is not CallStatus.ISSUED for k in keys):
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
 async def test_the_engine_records_outcomes_without_reading_the_rows_back(
     saver_factory: Any, backend: str
 ) -> None:
-    """A 50-call step's outcomes each go straight to the backend's group commit
-    (``_finish_soon``: written at once, awaited at the node's end), with no row read back."""
+    """A 50-call step's outcomes go straight to the backend's group commit as rows
+    (``_finish_all_soon``: sent once a loop iteration, awaited at the node's end), with
+    no row read back."""
     async with saver_factory() as saver:
         graph = tool_graph(IdempotentToolNode([send]), saver)
         soon: list[str] = []
-        original_soon = saver._finish_soon
+        original_soon = saver._finish_all_soon
 
-        def spied_soon(outcome: tuple[Any, ...]) -> Any:
-            soon.append(outcome[6])  # the key
-            return original_soon(outcome)
+        def spied_soon(rows: list[tuple[Any, ...]]) -> Any:
+            soon.extend(row[6] for row in rows)  # the keys
+            return original_soon(rows)
 
-        saver._finish_soon = spied_soon
+        saver._finish_all_soon = spied_soon
         await step_trips(graph, saver, backend, "t", 50, "a")
         assert len(set(soon)) == 50
         assert all(e.status is CallStatus.COMPLETED for e in await saver.alist_entries("t"))

@@ -1,8 +1,9 @@
 """A ``ToolNode`` step's outcomes: written as each call finishes, awaited at the node's end.
 
 ``IdempotentToolNode`` runs a step's calls inside ``LedgerEngine.outcomes_at_end``: each
-call starts its outcome's write (``record_outcome``) as its tool returns and goes on,
-and the node awaits them all before it returns. What ``docs/guarantees.md`` promises is
+call hands its outcome over as its tool returns and goes on, the outcomes of one loop
+iteration are sent as one write (``record_outcome_rows``), and the node awaits them all
+before it returns. What ``docs/guarantees.md`` promises is
 checked here: every outcome is committed before the node returns, each is under way as
 soon as its call finished (a slow sibling does not hold it back), a refused outcome fails
 the step once every other outcome is committed, and the node's own exception wins.
@@ -22,6 +23,7 @@ from tool_node_helpers import ai_calls, cfg, tool_graph, tool_messages
 
 from langgraph_idem_saver import IdempotentToolNode, PostgresSaver, SqliteSaver, ToolLedger
 from langgraph_idem_saver.engine import Batch, LedgerEngine, LedgerOptions
+from langgraph_idem_saver.engine.step_writes import StepWrites
 from langgraph_idem_saver.engine.types import Plan
 from langgraph_idem_saver.errors import LedgerStateError
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, Outcome
@@ -114,15 +116,15 @@ async def test_an_outcome_written_soon_sets_a_fresh_saver_up(saver_factory: Any)
 
 
 def delay_writes(saver: Any, seconds: float) -> None:
-    """Start each outcome's write ``seconds`` late (its answer with it)."""
-    original = saver._finish_soon
+    """Start each batch of outcomes' write ``seconds`` late (its answer with it)."""
+    original = saver._finish_all_soon
     loop = asyncio.get_running_loop()
 
-    def late(params: tuple[Any, ...]) -> asyncio.Future[Any]:
+    def late(rows: list[tuple[Any, ...]]) -> asyncio.Future[Any]:
         answer = loop.create_future()
 
         def start() -> None:
-            asyncio.ensure_future(original(params)).add_done_callback(
+            asyncio.ensure_future(original(rows)).add_done_callback(
                 lambda f: (
                     answer.set_exception(f.exception())
                     if f.exception()
@@ -133,7 +135,7 @@ def delay_writes(saver: Any, seconds: float) -> None:
         loop.call_later(seconds, start)
         return answer
 
-    saver._finish_soon = late
+    saver._finish_all_soon = late
 
 
 async def test_the_node_returns_only_once_every_outcome_is_committed(saver: Any) -> None:
@@ -185,14 +187,13 @@ async def test_a_calls_outcome_is_committed_while_a_slow_sibling_still_runs(save
 
 def refuse_one(saver: Any, content: str) -> None:
     """Record the outcome whose result says ``content`` under another owner: refused."""
-    original = saver._finish_soon
+    original = saver._finish_all_soon
 
-    def refused(params: tuple[Any, ...]) -> asyncio.Future[Any]:
-        if content.encode() in params[2]:  # the serialized result
-            params = (*params[:7], "thief")
-        return original(params)  # type: ignore[no-any-return]
+    def refused(rows: list[tuple[Any, ...]]) -> Any:
+        rows = [(*p[:7], "thief") if content.encode() in p[2] else p for p in rows]
+        return original(rows)
 
-    saver._finish_soon = refused
+    saver._finish_all_soon = refused
 
 
 async def test_a_refused_outcome_fails_the_step_after_every_other_is_committed(
@@ -268,13 +269,18 @@ async def test_outcomes_left_unawaited_by_a_cancellation_are_dropped_quietly() -
         return None
 
     left = written()
-    plans = [
-        Plan(call={"name": "send", "args": {}, "id": f"c{i}", "type": "tool_call"})
-        for i in range(3)
-    ]
-    waiting = asyncio.ensure_future(
-        engine.aoutcomes([(plans[0], hanging), (plans[1], left), (plans[2], failed)], raising=True)
-    )
+    answers: list[Any] = [hanging, left, failed]
+
+    class Ledger:  # each send of the step answered by the next of ``answers``
+        def record_outcome_rows(self, rows: list[tuple[Any, ...]]) -> Any:
+            return answers.pop(0)
+
+    writes = StepWrites(Ledger(), loop)  # type: ignore[arg-type]
+    for i in range(3):  # three loop iterations: three batches of one call
+        call = {"name": "send", "args": {}, "id": f"c{i}", "type": "tool_call"}
+        writes.add(Plan(call=call), ("completed", None, None, None, 0.0, "t", f"k{i}", "me"))
+        writes.send()
+    waiting = asyncio.ensure_future(engine.aoutcomes(writes, raising=True))
     await asyncio.sleep(0)
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -306,7 +312,7 @@ async def test_a_batch_without_a_ledger_on_this_loop_is_not_collected() -> None:
             assert batch.outcomes is None
         batch.ledger_loop = asyncio.get_running_loop()
         async with engine.outcomes_at_end(batch):
-            assert batch.outcomes == []
+            assert isinstance(batch.outcomes, StepWrites) and len(batch.outcomes) == 0
         assert batch.outcomes is None
     finally:
         other.close()

@@ -58,13 +58,9 @@ from langgraph_idem_saver.engine.forks import siblings_refused
 from langgraph_idem_saver.engine.intents import key_calls, site_of
 from langgraph_idem_saver.engine.loops import awaiting
 from langgraph_idem_saver.engine.options import LedgerOptions
-from langgraph_idem_saver.engine.outcomes import (
-    Outcomes,
-    Running,
-    StepOutcomes,
-    await_outcomes,
-)
+from langgraph_idem_saver.engine.outcomes import Running, StepOutcomes
 from langgraph_idem_saver.engine.results import retarget, text_of
+from langgraph_idem_saver.engine.step_writes import StepWrites, await_step_writes, outcome_row
 from langgraph_idem_saver.engine.types import (
     Batch,
     IdempotencyConflict,
@@ -437,21 +433,26 @@ class LedgerEngine:
         Committed when this returns - or, inside :meth:`outcomes_at_end`, written and
         awaited with the step's other outcomes at the block's end.
         """
-        ledger: ToolCallLedger = batch.ledger  # type: ignore[assignment]  # set: claimed
-        key: str = plan.ledger_key  # type: ignore[assignment]  # (no cast(): a call a call)
+        if self.finish_in_step(batch, plan, result):
+            return result
         failed = isinstance(result, ToolMessage) and result.status == "error"
         result_type, data = self.context.dumps(batch, result)
         if failed:
             outcome = Outcome.failed(text_of(result.content), result_type, data)
         else:
             outcome = Outcome.completed(result_type, data)
-        outcomes = batch.outcomes
-        if outcomes is not None:  # started now, awaited with the step's (outcomes_at_end)
-            written = ledger.record_outcome(batch.scope, key, owner=batch.owner, outcome=outcome)
-            outcomes.append((plan, written))
-            return result
         await self.arecord(batch, plan, outcome)
         return result
+
+    def finish_in_step(self, batch: Batch, plan: Plan, result: Any) -> bool:
+        """:meth:`afinish` inside :meth:`outcomes_at_end`, with no coroutine: the outcome
+        handed to the step's writes (sent this loop iteration, awaited with the step's);
+        False outside such a block, where the caller awaits :meth:`afinish`."""
+        writes = batch.outcomes
+        if writes is None:
+            return False
+        writes.add(plan, outcome_row(self.context, batch, plan, result))
+        return True
 
     @telemetry.traced_outcomes
     async def arecord(self, batch: Batch, plan: Plan, outcome: Outcome) -> None:
@@ -476,11 +477,11 @@ class LedgerEngine:
         return StepOutcomes(self, batch)
 
     @telemetry.traced_outcomes
-    async def aoutcomes(self, outcomes: Outcomes, *, raising: bool) -> None:
-        """Await every outcome written by :meth:`afinish` in a block of
+    async def aoutcomes(self, outcomes: StepWrites, *, raising: bool) -> None:
+        """Await every outcome handed over by :meth:`afinish` in a block of
         :meth:`outcomes_at_end`: each is committed, or its error is raised - the first
         one, after all were awaited - when ``raising``."""
-        await await_outcomes(outcomes, self.counters, raising=raising)
+        await await_step_writes(outcomes, self.counters, raising=raising)
 
     def running(self, batch: Batch, plan: Plan) -> Running:
         """Around a front door's run of a ``Kind.RUN`` call's tool: marks it started, and

@@ -8,16 +8,12 @@ awaits a step's outcomes), so nothing here imports ``LedgerEngine``.
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from langgraph_idem_saver.call_context import in_call
 from langgraph_idem_saver.engine.loops import running_loop
-from langgraph_idem_saver.engine.types import Batch, IdempotencyCounters, Plan
-
-Outcomes = list[tuple[Plan, Awaitable[None]]]
-"""A step's outcome writes, started by ``afinish`` and awaited at the block's end."""
+from langgraph_idem_saver.engine.step_writes import StepWrites
+from langgraph_idem_saver.engine.types import Batch, Plan
 
 
 class EndsCalls(Protocol):
@@ -31,7 +27,7 @@ class EndsCalls(Protocol):
 class AwaitsOutcomes(Protocol):
     """What awaits a step's outcome writes (traced by the engine)."""
 
-    async def aoutcomes(self, outcomes: Outcomes, *, raising: bool) -> None: ...
+    async def aoutcomes(self, outcomes: StepWrites, *, raising: bool) -> None: ...
 
 
 class Running(in_call):
@@ -68,12 +64,13 @@ class StepOutcomes:
     """``LedgerEngine.outcomes_at_end``'s context manager.
 
     A wide step's calls each record an outcome; awaited by the call that made it, every
-    outcome is a wakeup of its call's task and a future for the group commit to resolve
-    (~130 bytecodes a call of a 50-call step, 8% of the ledger's Python). Inside this
-    block :meth:`LedgerEngine.afinish` starts the write (``record_outcome``: submitted
-    to the group commit at once, so each outcome is still committed as soon as its call
-    finished) and returns; the block's end awaits them all, so the front door still
-    returns only once every outcome of the step is committed (``docs/guarantees.md``).
+    outcome is a wakeup of its call's task and a future for the group commit to resolve.
+    Inside this block :meth:`LedgerEngine.afinish` hands the outcome to the step's
+    :class:`~langgraph_idem_saver.engine.step_writes.StepWrites` and returns: the calls
+    that finish in one loop iteration are sent as one write at the start of the next
+    (so each outcome is still committed as soon as its call finished), and the block's
+    end awaits them all, so the front door still returns only once every outcome of the
+    step is committed (``docs/guarantees.md``).
 
     Only when the ledger's coroutines run on this loop (not through a hop to another).
     At the block's end collecting stops first: a call that finishes later (the block
@@ -90,56 +87,13 @@ class StepOutcomes:
     async def __aenter__(self) -> None:
         batch = self.batch
         loop = batch.ledger_loop
-        if batch.ledger is not None and (loop is None or loop is running_loop()):
-            batch.outcomes = []
+        here = running_loop()
+        if batch.ledger is not None and here is not None and (loop is None or loop is here):
+            batch.outcomes = StepWrites(batch.ledger, here)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
     ) -> None:
         outcomes, self.batch.outcomes = self.batch.outcomes, None
-        if outcomes:
+        if outcomes is not None and (outcomes.rows is not None or outcomes.sent):
             await self.engine.aoutcomes(outcomes, raising=exc is None)
-
-
-async def await_outcomes(
-    outcomes: Outcomes, counters: IdempotencyCounters, *, raising: bool
-) -> None:
-    """Await every outcome of a step: each committed one is no longer its call's claim
-    to release, and counted ``executed`` (once a step); the first error is raised, after
-    all were awaited, when ``raising``. Cancelled, the rest are dropped (:func:`forget`)."""
-    first: Exception | None = None
-    executed = 0
-    try:
-        for at, (plan, written) in enumerate(outcomes):
-            try:
-                await written
-            except Exception as exc:
-                if first is None:
-                    first = exc
-                continue
-            except BaseException:  # cancelled: the rest stay unawaited
-                for _, left in outcomes[at + 1 :]:
-                    forget(left)
-                raise
-            plan.owned = False  # as ``LedgerEngine.recorded``
-            executed += 1
-    finally:
-        if executed:
-            counters.bump("executed", executed)
-    if first is not None and raising:
-        raise first
-
-
-def forget(written: Awaitable[None]) -> None:
-    """Drop an outcome nobody will await (its caller was cancelled): the write goes on
-    (the group commit's own task), and neither an unawaited coroutine nor an
-    unretrieved error is reported for it."""
-    if inspect.iscoroutine(written):
-        written.close()
-    elif isinstance(written, asyncio.Future):
-        written.add_done_callback(_retrieved)
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()

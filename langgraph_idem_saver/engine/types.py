@@ -13,9 +13,9 @@ import enum
 import inspect
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from langchain_core.messages import ToolCall
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -33,6 +33,9 @@ from langgraph_idem_saver.ledger import (
     LedgerEntry,
     ToolCallLedger,
 )
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.engine.step_writes import StepWrites
 
 # what the engine package exports (engine/__init__.py re-exports exactly these)
 __all__ = [
@@ -242,9 +245,9 @@ class Batch:
     # the engine's owner id, read once when the run is prepared (``LedgerEngine.owner``)
     owner: str = ""
     read_only: dict[str, bool] = field(default_factory=dict)  # per tool name, this run
-    # outcomes written and not yet awaited (``LedgerEngine.outcomes_at_end``); None: each
-    # call awaits its own
-    outcomes: list[tuple[Plan, Awaitable[None]]] | None = None
+    # outcomes handed over and not yet awaited (``LedgerEngine.outcomes_at_end``); None:
+    # each call awaits its own
+    outcomes: StepWrites | None = None
     # its calls open ``execute_tool`` spans: an SDK tracer provider was set when the run
     # was prepared (``telemetry.traced_prepare``), asked once a run, not once a call
     traced: bool = False

@@ -101,13 +101,51 @@ class SqliteLedgerStore(_Connected):
             return asyncio.ensure_future(self._set_up_then(finish))
         return self._group.submit_nowait((finish, OUTCOME, True))
 
-    async def _set_up_then(self, finish: Callable[[sqlite3.Connection], Any]) -> tuple[bool, Any]:
+    async def _set_up_then(
+        self, finish: Callable[[sqlite3.Connection], Any], one_statement: bool = True
+    ) -> tuple[bool, Any]:
         await self.setup()
-        return await self._group.submit((finish, OUTCOME, True))
+        return await self._group.submit((finish, OUTCOME, one_statement))
 
     def _finish_matched(self, answer: tuple[bool, Any]) -> bool:
         done, _ = self._written(*answer)  # the body's (done, None), or its error raised
         return bool(done)
+
+    def _finish_all_soon(self, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[Any]:
+        """Several outcomes as ONE write of the group commit (one future, not one each):
+        an ``UPDATE`` each, a failing one undone alone by SQLite and reported for its
+        row only; a failure that ends the transaction fails them all."""
+        rows = list(rows)
+
+        def finish_all(conn: sqlite3.Connection) -> list[bool | Exception]:
+            matched: list[bool | Exception] = []
+            for params in rows:
+                try:
+                    matched.append(conn.execute(sql.FINISH_ENTRY, params).rowcount == 1)
+                except Exception as exc:
+                    if not conn.in_transaction:
+                        raise
+                    matched.append(exc)
+            return matched
+
+        if not self.is_setup:  # only outcomes sent before anything else used the saver
+            return asyncio.ensure_future(self._set_up_then(finish_all, False))
+        # not one statement: batched with other writes, a savepoint keeps it apart
+        return self._group.submit_nowait((finish_all, OUTCOME, False))
+
+    def _finish_all_matched(self, answer: tuple[bool, Any]) -> list[bool | Exception]:
+        matched: list[bool | Exception] = self._written(*answer)  # or the write's error
+        if matched.count(True) + matched.count(False) == len(matched):
+            return matched
+        typed: list[bool | Exception] = []
+        for one in matched:
+            if isinstance(one, Exception):
+                try:
+                    self._written(False, one)  # raises it typed
+                except Exception as exc:
+                    one = exc
+            typed.append(one)
+        return typed
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 
