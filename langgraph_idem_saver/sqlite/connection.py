@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 from langgraph_idem_saver.errors import (
     ConnectionClosedError,
+    CorruptRecordError,
     DatabaseLockedError,
     IdemSaverError,
     NotADatabaseError,
@@ -416,6 +417,12 @@ def typed_error(
     if not isinstance(exc, sqlite3.DatabaseError):
         return exc
     target = target or SqliteTarget(None, None)
+    if isinstance(exc, sqlite3.OperationalError) and "malformed JSON" in msg:
+        # a JSON column edited by hand, read by SQL (the reads check the columns they
+        # hand SQLite first and name the row): the file itself is fine
+        return CorruptRecordError(
+            "JSON column", location={"database": target.path or ""}, cause=exc
+        )
     kind = error_kind(exc)
     if kind == "readonly":
         return read_only_error(target, exc)

@@ -90,14 +90,16 @@ class SqliteDeltaHistory:
                 target = rows.fetchone()
                 if target is None:
                     return result
+                _check_versions(target, thread_id, ns)
                 seen = {target[0]}
                 for row in rows:
                     if row[0] in seen:  # a chain that loops: stop where it repeats
                         break
+                    _check_versions(row, thread_id, ns)
                     seen.add(row[0])
                     walked.append(row[0])
-                    for i in [i for i in remaining if row[i + 1] is not None]:
-                        seeds[remaining.pop(i)] = (row[0], row[i + 1])
+                    for i in [i for i in remaining if row[i + 2] is not None]:
+                        seeds[remaining.pop(i)] = (row[0], row[i + 2])
                         visits[i] = len(walked)
                     if not remaining:
                         break
@@ -148,3 +150,14 @@ class SqliteDeltaHistory:
             return result
 
         return lambda conn: read_tx(conn, read)
+
+
+def _check_versions(row: Sequence[Any], thread_id: str, ns: str) -> None:
+    """A walked checkpoint whose ``channel_versions`` is not a JSON object (the chain
+    statement's ``corrupt`` column): its row's :class:`CorruptRecordError`."""
+    if row[1]:
+        raise CorruptRecordError(
+            "channel_versions",
+            location={"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": row[0]},
+            cause=TypeError("not a JSON object"),
+        )

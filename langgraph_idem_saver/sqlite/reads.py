@@ -18,14 +18,23 @@ each decode counts: values are decoded by the serializer's ``loads_typed`` direc
 where a row is only built when something fails to decode. Every stored value that does
 not decode is still a :class:`CorruptRecordError` naming its row, and so is a delta whose
 base is not stored, a delta of a non-list, or a row whose ``channel_versions`` column
-names another version than its checkpoint does.
+names other versions than its checkpoint does.
+
+**A corrupt ``channel_versions`` column is its row's error, not the read's.** The column
+(the blob keys of the row, a JSON object) is parsed here before SQLite's ``json_each``
+sees it: text that is not a JSON object would fail the whole statement ("malformed
+JSON") and, valid JSON of another shape, silently name no blob. Such a row reads no blob
+and raises :class:`CorruptRecordError` naming it when it is decoded, so the rows of a
+page before it are returned and a read that does not need it (another checkpoint of the
+thread) never sees it. The parsed column is then compared with the versions its
+checkpoint names: one dict comparison, which replaces a check per channel.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from langgraph.checkpoint.base import CheckpointTuple
@@ -40,24 +49,40 @@ from langgraph_idem_saver.sqlite import sql
 Blobs = dict[tuple[str, str], tuple[str, bytes | None, str | None]]
 # a row of ``sql.CHECKPOINT_COLUMNS``
 Row = Sequence[Any]
-# what a row's tuple is decoded from: the row, the (channel, version) pairs its
-# channel_versions names (None: to be read from the row), the blobs read for it (and its
-# page), its writes
-Fetched = tuple[Row, Iterable[tuple[str, str]] | None, Blobs, list[Any]]
+# a row's channel_versions column parsed ({channel: version}), or the error its row
+# raises when decoded (the column is not a JSON object)
+Versions = dict[str, Any] | CorruptRecordError
+# what a row's tuple is decoded from: the row, its channel_versions, the blobs read for
+# it (and its page), its writes
+Fetched = tuple[Row, Versions, Blobs, list[Any]]
+
+
+def stored_versions(row: Row) -> Versions:
+    """The row's ``channel_versions`` column as a dict, or the :class:`CorruptRecordError`
+    naming the row when it is not a JSON object (malformed, an array, a scalar)."""
+    try:
+        versions = json.loads(row[7])
+    except Exception as exc:
+        return _corrupt("channel_versions", row, exc)
+    if type(versions) is not dict:
+        why = f"decoded to {type(versions).__name__}, not a JSON object"
+        return _corrupt("channel_versions", row, TypeError(why))
+    return versions
 
 
 def fetch_tuple(conn: sqlite3.Connection, row: Row) -> Fetched:
     """What the tuple of one ``CHECKPOINT_COLUMNS`` row is decoded from."""
+    versions = stored_versions(row)
+    if type(versions) is not dict:  # json_each cannot read it: the row's decode raises
+        return row, versions, {}, []
     thread_id, ns = row[0], row[1]
-    named: list[tuple[str, str]] = []
     blobs: Blobs = {}
     for channel, version, *stored in conn.execute(
         sql.SELECT_BLOBS_FOR_VERSIONS, (row[7], thread_id, ns)
     ):
-        named.append((channel, version))
         _add(blobs, channel, version, stored)
     _fetch_bases(conn, thread_id, ns, blobs)
-    return row, named, blobs, conn.execute(sql.SELECT_WRITES_FOR_CHECKPOINT, row[:3]).fetchall()
+    return row, versions, blobs, conn.execute(sql.SELECT_WRITES_FOR_CHECKPOINT, row[:3]).fetchall()
 
 
 def fetch_page(conn: sqlite3.Connection, rows: Sequence[Row]) -> list[Fetched]:
@@ -70,9 +95,10 @@ def fetch_page(conn: sqlite3.Connection, rows: Sequence[Row]) -> list[Fetched]:
     fetched: dict[tuple[str, str, str], Fetched] = {}
     for (thread_id, ns), group in groups.items():
         blobs: Blobs = {}
-        versions = "[" + ",".join(r[7] for r in group) + "]"
+        parsed = [stored_versions(r) for r in group]
+        readable = [r[7] for r, v in zip(group, parsed, strict=True) if type(v) is dict]
         for channel, version, *stored in conn.execute(
-            sql.SELECT_BLOBS_FOR_PAGE, (versions, thread_id, ns)
+            sql.SELECT_BLOBS_FOR_PAGE, ("[" + ",".join(readable) + "]", thread_id, ns)
         ):
             _add(blobs, channel, version, stored)
         _fetch_bases(conn, thread_id, ns, blobs)
@@ -82,8 +108,8 @@ def fetch_page(conn: sqlite3.Connection, rows: Sequence[Row]) -> list[Fetched]:
             sql.SELECT_WRITES_FOR_CHECKPOINTS, (thread_id, ns, ids)
         ):
             writes[checkpoint_id].append(write)
-        for r in group:
-            fetched[thread_id, ns, r[2]] = (r, None, blobs, writes[r[2]])
+        for r, v in zip(group, parsed, strict=True):
+            fetched[thread_id, ns, r[2]] = (r, v, blobs, writes[r[2]])
     return [fetched[row[0], row[1], row[2]] for row in rows]
 
 
@@ -120,13 +146,10 @@ def decode_tuple(
     loaded (``aget_tuple``). Run after the read transaction: SQLite's own work runs
     first, before the decoding of the values (most of a read) evicts it from the CPU's
     caches."""
-    row, named, blobs, writes = fetched
-    (thread_id, ns, checkpoint_id, parent_id, type_, data, metadata, versions) = row
-    if named is None:  # a row of a page: the pairs its channel_versions column names
-        try:
-            named = json.loads(versions).items()
-        except Exception as exc:
-            raise _corrupt("checkpoint", row, exc) from exc
+    row, versions, blobs, writes = fetched
+    if isinstance(versions, CorruptRecordError):
+        raise versions
+    (thread_id, ns, checkpoint_id, parent_id, type_, data, metadata, _) = row
     loads = serde.loads_typed
     try:
         checkpoint = loads((type_, data if data is not None else b""))
@@ -148,20 +171,19 @@ def decode_tuple(
         except Exception as exc:
             raise _corrupt("pending write", row, exc, task_id=task_id, channel=channel) from exc
     own_versions = checkpoint.get("channel_versions") or {}
+    if versions != own_versions and not _same_versions(versions, own_versions):
+        raise _corrupt(
+            "channel_versions",
+            row,
+            ValueError(
+                f"the row's column names {_shown(versions)}, its checkpoint {_shown(own_versions)}"
+            ),
+        )
     values: dict[str, Any] = {}  # last: most of the decoding
-    for channel, version in named:
+    for channel, version in versions.items():
         stored = blobs.get((channel, version))
         if stored is None:  # a version without a stored value (a join leaves it out)
             continue
-        if str(own_versions.get(channel)) != version:
-            raise _corrupt(
-                "checkpoint",
-                row,
-                ValueError(
-                    f"its channel_versions do not name version {version!r} of channel "
-                    f"{channel!r}, which its row references"
-                ),
-            )
         btype, blob, base = stored
         if btype == "empty":
             continue
@@ -188,6 +210,39 @@ def decode_tuple(
     return stored_tuple(thread_id, ns, checkpoint_id, parent_id, checkpoint, values, meta, pending)
 
 
+def decode_page(rows: Sequence[Fetched], serde: SerializerProtocol) -> Iterable[CheckpointTuple]:
+    """The tuples of a page of ``alist``, decoded here (on the worker, after the read
+    transaction). A row that does not decode ends the page: the tuples before it are
+    yielded, then its :class:`CorruptRecordError` is raised (as a row-by-row read would)."""
+    tuples: list[CheckpointTuple] = []
+    for fetched in rows:
+        try:
+            tuples.append(decode_tuple(fetched, serde))
+        except CorruptRecordError as exc:
+            return _then_raise(tuples, exc)
+    return tuples
+
+
+def _then_raise(
+    tuples: list[CheckpointTuple], exc: CorruptRecordError
+) -> Iterator[CheckpointTuple]:
+    yield from tuples
+    raise exc
+
+
+def _same_versions(stored: dict[str, Any], own: Any) -> bool:
+    """Whether the column names the checkpoint's versions: its own may be numbers (a
+    caller's ``get_next_version``), which the column holds as text (``encode_versions``)."""
+    if not isinstance(own, dict):
+        return False
+    return stored == {k: str(v) for k, v in own.items()}
+
+
+def _shown(versions: Any, limit: int = 200) -> str:
+    text = repr(versions)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _where(row: Row) -> dict[str, Any]:
     return {"thread_id": row[0], "checkpoint_ns": row[1], "checkpoint_id": row[2]}
 
@@ -210,4 +265,11 @@ def decode_metadata(text: str, **where: Any) -> dict[str, Any]:
     return metadata
 
 
-__all__ = ["decode_metadata", "decode_tuple", "fetch_page", "fetch_tuple"]
+__all__ = [
+    "decode_metadata",
+    "decode_page",
+    "decode_tuple",
+    "fetch_page",
+    "fetch_tuple",
+    "stored_versions",
+]

@@ -78,6 +78,7 @@ from langgraph_idem_saver.sqlite.ledger_store import SqliteLedgerStore
 from langgraph_idem_saver.sqlite.reads import (
     Fetched,
     decode_metadata,
+    decode_page,
     decode_tuple,
     fetch_page,
     fetch_tuple,
@@ -269,8 +270,7 @@ class AsyncSqliteSaver(
         ) -> Callable[[sqlite3.Connection], ListPage]:
             def body(conn: sqlite3.Connection) -> ListPage:
                 fetched, last, rows = read_tx(conn, partial(read, after=after, size=size))
-                serde = self.serde
-                return ListPage(fetched, last, [decode_tuple(row, serde) for row in rows])
+                return ListPage(fetched, last, decode_page(rows, self.serde))
 
             return body
 

@@ -405,21 +405,29 @@ ORDER BY rowid
 # step is one primary-key probe, never a scan of the thread. The channel's version is
 # read with json_extract (the cheapest per row) when its name is plain ASCII, which a
 # JSON path can quote as is; any other name is matched through json_each (stored
-# versions escape non-ASCII keys, which json_extract's path would not match).
-_DELTA_CHAIN = """
+# versions escape non-ASCII keys, which json_extract's path would not match). A row whose
+# channel_versions is not a JSON object (corrupted by hand) walks on with NULL versions
+# and is flagged in the second column (``corrupt``): the saver raises CorruptRecordError
+# naming it, where json_extract would have failed the statement ("malformed JSON") or,
+# on valid JSON of another shape, matched nothing.
+_VALID_VERSIONS = (
+    "CASE WHEN json_valid({c}) THEN CASE json_type({c}) WHEN 'object' THEN {c} END END"
+)
+_DELTA_CHAIN = f"""
 WITH RECURSIVE chain (checkpoint_id, parent_checkpoint_id, channel_versions) AS (
-    SELECT checkpoint_id, parent_checkpoint_id, channel_versions FROM idem_checkpoints
+    SELECT checkpoint_id, parent_checkpoint_id,
+        {_VALID_VERSIONS.format(c="channel_versions")} FROM idem_checkpoints
     WHERE thread_id = :thread_id AND checkpoint_ns = :ns
       AND checkpoint_id = COALESCE(:checkpoint_id, (
           SELECT MAX(checkpoint_id) FROM idem_checkpoints
           WHERE thread_id = :thread_id AND checkpoint_ns = :ns))
   UNION ALL
-    SELECT c.checkpoint_id, c.parent_checkpoint_id, c.channel_versions
+    SELECT c.checkpoint_id, c.parent_checkpoint_id, {_VALID_VERSIONS.format(c="c.channel_versions")}
     FROM chain AS ch CROSS JOIN idem_checkpoints AS c
       ON c.thread_id = :thread_id AND c.checkpoint_ns = :ns
      AND c.checkpoint_id = ch.parent_checkpoint_id
 )
-SELECT ch.checkpoint_id{columns}
+SELECT ch.checkpoint_id, ch.channel_versions IS NULL AS corrupt{{columns}}
 FROM chain AS ch
 """
 _DELTA_SEED = """,
