@@ -66,12 +66,31 @@ def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
     intents = [p.intent for p in leaders if p.policy == "tool_call" and p.intent is not None]
     if not intents:
         return None
+    agent_path = intents[0].agent_path
     return StepLookup(
         batch.scope,
-        intents[0].agent_path,
+        agent_path,
         list(dict.fromkeys((i.tool_name, i.args_hash) for i in intents)),
         list(dict.fromkeys((i.position, i.tool_name) for i in intents if i.position)),
+        sibling_keys(batch, {str(p.call.get("id")) for p in leaders}, agent_path),
     )
+
+
+def sibling_keys(batch: Batch, ids: set[str], agent_path: str) -> frozenset[str]:
+    """The keys of the other calls of the messages of ``ids`` (``StepLookup.inert``):
+    keys of this state's calls (so never an orphan), none of them a key of ``ids``' own
+    (their own entries and legacy keys are adoption's to look at). An id found in
+    several messages gives nothing: which message it means is adoption's to decide."""
+    messages = {batch.origins.get(i) for i in ids} - {None}
+    if not messages:
+        return frozenset()
+    keys: set[str] = set()
+    for call_id, message_id in batch.pairs:
+        if message_id in messages and call_id not in ids and call_id not in batch.reused_ids:
+            keys |= tool_call_keys(agent_path, call_id, message_id)
+    for call_id in ids:  # never one of the leaders' own keys, whatever the ids
+        keys -= tool_call_keys(agent_path, call_id, batch.origins.get(call_id, ""))
+    return frozenset(keys)
 
 
 async def aadopt_orphans(

@@ -117,7 +117,10 @@ def _claim_statement(unless_found: bool) -> str:
     the caller claims them again (a new statement, a new snapshot).
 
     ``unless_found``: first the step's adoption read (``f`` rows); when it finds
-    anything, nothing is inserted - adoption decides first, then the caller claims.
+    anything, nothing is inserted - adoption decides first, then the caller claims -
+    unless all it found are inert (``StepLookup.inert``: the entries of the other calls
+    of the step's message, adopted by nobody, which adoption never takes): then the
+    claim goes on in the same statement and no ``f`` row comes back.
 
     The ``k`` and ``s`` reads run only when some row was not inserted (``refused``: a
     one-time filter, so a fresh step's claim is the insert alone). Without it they cost
@@ -127,10 +130,21 @@ def _claim_statement(unless_found: bool) -> str:
     # an inserted row comes back as its key alone (the caller builds its entry:
     # ``Claims.issued_entry``); NULLs take the other rows' column types
     inserted = ", ".join(c if c in ("scope", "key") else "NULL" for c in _COLUMNS)
-    found = f", found AS ({_STEP_FOUND})" if unless_found else ""
-    only = "AND NOT EXISTS (SELECT 1 FROM found)" if unless_found else ""
+    found = (
+        f""", found AS ({_STEP_FOUND}),
+blocking AS (
+    SELECT 1 FROM found
+    WHERE NOT (key = ANY(%(inert)s::text[]) AND adopted_by IS NULL) LIMIT 1)"""
+        if unless_found
+        else ""
+    )
+    only = "AND NOT EXISTS (SELECT 1 FROM blocking)" if unless_found else ""
     refused = "(SELECT count(*) FROM ins) < (SELECT count(*) FROM u)"
-    found_rows = "SELECT 'f', * FROM found UNION ALL" if unless_found else ""
+    found_rows = (
+        "SELECT 'f', * FROM found WHERE EXISTS (SELECT 1 FROM blocking) UNION ALL"
+        if unless_found
+        else ""
+    )
     return f"""
 WITH u AS (SELECT * FROM {_CLAIM_ROWS}){found},
 ins AS (

@@ -55,8 +55,8 @@ class PostgresLedgerStore(PostgresHeldWrites):
     ) -> tuple[list[LedgerEntry], list[ClaimOutcome] | None]:
         """Claim the batch in ONE statement (``CLAIM_STEP``: one round trip, one commit),
         after the step's adoption read in the same statement when ``lookup`` is given
-        (nothing is claimed when it finds entries); then claim again, in a new
-        statement, the calls it returned no row for."""
+        (nothing is claimed when it finds entries other than ``lookup.inert`` ones); then
+        claim again, in a new statement, the calls it returned no row for."""
         base: dict[str, Any] = {
             "owner": claims.owner,
             "now": claims.issued_at,
@@ -67,7 +67,7 @@ class PostgresLedgerStore(PostgresHeldWrites):
             query = sql.CLAIM_STEP_UNLESS_FOUND
             scope, agent_path, signatures, _, spots = step_params(lookup)
             base |= {"scope": scope, "agent_path": agent_path}
-            base |= {"signatures": signatures, "spots": spots}
+            base |= {"signatures": signatures, "spots": spots, "inert": list(lookup.inert)}
         outcomes: dict[int, ClaimOutcome] = {}
         pending = list(enumerate(claims.rows))
         for _ in range(CLAIM_RETRIES):
