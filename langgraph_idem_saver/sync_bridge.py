@@ -30,8 +30,9 @@ one commit each, instead of sharing one). ``PostgresSaver`` skips it for the sam
 (not ``get_delta_channel_history``) by running them over the user's own *sync* psycopg
 ``Connection`` or ``ConnectionPool`` on the caller's thread - the async saver's own
 statements and decoding, built once for both (see
-:mod:`langgraph_idem_saver.postgres.sync_saver`); its async connection (or pool) belongs
-to the loop and serves the ledger, maintenance and ``setup()``.
+:mod:`langgraph_idem_saver.postgres.sync_saver`); what runs on its loop (the ledger,
+maintenance and ``setup()``) borrows the same connection or pool for each call
+(:mod:`langgraph_idem_saver.postgres.borrowed`).
 
 Lifetime: the loop thread is a daemon, so a program that never closes its saver still
 exits; ``close()`` (or leaving ``from_conn_string``'s ``with`` block, or ``with saver:``)

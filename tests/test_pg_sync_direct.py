@@ -3,12 +3,12 @@
 user's own sync ``Connection`` (under a lock) or ``ConnectionPool``.
 
 Observed through psycopg itself: the user's connections are opened with a
-``cursor_factory`` that records which thread executed each statement on them (the saver's
-own async connection, which serves the loop path, is not traced).
+``cursor_factory`` that records which thread executed each statement on them.
 
 * the checkpoint calls run on the calling thread, on the user's connection; the async
-  methods, the ledger and maintenance on the saver's own connection; the first call of a
-  saver not yet set up goes through the loop; a pipelined connection stays on the loop;
+  methods, the ledger and maintenance on the user's connections too, from the saver's loop
+  or its worker threads; the first call of a saver not yet set up goes through the loop;
+  a pipelined connection stays on the loop;
 * many threads (and the async methods, from another thread) writing and reading one saver
   at once lose nothing and read only whole checkpoints (a connection, a non-autocommit
   connection, a pool);
@@ -88,6 +88,17 @@ def open_saver(dsn: str, how: str, **kwargs: Any) -> Iterator[PostgresSaver]:
             yield saver
 
 
+def loop_side(saver: PostgresSaver) -> set[int]:
+    """The threads that run what takes the saver's loop: the loop's own (over a
+    Connection), or the saver's worker threads (over a pool)."""
+    if isinstance(saver.conn, ConnectionPool):
+        named = (t for t in threading.enumerate() if t.name.startswith("PostgresSaver-ledger"))
+        return {t.ident for t in named if t.ident is not None}
+    ident = saver._runtime.thread.ident
+    assert ident is not None
+    return {ident}
+
+
 @pytest.mark.parametrize("how", HOWS)
 def test_checkpoint_calls_run_on_the_callers_thread(pg_dsn: str, how: str) -> None:
     with open_saver(pg_dsn, how) as saver:
@@ -106,12 +117,13 @@ def test_checkpoint_calls_run_on_the_callers_thread(pg_dsn: str, how: str) -> No
         on_loop = asyncio.run(saver.aget_delta_channel_history(**latest))  # type: ignore[arg-type]
         assert saver.get_delta_channel_history(**latest) == on_loop  # type: ignore[arg-type]
         assert on_loop["log"]["writes"] == [("task-1", "log", ["w"])]
-        # the async methods, the ledger and maintenance: on the saver's own connection
-        assert TRACE.threads_of(lambda: asyncio.run(saver.aget_tuple(stored))) == set()
+        # the async methods, the ledger and maintenance: on the user's connections too, but
+        # from the saver's loop (a Connection) or its worker threads (a pool)
         intent = intent_for("t", {"name": "charge", "args": {"n": 1}, "id": "c1"})
         claim = lambda: asyncio.run(saver.aclaim([intent], owner="me", lease_seconds=60))  # noqa: E731
-        assert TRACE.threads_of(claim) == set()
-        assert TRACE.threads_of(lambda: saver.prune(["t"])) == set()
+        for call in (lambda: asyncio.run(saver.aget_tuple(stored)), claim):
+            assert set() != TRACE.threads_of(call) <= loop_side(saver)
+        assert set() != TRACE.threads_of(lambda: saver.prune(["t"])) <= loop_side(saver)
         assert len(asyncio.run(saver.alist_entries("t"))) == 1
 
 
@@ -122,7 +134,7 @@ def test_a_saver_not_yet_set_up_sets_up_through_the_loop_first(pg_dsn: str) -> N
         PostgresSaver(conn) as saver,
     ):
         assert not saver.is_setup
-        assert TRACE.threads_of(lambda: saver.get_tuple(cfg("t", ""))) == set()
+        assert TRACE.threads_of(lambda: saver.get_tuple(cfg("t", ""))) == loop_side(saver)
         assert saver.is_setup
         assert TRACE.threads_of(lambda: saver.get_tuple(cfg("t", ""))) == here
         clone = saver.with_allowlist([("my_app", "Thing")])
@@ -210,9 +222,10 @@ def test_a_closed_or_lost_connection_raises_connection_closed(pg_dsn: str) -> No
         ):
             with pytest.raises(ConnectionClosedError, match="closed"):
                 call()
-        # the saver's own connection still serves the ledger
+        # the ledger runs on the user's connection too: the same typed error
         intent = intent_for("t", {"name": "charge", "args": {"n": 1}, "id": "c1"})
-        assert asyncio.run(saver.aclaim([intent], owner="me", lease_seconds=60))
+        with pytest.raises(ConnectionClosedError, match="closed"):
+            asyncio.run(saver.aclaim([intent], owner="me", lease_seconds=60))
 
 
 def test_a_closed_pool_raises_connection_closed(pg_dsn: str) -> None:
@@ -224,6 +237,9 @@ def test_a_closed_pool_raises_connection_closed(pg_dsn: str) -> None:
             saver.get_tuple(stored)
         with pytest.raises(ConnectionClosedError, match="pool is closed"):
             put_checkpoint(saver, "t", 1, stored)
+        intent = intent_for("t", {"name": "charge", "args": {"n": 1}, "id": "c1"})
+        with pytest.raises(ConnectionClosedError, match="pool is closed"):
+            asyncio.run(saver.aclaim([intent], owner="me", lease_seconds=60))
 
 
 def test_a_read_on_a_dead_pooled_connection_is_retried_once_a_write_is_not(

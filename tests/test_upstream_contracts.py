@@ -17,8 +17,6 @@ upgrade that changes one fails here, naming it, instead of somewhere deep in a s
   and an exception they raise becomes an error ``ToolMessage`` under
   ``handle_tool_errors``, where a conflict or a call in progress elsewhere must reach the
   caller.
-* psycopg_pool's ``ConnectionPool._configure``/``_check``: read by the sync Postgres
-  saver to rebuild a user's pool as an async one.
 * LangGraph Agent Server's ``_CustomCheckpointerAdapter`` (``langgraph-api``): the wrapper
   it puts around a custom checkpointer keeps the saver in its instance attribute
   ``_inner``; ``checkpointer_unwrap.py`` reads it to find the ledger (no public way).
@@ -257,33 +255,6 @@ async def test_tool_node_runs_each_step_and_each_call_through_the_hooks(mode: st
         changed("langgraph-prebuilt", f"how ToolNode dispatches ({node.seen})", "tool_node.py")
     )
     assert [m.content for m in out["messages"][1:]] == ["a", "b"]
-
-
-# --- psycopg_pool (postgres/sync_saver.py) ----------------------------------------------
-
-
-def test_connection_pool_keeps_configure_and_check_where_the_sync_saver_reads_them() -> None:
-    """``PostgresSaver(pool)`` refuses a pool with a ``configure`` callback (it cannot run
-    on the async pool built from it) and carries ``check`` over: both are private."""
-    from psycopg_pool import ConnectionPool
-
-    def configure(conn: Any) -> None:
-        return None
-
-    pool: Any = ConnectionPool(
-        "dbname=x", configure=configure, check=ConnectionPool.check_connection, open=False
-    )
-    plain: Any = ConnectionPool("dbname=x", open=False)
-    where = "postgres/sync_saver._async_pool_args"
-    assert getattr(pool, "_configure", None) is configure, changed(
-        "psycopg_pool", "ConnectionPool._configure", where
-    )
-    assert getattr(pool, "_check", None) is not None, changed(
-        "psycopg_pool", "ConnectionPool._check", where
-    )
-    assert plain._configure is None and plain._check is None, changed(
-        "psycopg_pool", "the defaults of _configure/_check", where
-    )
 
 
 # --- langgraph-api's checkpointer wrapper (checkpointer_unwrap.py) ----------------------

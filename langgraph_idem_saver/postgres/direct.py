@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -51,14 +51,20 @@ class DirectPath:
             self._calls.wait_for(lambda: self._running == 0)
 
     def run(self, saver: AsyncPostgresSaver, steps: Steps[T], *, tx: bool = False) -> T:
-        """Run ``steps`` on a connection of ours, as ``saver._execute_now`` does on its
-        async one: in its own transaction unless autocommit, with the same typed errors."""
+        """Run ``steps`` on a connection of ours, as ``saver._execute`` does on its async
+        one: in its own transaction unless autocommit, with the same typed errors."""
+        return self.call(saver, lambda conn: run_in_transaction(conn, steps, tx))
+
+    def call(self, saver: AsyncPostgresSaver, body: Callable[[Connection[Any]], T]) -> T:
+        """``body`` on a connection for one call (the user's under the lock, or a pooled
+        one), psycopg's errors typed by ``saver``: what :meth:`run` and the borrowed
+        saver's calls (:mod:`~langgraph_idem_saver.postgres.borrowed`) share."""
         with self._running_call():
             used: Connection[Any] | None = None
             try:
                 with self._connection() as conn:
                     used = conn
-                    return run_in_transaction(conn, steps, tx)
+                    return body(conn)
             except (psycopg.Error, PoolClosed) as exc:
                 error = saver._typed_error(exc, used)
                 if error is None:

@@ -30,44 +30,31 @@ and back cost hundreds of microseconds per call, more than a read's SQL.
 ``get_delta_channel_history`` (what loading a thread with a ``DeltaChannel`` reads) runs
 there too. The rest - the ledger (which the engine drives on the loop), ``setup()`` (the
 first call of a saver not set up yet takes the loop, setting up first), ``prune``,
-``copy_thread``, ``delete_thread``, ``sweep``, the ``a``-methods - runs on
-async connections of the saver's own, opened from yours as a recipe. Over your
-``Connection`` or ``ConnectionPool`` it opens one for each such call and closes it before
-the call returns (:mod:`langgraph_idem_saver.postgres.on_demand`): the saver holds no
-session of its own between calls, so closing your connection or pool is enough for a
-``DROP DATABASE``, as with LangGraph's saver, even if the saver is never closed.
+``copy_thread``, ``delete_thread``, ``sweep``, the ``a``-methods - runs on the loop, but
+its statements run on your connection or pool too, borrowed for the call
+(:mod:`langgraph_idem_saver.postgres.borrowed`): on your ``Connection`` under the same
+lock as the direct path, one call at a time; on your ``ConnectionPool`` one pooled
+connection per call, concurrently. The saver holds no session of its own and opens no
+connection, so closing your connection or pool is enough for a ``DROP DATABASE``, as with
+LangGraph's saver, even if the saver is never closed; and whatever your sessions carry -
+``search_path``, ``prepare_threshold=None`` for pgbouncer, a pool's ``configure``
+callback - applies to the ledger as to the checkpoints. ``keep_session=True`` is accepted
+for compatibility and does nothing.
 
-* ``PostgresSaver(conn)`` connects with ``conn``'s parameters (``conn.info.dsn`` and its
-  password), ``autocommit`` and ``prepare_threshold`` (so ``prepare_threshold=None`` for
-  pgbouncer carries over), and ``conn``'s current ``search_path``: what you ``SET
-  search_path`` on ``conn`` *before* making the saver applies to both, so the checkpoints
-  (on ``conn``) and the ledger (on the async connections) are one set of tables. Don't
-  change it on ``conn`` afterwards. One such call at a time (as on ``conn``).
-* ``PostgresSaver(pool)`` connects with the pool's ``conninfo`` and ``kwargs`` (but a
-  ``cursor_factory``, a sync class), so both sessions are alike; calls run concurrently,
-  one connection each. A ``configure`` callback (a function of sync connections) cannot
-  run on async ones: :class:`ConfigError` - put session settings in
-  ``conninfo``/``kwargs`` instead. ``reset`` is not needed (the saver leaves no session
-  state).
-* ``keep_session=True`` trades that for speed: one session (an ``AsyncConnectionPool``
-  built like your pool, its ``check`` becoming ``AsyncConnectionPool.check_connection``)
-  kept until ``close()``, as ``from_conn_string`` does.
-* ``from_conn_string(dsn)`` opens a sync ``Connection`` as LangGraph's does (autocommit,
-  ``prepare_threshold=0``, ``dict_row``), which is then ``conn``, and the saver over it as
-  above, but with one async session kept for the block (both are the saver's own, closed
-  at the end of the ``with`` block); so does a pipelined connection (below).
-
-The direct path and the loop path use two different sessions, so their transactions
-never interleave on one connection; direct calls on your ``Connection`` take turns under
-its lock.
+``from_conn_string(dsn)`` opens a sync ``Connection`` as LangGraph's does (autocommit,
+``prepare_threshold=0``, ``dict_row``), which is then ``conn``, and the saver over it as
+above, closed at the end of the ``with`` block.
 
 **A pipeline keeps the loop path.** With ``pipe`` (``PostgresSaver(conn, pipe)``, or
-``from_conn_string(..., pipeline=True)``) every call goes through the saver's own async
-connection, in pipeline mode, as before. The direct path would share your pipeline: in
-pipeline mode an error is reported at the next sync point and aborts what else is queued
-until it, so a failing statement of ours would fail statements of yours queued in the
-same pipeline (and one of yours would fail our call), and each of our calls reads its
-rows at once anyway, forcing a sync - nothing for a pipeline to batch.
+``from_conn_string(..., pipeline=True)``) every call goes through an async connection of
+the saver's own, kept until ``close()``, in pipeline mode; it connects with ``conn``'s
+parameters (``conn.info.dsn`` and its password), ``autocommit``, ``prepare_threshold``
+and current ``search_path`` (so set it on ``conn`` before making the saver). The direct
+path would share your pipeline: in pipeline mode an error is reported at the next sync
+point and aborts what else is queued until it, so a failing statement of ours would fail
+statements of yours queued in the same pipeline (and one of yours would fail our call),
+and each of our calls reads its rows at once anyway, forcing a sync - nothing for a
+pipeline to batch.
 
 Your connection or pool stays yours: ``close()`` (or the ``with`` block's end) waits for
 the direct calls in progress, closes what the saver opened and never yours; every call
@@ -85,7 +72,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, contextmanager, nullcontext
-from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -94,14 +80,14 @@ from langgraph.checkpoint.base import CheckpointTuple, DeltaChannelHistory
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, Capabilities, Connection, Pipeline
 from psycopg.rows import dict_row, tuple_row
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import ConnectionPool
 
 from langgraph_idem_saver.backend import CheckpointPut
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.list_deltas import EncodedBlob
+from langgraph_idem_saver.postgres.borrowed import BorrowedPostgresSaver
 from langgraph_idem_saver.postgres.connection import Steps, connect_error, single
 from langgraph_idem_saver.postgres.direct import DirectPath
-from langgraph_idem_saver.postgres.on_demand import OnDemandPostgresSaver, connect
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
 from langgraph_idem_saver.saver_checkpoints import ListQuery, SyncCheckpointCalls, SyncPageReader
@@ -116,19 +102,16 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
     """Sync PostgreSQL checkpointer and tool-call ledger (see the module docstring).
 
     Args:
-        conn: a psycopg 3 ``Connection`` or ``ConnectionPool``: the checkpoint calls run
-            on it (its parameters also open the saver's own async connection or pool).
+        conn: a psycopg 3 ``Connection`` or ``ConnectionPool``: every call runs on it
+            (with ``pipe``, its parameters open the saver's own async connection).
         pipe: a ``Pipeline`` of ``conn`` (single connection only), as LangGraph's saver
             accepts: the saver's async connection then runs in pipeline mode, and every
             call goes through it (no direct path).
         serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default.
         ttl: retention, applied by ``sweep()`` (see ``TTLConfig``).
-        keep_session: keep the saver's own async session (with a ``ConnectionPool``: an
-            ``AsyncConnectionPool`` built like it, sizes and timeouts included) open until
-            ``close()``, instead of connecting for each call that runs on the saver's loop
-            (the ledger, maintenance): those calls are then as fast as on
-            ``from_conn_string``, but that session blocks a ``DROP DATABASE`` until the
-            saver is closed (see ``postgres/on_demand.py`` for the cost measured).
+        keep_session: accepted for compatibility, and does nothing: the ledger and
+            maintenance run on ``conn`` itself, so there is no session of the saver's
+            own to keep (``postgres/borrowed.py``).
     """
 
     conn: Connection[Any] | ConnectionPool[Any]
@@ -147,64 +130,45 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
         keep_session: bool = False,
     ) -> None:
         ttl = TTLConfig.of(ttl)
+        del keep_session  # kept for compatibility: no session of the saver's to keep
         if isinstance(conn, ConnectionPool):
             if pipe is not None:
                 raise ValueError(
                     "Pipeline should be used only with a single Connection, not ConnectionPool."
                 )
-            pool_args = _async_pool_args(conn)  # refuses a configure callback
-            kwargs = dict(pool_args["kwargs"] or {})
-
-            async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
-                if not keep_session:  # no session of its own between calls (on_demand.py)
-                    return OnDemandPostgresSaver(
-                        partial(connect, pool_args["conninfo"], **kwargs),
-                        one_at_a_time=False,
-                        serde=serde,
-                        ttl=ttl,
-                    )
-                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(**pool_args, open=False)
-                await pool.open()
-                stack.push_async_callback(pool.close)
-                return AsyncPostgresSaver(pool, serde=serde, ttl=ttl)
-
-        elif isinstance(conn, Connection):
-            dsn, connect_args = _async_connection_args(conn)
-            search_path = _search_path(conn)
-            pipeline = pipe is not None
-            keep = pipeline or keep_session
-
-            async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
-                if not keep:  # no session of its own between calls (postgres/on_demand.py)
-                    return OnDemandPostgresSaver(
-                        partial(_connect, dsn, search_path, **connect_args),
-                        one_at_a_time=True,
-                        serde=serde,
-                        ttl=ttl,
-                    )
-                aconn = await _connect(dsn, search_path, **connect_args)
-                stack.push_async_callback(aconn.close)
-                apipe = await stack.enter_async_context(aconn.pipeline()) if pipeline else None
-                return AsyncPostgresSaver(aconn, apipe, serde=serde, ttl=ttl)
-
-        else:
+        elif not isinstance(conn, Connection):
             raise TypeError(
                 f"conn must be a psycopg Connection or ConnectionPool, got {type(conn).__name__}"
                 " (for an AsyncConnection or AsyncConnectionPool use AsyncPostgresSaver)"
             )
+        elif conn.closed:
+            raise ConnectionClosedError(
+                "the psycopg connection is closed; pass an open Connection (or a ConnectionPool)"
+            )
         self.conn = conn
         self.pipe = pipe
         self.supports_pipeline = Capabilities().has_pipeline()
-        # a pipelined connection takes the loop path (see the module docstring)
+        # a pipelined connection takes the loop path, on a session of its own (docstring)
         direct = self._direct_path = None if pipe is not None else DirectPath(conn)
+        if direct is None:
+            assert isinstance(conn, Connection)
+            dsn, connect_args = _async_connection_args(conn)
+            search_path = _search_path(conn)
 
-        async def open_with_direct_path(stack: AsyncExitStack) -> AsyncPostgresSaver:
-            saver = await open_saver(stack)
-            if direct is not None:  # registered last, so closing ends the direct path first
-                stack.callback(direct.close)
+        async def open_saver(stack: AsyncExitStack) -> AsyncPostgresSaver:
+            if direct is None:
+                aconn = await _connect(dsn, search_path, **connect_args)
+                stack.push_async_callback(aconn.close)
+                apipe = await stack.enter_async_context(aconn.pipeline())
+                return AsyncPostgresSaver(aconn, apipe, serde=serde, ttl=ttl)
+            # the ledger and maintenance on your connection or pool (postgres/borrowed.py)
+            saver = BorrowedPostgresSaver(direct, serde=serde, ttl=ttl)
+            stack.callback(saver.close_workers)
+            # registered last, so closing ends the direct path (its calls) first
+            stack.callback(direct.close)
             return saver
 
-        self._start("PostgresSaver", open_with_direct_path)
+        self._start("PostgresSaver", open_saver)
 
     @classmethod
     @contextmanager
@@ -222,11 +186,7 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
         ttl = TTLConfig.of(ttl)  # refused before connecting
         with _connect_sync(conn_string) as conn:
             pipe_cm = conn.pipeline() if pipeline else nullcontext()
-            # the connection is the saver's own: so may its async session be, for the block
-            with (
-                pipe_cm as pipe,
-                cls(conn, pipe, serde=serde, ttl=ttl, keep_session=True) as saver,
-            ):
+            with pipe_cm as pipe, cls(conn, pipe, serde=serde, ttl=ttl) as saver:
                 saver.setup()
                 yield saver
 
@@ -346,40 +306,3 @@ def _connect_sync(conn_string: str) -> Connection[Any]:
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         error = connect_error(exc, conn_string)
         raise error from (None if isinstance(error, ConfigError) else exc)
-
-
-def _without_cursor_factory(kwargs: Any) -> Any:
-    """A pool's connection kwargs for the async pool: a ``cursor_factory`` (a sync class)
-    left out; a callable or None as it is."""
-    if isinstance(kwargs, dict) and "cursor_factory" in kwargs:
-        return {k: v for k, v in kwargs.items() if k != "cursor_factory"}
-    return kwargs
-
-
-def _async_pool_args(pool: ConnectionPool[Any]) -> dict[str, Any]:
-    """The arguments of an ``AsyncConnectionPool`` equivalent to ``pool``."""
-    # psycopg_pool keeps the callbacks private; reading them is the only way to refuse
-    # a configure callback instead of silently dropping it
-    if getattr(pool, "_configure", None) is not None:
-        raise ConfigError(
-            "PostgresSaver(pool) runs on an AsyncConnectionPool built from your pool's "
-            "conninfo and kwargs, where a configure callback (a function of sync "
-            "connections) cannot run. Put session settings in the conninfo (e.g. "
-            "options='-c search_path=...') and pass a pool without configure, or use "
-            "AsyncPostgresSaver with an AsyncConnectionPool"
-        )
-    check = getattr(pool, "_check", None)
-    return {
-        "conninfo": pool.conninfo,
-        "kwargs": _without_cursor_factory(pool.kwargs),
-        "min_size": pool.min_size,
-        "max_size": pool.max_size,
-        "timeout": pool.timeout,
-        "max_waiting": pool.max_waiting,
-        "max_lifetime": pool.max_lifetime,
-        "max_idle": pool.max_idle,
-        "reconnect_timeout": pool.reconnect_timeout,
-        "num_workers": pool.num_workers,
-        "check": AsyncConnectionPool.check_connection if check is not None else None,
-        "name": f"{pool.name}-idem-saver",
-    }
