@@ -118,7 +118,16 @@ def plain(value: Any, depth: int = 0) -> Any:
     ``repr`` (an object's address changes from process to process)."""
     if depth > 20:
         return "..."
-    if value is None or isinstance(value, (bool, int, str)):
+    # the exact JSON types first (most of a dumped message): what the checks below give
+    # them, without walking past BaseMessage, BaseTool and Mapping (ABC checks) for each
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is dict:
+        return {str(k): plain(v, depth + 1) for k, v in value.items()}
+    if kind is list:
+        return [plain(v, depth + 1) for v in value]
+    if isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
         return value if value == value and abs(value) != float("inf") else repr(value)
