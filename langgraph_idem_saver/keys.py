@@ -23,13 +23,14 @@ Three policies:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+import json.encoder
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from langgraph_idem_saver.errors import ConfigError, SerializationError
 from langgraph_idem_saver.json_text import encoder_of
-from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair
+from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair, utf8_ok
 
 __all__ = [
     "KeyContext",
@@ -65,6 +66,15 @@ class KeyContext:
 # strings, never circular: no check for cycles (the same text; a C encoder made once)
 _CANONICAL = encoder_of(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _PARTS = encoder_of(separators=(",", ":"), ensure_ascii=False, check_circular=False)
+
+# the same text as _CANONICAL for arguments that are not circular (a circular value is a
+# RecursionError here, a ValueError there: either way ``canonical_args`` raises its own
+# error for it), without a dict of markers a call: the step's pass (``step_texts``)
+_CANONICAL_FAST = encoder_of(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
+)
+# one JSON string, as _PARTS writes each part (its ``encode_basestring``, C)
+_STRING: Callable[[str], str] = json.encoder.encode_basestring
 
 KeyFn = Callable[[Mapping[str, Any], KeyContext], str]
 """``key_fn(tool_call, ctx) -> str``: a stable identity for the call (any string)."""
@@ -254,3 +264,51 @@ def builtin_key(
     if policy == "args":
         return _digest("args", tool_name, canonical)
     raise ConfigError(f"unknown key policy {policy!r}: use 'tool_call', 'args' or a callable")
+
+
+# --- a step's calls at once ---------------------------------------------------------------
+# A wide step keys 50 calls: done call by call, the functions above are ~300 bytecodes of
+# Python a call (benchmarks/ledger_bytecodes.py). The same texts and digests for a step
+# at once: one pass of the C encoder a call, the checks for NULs and lone surrogates once
+# over the step's text; whatever the fast pass cannot take goes call by call through the
+# functions above (the same values, the same typed errors). ``tests/test_step_keys.py``
+# checks that both give the same.
+
+
+def step_texts(calls: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """Each call's id (:func:`storable_call_id`) and canonical arguments
+    (:func:`canonical_args`), in call order."""
+    try:
+        ids = [str(call["id"]) for call in calls]
+        texts = [_CANONICAL_FAST(call["args"]) for call in calls]
+    except (TypeError, ValueError, RecursionError):
+        ids = texts = []
+    ids_text = "".join(ids)
+    if len(texts) != len(calls) or "\x00" in ids_text or not utf8_ok(ids_text + "".join(texts)):
+        ids, texts = [], []
+        for call in calls:  # call by call: the first bad one raises its own error
+            name, call_id = call["name"], str(call["id"])
+            texts.append(canonical_args(call["args"], tool_name=name, tool_call_id=call_id))
+            ids.append(storable_call_id(call_id, name))
+    return ids, texts
+
+
+def step_hashes(texts: Sequence[str]) -> list[str]:
+    """:func:`args_hash` of each canonical text."""
+    sha256 = hashlib.sha256
+    return [sha256(text.encode("utf-8")).hexdigest() for text in texts]
+
+
+def step_tool_call_keys(agent_path: str, ids: Sequence[str], origins: Sequence[str]) -> list[str]:
+    """The ``"tool_call"`` key of each call (:func:`builtin_key`): its id in its message
+    (``origins``: each call's message id, "" when not known)."""
+    string = _STRING
+    head = f'["tool_call",{string(agent_path)},'
+    texts = [
+        f"{head}{string(i)},{string(o)}]" if o else f"{head}{string(i)}]"
+        for i, o in zip(ids, origins, strict=True)
+    ]
+    if not utf8_ok("".join(texts)):
+        texts = [_as_serialized(text) for text in texts]
+    sha256 = hashlib.sha256
+    return [sha256(text.encode("utf-8")).hexdigest() for text in texts]

@@ -53,6 +53,7 @@ SEALED_ARGS = b"\x00sealed\x00"
 # a claim row (INTENT_COLUMNS values) from a CallIntent, and where its args stand
 _INTENT_ROW = operator.attrgetter(*INTENT_COLUMNS)
 _ARGS = INTENT_COLUMNS.index("args")
+_ERROR = operator.itemgetter(3)  # an outcome row's error (``held_outcomes.OutcomeParams``)
 # serializer classes that are not ``EncryptedSerializer``s (``_encrypts``' fast path)
 _PLAIN_SERDES = (LosslessJsonPlusSerializer, JsonPlusSerializer)
 
@@ -169,7 +170,7 @@ class LedgerPolicy(ToolCallLedger):
         self, rows: Sequence[OutcomeParams]
     ) -> Awaitable[list[Exception | None]]:
         # one write for all (``_finish_all_soon``), its answer read once the caller awaits
-        if any(row[3] is not None for row in rows) and self._encrypts():
+        if list(map(_ERROR, rows)).count(None) != len(rows) and self._encrypts():
             rows = [(*row[:3], None, *row[4:]) for row in rows]  # as ``ledger_error``
         return self._rows_recorded(self._finish_all_soon(rows), rows)
 

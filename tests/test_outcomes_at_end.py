@@ -275,10 +275,13 @@ async def test_outcomes_left_unawaited_by_a_cancellation_are_dropped_quietly() -
         def record_outcome_rows(self, rows: list[tuple[Any, ...]]) -> Any:
             return answers.pop(0)
 
-    writes = StepWrites(Ledger(), loop)  # type: ignore[arg-type]
+    batch = Batch(sync=False)
+    batch.ledger = Ledger()  # type: ignore[assignment]
+    writes = StepWrites(batch, loop, "tools")
     for i in range(3):  # three loop iterations: three batches of one call
-        call = {"name": "send", "args": {}, "id": f"c{i}", "type": "tool_call"}
-        writes.add(Plan(call=call), ("completed", None, None, None, 0.0, "t", f"k{i}", "me"))
+        plan = Plan(call={"name": "send", "args": {}, "id": f"c{i}", "type": "tool_call"})
+        plan.ledger_key = f"k{i}"
+        writes.finish(plan, f"result {i}")
         writes.send()
     waiting = asyncio.ensure_future(engine.aoutcomes(writes, raising=True))
     await asyncio.sleep(0)

@@ -88,6 +88,8 @@ def sibling_keys(batch: Batch, ids: set[str], agent_path: str) -> frozenset[str]
     for call_id, message_id in batch.pairs:
         if message_id in messages and call_id not in ids and call_id not in batch.reused_ids:
             keys |= tool_call_keys(agent_path, call_id, message_id)
+    if not keys:  # every call of the messages is a leader (a ToolNode step): no digest
+        return frozenset()
     for call_id in ids:  # never one of the leaders' own keys, whatever the ids
         keys -= tool_call_keys(agent_path, call_id, batch.origins.get(call_id, ""))
     return frozenset(keys)

@@ -60,7 +60,7 @@ from langgraph_idem_saver.engine.loops import awaiting
 from langgraph_idem_saver.engine.options import LedgerOptions
 from langgraph_idem_saver.engine.outcomes import Running, StepOutcomes
 from langgraph_idem_saver.engine.results import retarget, text_of
-from langgraph_idem_saver.engine.step_writes import StepWrites, await_step_writes, outcome_row
+from langgraph_idem_saver.engine.step_writes import StepWrites, await_step_writes
 from langgraph_idem_saver.engine.types import (
     Batch,
     IdempotencyConflict,
@@ -451,7 +451,7 @@ class LedgerEngine:
         writes = batch.outcomes
         if writes is None:
             return False
-        writes.add(plan, outcome_row(self.context, batch, plan, result))
+        writes.finish(plan, result)
         return True
 
     @telemetry.traced_outcomes

@@ -62,27 +62,6 @@ def fork_point(config: RunnableConfig, thread_id: str) -> ForkPoint | None:
     return ForkPoint(fork_position(thread_id, graph_ns, node.split(":", 1)[0], step), branch)
 
 
-class SlotCounter:
-    """Gives each default-key call of a step its fork slot as its intent is built: the
-    step's fork point, and which identical call (same tool, same arguments) of the step
-    it is. Only the step's leaders (one call per key) take a slot."""
-
-    def __init__(self, point: ForkPoint | None) -> None:
-        self.point = point
-        self.seen: dict[tuple[str, str], int] = {}
-
-    def slot(self, policy: object, tool_name: str, args_hash: str) -> tuple[str, str, int] | None:
-        """The next such call's ``CallIntent`` position, branch and occurrence: None when
-        it has no slot (outside a graph step, or a key policy that forks share anyway)."""
-        point = self.point
-        if point is None or policy != "tool_call":
-            return None
-        signature = (tool_name, args_hash)
-        occurrence = self.seen.get(signature, 0)
-        self.seen[signature] = occurrence + 1
-        return point.position, point.branch, occurrence
-
-
 def siblings_refused(plans: list[Plan]) -> list[Plan]:
     """Calls refused by a slot that a call of their own branch holds: identical calls of
     one step (e.g. ``Send`` tasks each carrying one) - moved to their next occurrence,

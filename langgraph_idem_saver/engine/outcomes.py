@@ -27,6 +27,8 @@ class EndsCalls(Protocol):
 class AwaitsOutcomes(Protocol):
     """What awaits a step's outcome writes (traced by the engine)."""
 
+    name: str  # the front door's, in error messages
+
     async def aoutcomes(self, outcomes: StepWrites, *, raising: bool) -> None: ...
 
 
@@ -89,7 +91,7 @@ class StepOutcomes:
         loop = batch.ledger_loop
         here = running_loop()
         if batch.ledger is not None and here is not None and (loop is None or loop is here):
-            batch.outcomes = StepWrites(batch.ledger, here)
+            batch.outcomes = StepWrites(batch, here, self.engine.name)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any

@@ -39,10 +39,14 @@ def dumps(serde: SerializerProtocol, result: Any, what: str) -> tuple[str | None
     try:
         return serde.dumps_typed(result)
     except Exception as exc:
-        raise SerializationError(
-            f"the result of {what} cannot be serialized for the ledger "
-            f"({type(exc).__name__}: {exc})"
-        ) from exc
+        raise unserializable(what, exc) from exc
+
+
+def unserializable(what: str, exc: Exception) -> SerializationError:
+    """The error of a result the serializer refused (``what``: whose result)."""
+    return SerializationError(
+        f"the result of {what} cannot be serialized for the ledger ({type(exc).__name__}: {exc})"
+    )
 
 
 def loads_recorded(serde: SerializerProtocol, entry: LedgerEntry, what: str) -> Any:

@@ -21,9 +21,9 @@ from collections.abc import Awaitable
 from typing import Any
 
 from langchain_core.messages import ToolMessage
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from langgraph_idem_saver.engine.context import EngineContext
-from langgraph_idem_saver.engine.results import text_of
+from langgraph_idem_saver.engine.results import text_of, unserializable
 from langgraph_idem_saver.engine.types import Batch, IdempotencyCounters, Plan
 from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import CallStatus, ToolCallLedger
@@ -34,33 +34,43 @@ _COMPLETED, _FAILED = CallStatus.COMPLETED.value, CallStatus.FAILED.value
 Sent = tuple[list[Plan], Awaitable[list[Exception | None]]]
 
 
-def outcome_row(context: EngineContext, batch: Batch, plan: Plan, result: Any) -> OutcomeParams:
-    """The outcome of ``plan``'s call as the ledger records it (an error ``ToolMessage``
-    is a ``failed`` call): what ``LedgerPolicy.record_outcome`` builds from an
-    ``Outcome``, built directly. The result is serialized now, so a result the
-    serializer refuses fails its own call (``SerializationError``)."""
-    result_type, data = context.dumps(batch, result)
-    if isinstance(result, ToolMessage) and result.status == "error":
-        status, error = _FAILED, text_of(result.content)
-    else:
-        status, error = _COMPLETED, None
-    scope, key, owner = batch.scope, plan.ledger_key, batch.owner
-    return (status, result_type, data, error, time.time(), scope, key, owner)
-
-
 class StepWrites:
     """The outcome rows of a step, sent once a loop iteration (see the module)."""
 
-    __slots__ = ("ledger", "loop", "plans", "rows", "sent")
+    __slots__ = ("ledger", "loop", "owner", "plans", "rows", "scope", "sent", "serde", "what")
 
-    def __init__(self, ledger: ToolCallLedger, loop: asyncio.AbstractEventLoop) -> None:
-        self.ledger, self.loop = ledger, loop
+    def __init__(self, batch: Batch, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        self.ledger: ToolCallLedger = batch.ledger  # type: ignore[assignment]  # claimed
+        self.loop, self.scope, self.owner = loop, batch.scope, batch.owner
+        self.serde = batch.serde or JsonPlusSerializer()
+        self.what = f"a {name!r} tool call"  # whose result, in a SerializationError
         self.plans: list[Plan] = []
         self.rows: list[OutcomeParams] | None = None  # None: nothing waits to be sent
         self.sent: list[Sent] = []
 
-    def add(self, plan: Plan, row: OutcomeParams) -> None:
-        """``plan``'s outcome, sent with the others of this loop iteration."""
+    def finish(self, plan: Plan, result: Any) -> None:
+        """``plan``'s call returned ``result`` (an error ``ToolMessage``: a ``failed``
+        call): its outcome row, sent with the others of this loop iteration - what
+        ``LedgerPolicy.record_outcome`` builds from an ``Outcome``, built directly. The
+        result is serialized now: one the serializer refuses fails its own call."""
+        try:
+            result_type, data = self.serde.dumps_typed(result)
+        except Exception as exc:
+            raise unserializable(self.what, exc) from exc
+        if isinstance(result, ToolMessage) and result.status == "error":
+            status, error = _FAILED, text_of(result.content)
+        else:
+            status, error = _COMPLETED, None
+        row = (
+            status,
+            result_type,
+            data,
+            error,
+            time.time(),
+            self.scope,
+            plan.ledger_key,
+            self.owner,
+        )
         rows = self.rows
         if rows is None:
             rows = self.rows = []
