@@ -44,6 +44,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, ExitStack, closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -586,6 +587,31 @@ def loop_graph(steps: int) -> Any:
     return g
 
 
+def sync_tools_graph(kind: str, saver: Any) -> Any:
+    """``_harness.tools_graph`` with a sync ``noop`` (``graph.invoke`` runs it in a thread):
+    LangGraph's ``ToolNode`` (``stock``) or ours (``idem``), the sync saver's ledger."""
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import ToolNode
+
+    from langgraph_idem_saver import IdempotentToolNode
+
+    @tool("noop")
+    def noop_sync(i: int) -> str:
+        """Do nothing (a side-effecting tool as far as the ledger knows)."""
+        return "ok"
+
+    node = IdempotentToolNode([noop_sync]) if kind == "idem" else ToolNode([noop_sync])
+    g = StateGraph(MsgStateSync)
+    g.add_node("tools", node)
+    g.add_edge(START, "tools")
+    g.add_edge("tools", END)
+    return g.compile(checkpointer=saver)
+
+
+class MsgStateSync(TypedDict):
+    messages: Annotated[list[Any], add_messages]
+
+
 def open_sync_savers(stack: ExitStack, config: str, where: dict[str, str]) -> dict[str, Any]:
     """label -> sync saver: LangGraph's SqliteSaver/PostgresSaver and ours, each on the
     same kind of connection (SQLite ``synchronous=FULL`` both; Postgres ``POOL_KWARGS``)."""
@@ -638,11 +664,27 @@ def sync_specs(savers: dict[str, Any], prof: Profile) -> list[tuple[str, str, Pr
         out = graphs[lab].invoke({"count": 0, "log": []}, thread, durability="sync")
         assert out["count"] == steps
 
+    # LangGraph's saver and ToolNode against ours and IdempotentToolNode (the sync ledger)
+    tool_graphs = {
+        lab: sync_tools_graph("idem" if lab == "ours" else "stock", s) for lab, s in savers.items()
+    }
+
+    # run from a thread without an event loop (the timing loop's would be refused by the
+    # sync front door): the same hand-off for both stacks
+    no_loop = ThreadPoolExecutor(1)
+
+    def tool_step(lab: str) -> Any:
+        tag = uuid.uuid4().hex[:10]
+        inp = {"messages": [tool_call_message(10, tag)]}
+        cfg = {"configurable": {"thread_id": f"s-{tag}"}}
+        no_loop.submit(tool_graphs[lab].invoke, inp, cfg).result()
+
     calls: dict[str, tuple[str, Callable[[str], Any]]] = {
         "sync_put": ("sync put (list every 2nd checkpoint)", put),
         "sync_get_tuple": ("sync get_tuple, latest", lambda lab: savers[lab].get_tuple(cfg)),
         "sync_list_10": ("sync list(limit=10)", lambda lab: list(savers[lab].list(cfg, limit=10))),
         "sync_invoke": (f"sync graph.invoke, {steps}-step loop", invoke),
+        "sync_tool_step_10": ("sync graph step, 10 tool calls (the ledger; per step)", tool_step),
     }
 
     def prepare_of(call: Callable[[str], Any]) -> Prepare:

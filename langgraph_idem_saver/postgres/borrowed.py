@@ -37,6 +37,16 @@ non-autocommit connection) and the typed errors are the direct path's
   next statement and rolls back; one whose statements had started is waited for, so its
   caller never moves on while it may still commit.
 
+**Measured** (2026-11-27, at commit 998e272 against the same tree with the
+connect-per-call saver restored; ``benchmarks/sync_pg_ledger.py``, alternating processes,
+a 2-core host at load average 4-5, ranges over two runs; ``benchmarks/README.md``): one
+claim and its outcome 16.2-26.8 ms connecting per call -> 1.30-4.07 ms on your
+``Connection``; 15.7-27.7 -> 2.08-7.55 ms on your pool; a 10-call ``IdempotentToolNode``
+step 7.8-11.2 -> 2.67-5.06 ms per call (connection), 7.3-10.3 -> 3.44-6.25 (pool); a kept
+async session measured 1.82-4.02 and 3.40-5.41 beside them. The pool's hop to a worker
+thread, against running its calls on the loop thread: four threads making claims and
+outcomes at once, 2.31-3.24 against 5.00-10.13 ms wall time per pair.
+
 **What it changes.** Nothing of yours is copied: a ``configure`` callback of your pool,
 its ``reset``, your connection's ``search_path``, ``prepare_threshold`` or row factory
 apply to the ledger as they do to checkpoints, since they are the same sessions.
