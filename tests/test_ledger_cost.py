@@ -246,17 +246,21 @@ async def test_the_engine_records_outcomes_without_reading_the_rows_back(
 ) -> None:
     """A 50-call step's outcomes go straight to the backend's group commit as rows
     (``_finish_all_soon``: sent once a loop iteration, awaited at the node's end), with
-    no row read back."""
+    no row read back: the 50 calls of a no-op tool finish in one loop iteration, so their
+    outcomes are one batch."""
     async with saver_factory() as saver:
         graph = tool_graph(IdempotentToolNode([send]), saver)
         soon: list[str] = []
+        batches: list[int] = []
         original_soon = saver._finish_all_soon
 
         def spied_soon(rows: list[tuple[Any, ...]]) -> Any:
             soon.extend(row[6] for row in rows)  # the keys
+            batches.append(len(rows))
             return original_soon(rows)
 
         saver._finish_all_soon = spied_soon
         await step_trips(graph, saver, backend, "t", 50, "a")
         assert len(set(soon)) == 50
+        assert batches == [50]
         assert all(e.status is CallStatus.COMPLETED for e in await saver.alist_entries("t"))

@@ -10,6 +10,7 @@ take the entry of a *sibling* (another task of the same agent) or of an earlier 
 from __future__ import annotations
 
 import asyncio
+import operator
 import os
 import threading
 from collections import OrderedDict
@@ -57,6 +58,12 @@ if hasattr(os, "register_at_fork"):  # a forked child runs nothing its parent ad
     os.register_at_fork(after_in_child=_ADOPTED_HERE.clear)
 
 
+_TOOL = operator.attrgetter("tool_name")
+_ARGS_HASH = operator.attrgetter("args_hash")
+_POSITION = operator.attrgetter("position")
+_FIRST = operator.itemgetter(0)
+
+
 def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
     """What adoption must read for the leaders of a step, or None when it does not
     apply: no state visible (ids cannot be told apart), or no default-key call (only
@@ -67,11 +74,13 @@ def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
     if not intents:
         return None
     agent_path = intents[0].agent_path
+    tools = list(map(_TOOL, intents))  # (map and zip: no Python frame a call of a wide step)
+    spots = filter(_FIRST, zip(map(_POSITION, intents), tools, strict=True))
     return StepLookup(
         batch.scope,
         agent_path,
-        list(dict.fromkeys((i.tool_name, i.args_hash) for i in intents)),
-        list(dict.fromkeys((i.position, i.tool_name) for i in intents if i.position)),
+        list(dict.fromkeys(zip(tools, map(_ARGS_HASH, intents), strict=True))),
+        list(dict.fromkeys(spots)),  # those with a position
         sibling_keys(batch, {str(p.call.get("id")) for p in leaders}, agent_path),
     )
 

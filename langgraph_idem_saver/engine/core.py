@@ -215,8 +215,11 @@ class LedgerEngine:
         oldest first, or None when no state is visible (adoption is then skipped)."""
         if pairs is None:
             return
-        batch.known_ids = {call_id for call_id, _ in pairs}
+        batch.known_ids = set(dict(pairs))
         batch.pairs = list(pairs)
+        if not batch.origins and len(batch.known_ids) == len(set(pairs)):
+            batch.origins = dict(pairs)  # each id in one message (C: a wide step's state)
+            return
         for call_id, message_id in pairs:
             if batch.origins.setdefault(call_id, message_id) != message_id:
                 batch.reused_ids.add(call_id)
