@@ -272,7 +272,7 @@ def test_the_users_connection_lost_during_a_tool_raises_connection_closed(pg_dsn
     with psycopg.connect(pg_dsn, **KWARGS) as conn, PostgresSaver(conn) as saver:
         saver.setup()
         graph = one_call_graph(saver, killer(pg_dsn, lambda: {conn.info.backend_pid}), fx)
-        with pytest.raises(ConnectionClosedError, match="outcome"):
+        with pytest.raises(ConnectionClosedError, match="cannot reconnect"):
             graph.invoke({"messages": [("user", "pay")]}, cfg("t"))
     assert fx.calls == [5]
 
