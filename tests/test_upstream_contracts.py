@@ -459,3 +459,8 @@ def test_the_dev_server_saves_on_an_interval_its_module_holds() -> None:
 
     assert isinstance(_persistence._flush_interval, int)
     assert "wait(timeout=_flush_interval)" in inspect.getsource(_persistence._flush_loop)
+    # flush_often restarts the loop the import started (its first wait took 10 s)
+    assert isinstance(_persistence._stores, dict)
+    assert callable(_persistence.stop_flush_loop)
+    assert "_flush_thread = None" in inspect.getsource(_persistence.stop_flush_loop)
+    assert "_flush_thread is None" in inspect.getsource(_persistence.register_persistent_dict)
