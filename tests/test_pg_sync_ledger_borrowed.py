@@ -16,8 +16,9 @@ connections (``postgres/borrowed.py``): no connection of the saver's, no connect
 * two threads on one pool saver run their tool steps at once (both tools inside at the
   same time) and both complete, with their own claims;
 * a ledger call cancelled while it waits for a pooled connection runs nothing;
-* a non-autocommit connection commits each ledger call; a pool's ``configure`` callback
-  applies to the ledger (its ``search_path`` holds the ledger's table).
+* a non-autocommit connection commits each ledger call, and a transaction of the user's
+  left open on it is refused (``ConfigError``) rather than joined; a pool's ``configure``
+  callback applies to the ledger (its ``search_path`` holds the ledger's table).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from psycopg_pool import ConnectionPool
 from tool_node_helpers import Counter, ai_calls, cfg, intent_for, scripted_model, tool_messages
 
 from langgraph_idem_saver import (
+    ConfigError,
     ConnectionClosedError,
     IdempotencyMiddleware,
     IdempotentToolNode,
@@ -403,3 +405,17 @@ def test_a_pools_configure_callback_applies_to_the_ledger(
         assert admin.execute("SELECT count(*) FROM app.idem_tool_calls").fetchone() == (1,)
         found = admin.execute("SELECT to_regclass('public.idem_tool_calls')").fetchone()
         assert found == (None,)
+
+
+def test_a_transaction_left_open_on_the_users_connection_is_refused(pg_dsn: str) -> None:
+    """Joined to it, the ledger's writes would be a savepoint committed only when the user
+    commits: a claim not durable before its tool runs. Refused with a typed error."""
+    intent = intent_for("t", {"name": "charge", "args": {"n": 1}, "id": "c1"})
+    with psycopg.connect(pg_dsn, autocommit=False) as conn, PostgresSaver(conn) as saver:
+        saver.setup()
+        conn.execute("SELECT 1")  # the user's own transaction, left open
+        with pytest.raises(ConfigError, match="transaction of yours open"):
+            asyncio.run(saver.aclaim([intent], owner="a", lease_seconds=60))
+        conn.commit()
+        [claim] = asyncio.run(saver.aclaim([intent], owner="a", lease_seconds=60))
+        assert claim.claimed

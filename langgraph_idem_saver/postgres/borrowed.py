@@ -18,7 +18,9 @@ place ``_run`` funnels into - hands ``fn`` a :class:`SyncBackedCursor`, whose ``
 methods call your sync cursor and return at once, and drives ``fn`` to its end without
 the event loop (:func:`drive`: a body that awaited anything else is a bug, refused). The
 connection, the transaction (each call its own, committed before it returns on a
-non-autocommit connection) and the typed errors are the direct path's
+non-autocommit connection: refused with :class:`ConfigError` while a transaction of
+yours is open on it, which would make ours a savepoint committed only with yours) and
+the typed errors are the direct path's
 (:meth:`DirectPath.call`, ``postgres/direct.py``), so both paths take turns on your
 ``Connection`` under one ``threading.Lock``, and a pool lends one connection per call.
 
@@ -74,10 +76,11 @@ from psycopg import BaseConnection, Connection
 from psycopg import Cursor as SyncCursor
 from psycopg import sql as psql
 from psycopg.abc import Params
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
-from langgraph_idem_saver.errors import ConnectionClosedError
+from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.postgres.connection import Cursor
 from langgraph_idem_saver.postgres.direct import DirectPath
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
@@ -184,6 +187,13 @@ def run_borrowed(
     transaction committed before returning when ``tx`` or not in autocommit, on a
     ``tuple_row`` binary cursor whatever the connection's row factory."""
     state.start()
+    if not conn.autocommit and conn.info.transaction_status != TransactionStatus.IDLE:
+        # our transaction would be a savepoint of yours: nothing committed until you do
+        raise ConfigError(
+            "the psycopg connection given to PostgresSaver has a transaction of yours open "
+            f"({conn.info.transaction_status.name}); the ledger commits each call before a "
+            "tool runs, so commit or roll back first (or use an autocommit connection)"
+        )
     with (
         conn.transaction() if tx or not conn.autocommit else nullcontext(),
         conn.cursor(row_factory=tuple_row, binary=True) as cur,
