@@ -49,6 +49,18 @@ class GroupCommit(Generic[In, Out]):
             loop.call_soon(self._flush)  # one loop iteration: siblings finishing now join
         return future
 
+    def submit_gathered(self, item: In) -> asyncio.Future[Out]:
+        """:meth:`submit_nowait` for an item its caller already gathered over a loop
+        iteration (a step's outcomes, ``engine.step_writes``): committed with what is
+        pending now, without waiting one more iteration for siblings - unless a batch is
+        being committed, when it joins the next one as any item does."""
+        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        if not self._busy:
+            self._busy = True
+            self._flush()
+        return future
+
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
         task = asyncio.get_running_loop().create_task(self._run(batch))

@@ -105,3 +105,31 @@ async def test_items_left_by_a_cancelled_commit_are_committed_by_the_next() -> N
     rec.gate.set()
     assert await asyncio.wait_for(waiting, 5) == 20
     assert rec.batches == [[1], [2]]
+
+
+async def test_a_gathered_item_is_committed_with_what_is_pending_without_a_wait() -> None:
+    """``submit_gathered`` (a step's outcomes, gathered by their caller over a loop
+    iteration): its batch starts at once, one loop iteration sooner than
+    ``submit_nowait``'s; with a batch already scheduled it joins it, and during a commit
+    it joins the next batch, as any item does."""
+    rec = Recorder()
+    group: GroupCommit[int, int] = GroupCommit(rec.commit)
+    alone = group.submit_gathered(1)
+    await asyncio.sleep(0)  # the batch's task starts: no iteration spent gathering
+    assert rec.batches == [[1]]
+    assert await alone == 10
+
+    scheduled = group.submit_nowait(2)
+    joining = group.submit_gathered(3)
+    assert await asyncio.gather(scheduled, joining) == [20, 30]
+    assert rec.batches == [[1], [2, 3]]
+
+    rec = Recorder()
+    group = GroupCommit(rec.commit)
+    first = await held_batch(rec, group, 4)
+    during = group.submit_gathered(5)
+    await asyncio.sleep(0)
+    assert rec.batches == [[4]]  # not beside the batch in progress
+    rec.gate.set()
+    assert await asyncio.gather(first, during) == [40, 50]
+    assert rec.batches == [[4], [5]]

@@ -43,7 +43,7 @@ class StepWrites:
         self.ledger: ToolCallLedger = batch.ledger  # type: ignore[assignment]  # claimed
         self.loop, self.scope, self.owner = loop, batch.scope, batch.owner
         self.serde = batch.serde or JsonPlusSerializer()
-        self.what = f"a {name!r} tool call"  # whose result, in a SerializationError
+        self.what = name  # whose result, in a SerializationError
         self.plans: list[Plan] = []
         self.rows: list[OutcomeParams] | None = None  # None: nothing waits to be sent
         self.sent: list[Sent] = []
@@ -56,7 +56,7 @@ class StepWrites:
         try:
             result_type, data = self.serde.dumps_typed(result)
         except Exception as exc:
-            raise unserializable(self.what, exc) from exc
+            raise unserializable(f"a {self.what!r} tool call", exc) from exc
         if isinstance(result, ToolMessage) and result.status == "error":
             status, error = _FAILED, text_of(result.content)
         else:

@@ -130,8 +130,9 @@ class SqliteLedgerStore(_Connected):
 
         if not self.is_setup:  # only outcomes sent before anything else used the saver
             return asyncio.ensure_future(self._set_up_then(finish_all, False))
-        # not one statement: batched with other writes, a savepoint keeps it apart
-        return self._group.submit_nowait((finish_all, OUTCOME, False))
+        # not one statement: batched with other writes, a savepoint keeps it apart; the
+        # rows were gathered over a loop iteration already (``engine.step_writes``)
+        return self._group.submit_gathered((finish_all, OUTCOME, False))
 
     def _finish_all_matched(self, answer: tuple[bool, Any]) -> list[bool | Exception]:
         matched: list[bool | Exception] = self._written(*answer)  # or the write's error
