@@ -3,11 +3,13 @@
 
 Each worker is a process of its own running a ``create_agent`` agent turn after turn,
 each turn on a new thread: the model (a fake: the only fake) asks for ``--calls`` parallel
-calls of a no-op tool, the tools run, the model answers. Two stacks, each on its own
+calls of a no-op tool, the tools run, the model answers. The stacks, each on its own
 schema of the same server: ``ours`` (our ``AsyncPostgresSaver`` + ``IdempotencyMiddleware``:
-every call claimed in the ledger before it runs) and ``stock`` (LangGraph's
-``AsyncPostgresSaver``, no middleware). Widths 1, 2, 4, 8 (``--widths``), both stacks at
-each width one after the other, each worker for ``--seconds`` once all are started.
+every call claimed in the ledger before it runs), ``stock`` (LangGraph's
+``AsyncPostgresSaver``, no middleware) and ``floor`` (stock + ``floor_ledger.py``: only the
+writes the ledger protocol cannot do without - what any implementation of it pays).
+Widths 1, 2, 4, 8 (``--widths``), the stacks at each width one after the other, each
+worker for ``--seconds`` once all are started.
 
 Per stack and width: throughput (turns/s over all workers; a turn is three supersteps:
 model, tools, model), p50/p99 turn latency, claim conflicts (``idem_tool_calls.conflicts``
@@ -18,7 +20,7 @@ a PNG chart (``--png``) beside the printed table.
 Usage::
 
     python benchmarks/scale_out.py                    # widths 1,2,4,8, 10 s each
-    python benchmarks/scale_out.py --widths 1,2,4,8 --seconds 20 --png scale_out.png
+    python benchmarks/scale_out.py --widths 1,2,4,8 --seconds 5 --rounds 4 --stacks stock,ours,floor
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ from psycopg.conninfo import make_conninfo
 
 # "ours-norecord": the middleware without recorded model responses (record_model=False):
 # the tool ledger alone, to show what the model's records cost; "ours-saver": our saver
-# without the middleware (no ledger): what the saver alone costs against LangGraph's
-STACKS = ("stock", "ours")
-ALL_STACKS = ("stock", "ours", "ours-norecord", "ours-saver")
+# without the middleware (no ledger): what the saver alone costs against LangGraph's;
+# "floor": stock + the protocol's unavoidable writes alone (floor_ledger.py)
+STACKS = ("stock", "ours", "floor")
+ALL_STACKS = ("stock", "ours", "floor", "ours-norecord", "ours-saver")
 
 
 # --- the worker (a process of its own) ------------------------------------------------
@@ -94,6 +97,11 @@ async def worker(dsn: str, stack: str, calls: int, seconds: float) -> dict[str, 
         middleware = []
     latencies: list[float] = []
     async with Saver.from_conn_string(dsn) as saver:
+        if stack == "floor":
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from floor_ledger import FloorLedgerMiddleware
+
+            middleware = [FloorLedgerMiddleware(saver)]
         agent = create_agent(
             Model(messages=iter([])), tools=[noop], middleware=middleware, checkpointer=saver
         )
@@ -129,9 +137,16 @@ async def set_up(dsns: dict[str, str]) -> None:
     from langgraph_idem_saver.postgres import AsyncPostgresSaver as Ours
 
     for stack, dsn in dsns.items():
-        cls = Official if stack == "stock" else Ours
+        cls = Official if stack in ("stock", "floor") else Ours
         async with cls.from_conn_string(dsn) as saver:  # type: ignore[attr-defined]
             await saver.setup()
+    if "floor" in dsns:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from floor_ledger import FLOOR_TABLES
+
+        with psycopg.connect(dsns["floor"], autocommit=True) as conn:
+            for statement in FLOOR_TABLES:
+                conn.execute(statement)
 
 
 def run_width(dsn: str, base: str, stack: str, width: int, args: argparse.Namespace) -> dict:
@@ -206,9 +221,21 @@ def conflicts(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
+def ratios_of(runs: list[dict[str, Any]], mine: list[dict[str, Any]], base: str) -> list[float]:
+    """``mine``'s turns/s over ``base``'s, round by round (the two side by side)."""
+    out = []
+    for r in mine:
+        at = (r["width"], r["round"], base)
+        other = [o for o in runs if (o["width"], o["round"], o["stack"]) == at]
+        if r["stack"] != base and other:
+            out.append(r["turns_per_s"] / other[0]["turns_per_s"])
+    return out
+
+
 def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row a width and stack: the medians of its rounds, and the median (and range)
-    of the ratio ours / stock taken round by round (side by side on a shared host)."""
+    of the ratio to stock (and, for ``ours``, to floor) taken round by round (side by
+    side on a shared host)."""
     rows = []
     for width, stack in dict.fromkeys((r["width"], r["stack"]) for r in runs):
         mine = [r for r in runs if r["width"] == width and r["stack"] == stack]
@@ -218,18 +245,14 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["connections"] = max(r["connections"] for r in mine)
         found = [r["conflicts"] for r in mine if r["conflicts"] is not None]
         row["conflicts"] = sum(found) if found else None
-        ratios = []
-        for r in mine:
-            stock = [
-                o
-                for o in runs
-                if (o["width"], o["round"], o["stack"]) == (width, r["round"], "stock")
-            ]
-            if stack != "stock" and stock:
-                ratios.append(r["turns_per_s"] / stock[0]["turns_per_s"])
+        ratios = ratios_of(runs, mine, "stock")
         row["ratio"] = statistics.median(ratios) if ratios else None
         row["ratio_min"] = min(ratios) if ratios else None
         row["ratio_max"] = max(ratios) if ratios else None
+        to_floor = ratios_of(runs, mine, "floor") if stack.startswith("ours") else []
+        row["ratio_floor"] = statistics.median(to_floor) if to_floor else None
+        row["ratio_floor_min"] = min(to_floor) if to_floor else None
+        row["ratio_floor_max"] = max(to_floor) if to_floor else None
         rows.append(row)
     return rows
 
@@ -256,7 +279,7 @@ def chart(rows: list[dict], path: str, cores: int) -> None:
         ax.legend()
     a.set_ylabel("agent turns / s (all workers)")
     b.set_ylabel("turn latency (ms)")
-    fig.suptitle("create_agent workers sharing one PostgreSQL: ours (ledger) vs stock")
+    fig.suptitle("create_agent workers sharing one PostgreSQL: ours (ledger), floor, stock")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -299,7 +322,7 @@ def main() -> int:
                 for stack in stacks if round_ % 2 == 0 else stacks[::-1]:
                     row = run_width(dsns[stack], base, stack, width, args)
                     row["round"] = round_
-                    row["conflicts"] = conflicts(dsns[stack]) if stack != "stock" else None
+                    row["conflicts"] = conflicts(dsns[stack]) if stack.startswith("ours") else None
                     runs.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
@@ -309,12 +332,15 @@ def main() -> int:
     cores = os.cpu_count() or 1
     print(
         f"\n{'width':>5} {'stack':<13} {'turns/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'conns':>5} {'conflicts':>9} {'commits':>7} {'syncs':>5}  ours/stock (range)"
+        f"{'conns':>5} {'conflicts':>9} {'commits':>7} {'syncs':>5}  /stock (range)  /floor (range)"
     )
     for r in rows:
         ratio = ""
         if r["ratio"] is not None:
             ratio = f"{r['ratio']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
+        if r["ratio_floor"] is not None:
+            ratio += f"  {r['ratio_floor']:.2f}x "
+            ratio += f"({r['ratio_floor_min']:.2f}-{r['ratio_floor_max']:.2f})"
         conflicts_of = "" if r["conflicts"] is None else str(r["conflicts"])
         print(
             f"{r['width']:>5} {r['stack']:<13} {r['turns_per_s']:>8.1f} {r['p50_ms']:>8.1f} "
