@@ -101,6 +101,30 @@ def decode_checkpoint(
     return value
 
 
+def check_versions(stored: Any, own: Any, **location: Any) -> None:
+    """A row's ``channel_versions`` column (decoded) against the versions its checkpoint
+    names, which it copies (``encode_versions``: the checkpoint's own versions may be
+    numbers, the column holds them as text). The column is what the reads look blobs up
+    by: one edited by hand (another shape, other versions) would return the checkpoint
+    without its values, so it is a :class:`CorruptRecordError` naming the row."""
+    if stored == own:
+        return
+    if type(stored) is dict and isinstance(own, dict) and stored == _as_text(own):
+        return
+    shown = repr(stored)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    raise CorruptRecordError(
+        "channel_versions",
+        location=location,
+        cause=ValueError(f"the row's column holds {shown}, not its checkpoint's versions"),
+    )
+
+
+def _as_text(versions: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in versions.items()}
+
+
 def decode_json(text: str | bytes, what: str, **location: Any) -> Any:
     """``json.loads`` that turns a failure into :class:`CorruptRecordError`."""
     try:
@@ -111,6 +135,7 @@ def decode_json(text: str | bytes, what: str, **location: Any) -> Any:
 
 __all__ = [
     "canonical_json",
+    "check_versions",
     "decode_checkpoint",
     "decode_json",
     "decode_typed",

@@ -15,7 +15,12 @@ from langgraph.checkpoint.base import CheckpointTuple
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.list_deltas import resolve_delta
-from langgraph_idem_saver.saver_codec import decode_checkpoint, decode_json, decode_typed
+from langgraph_idem_saver.saver_codec import (
+    check_versions,
+    decode_checkpoint,
+    decode_json,
+    decode_typed,
+)
 from langgraph_idem_saver.saver_config import stored_tuple
 
 if TYPE_CHECKING:
@@ -122,10 +127,17 @@ class PostgresCodec:
             self.serde, *self._unpack(type_, data, "checkpoint", **where), **where
         )
         values: dict[str, Any] = {}
+        blobs = blobs or ()
+        if blobs and blobs[0][0] is None:  # first, the row's channel_versions column
+            column = decode_json(bytes(blobs[0][1]), "channel_versions", **where)
+            own_versions = checkpoint.get("channel_versions") or {}
+            if column != own_versions:
+                check_versions(column, own_versions, **where)
+            blobs = blobs[1:]
         # one row per stored version: each channel's own first, then (for a delta) the
         # versions it extends, by depth
         chains: dict[str, list[tuple[str, bytes | None, str | None, str | None]]] = {}
-        for channel_b, btype_b, blob, version_b, base_b in blobs or ():
+        for channel_b, btype_b, blob, version_b, base_b in blobs:
             chains.setdefault(bytes(channel_b).decode(), []).append(
                 (
                     bytes(btype_b).decode(),

@@ -121,6 +121,7 @@ class PostgresDeltaHistory:
                 blobs.setdefault((cid, row[9]), {})[row[8]] = row
         if target is None:
             return result
+        _check_versions(target, thread_id, ns)
         # re-walk from the target: the chain rows of the channels' walks, nearest first
         walk: list[tuple[str, frozenset[str], tuple[str, ...]]] = []  # (id, walking, seeded)
         steps: dict[tuple[str, str], tuple[frozenset[str], tuple[str, ...], str]] = {}
@@ -133,6 +134,7 @@ class PostgresDeltaHistory:
             here = [r for r in chain.get(parent, ()) if r[4] == remaining]
             if not here:  # the parent is gone (pruned, deleted)
                 break
+            _check_versions(here[0], thread_id, ns)
             flags = (remaining, here[0][5])
             step = steps.get(flags)
             if step is None:
@@ -210,3 +212,14 @@ def _decoder(
         return saver._load(type_, data, "pending write", task_id=task_id, channel=channel, **where)
 
     return decode
+
+
+def _check_versions(row: TupleRow, thread_id: str, ns: str) -> None:
+    """A chain row whose ``channel_versions`` is not a JSON object (its ``type`` column
+    says ``'corrupt'``): its row's :class:`CorruptRecordError`."""
+    if row[10] is not None:
+        raise CorruptRecordError(
+            "channel_versions",
+            location={"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": row[1]},
+            cause=TypeError("not a JSON object"),
+        )

@@ -35,18 +35,24 @@ from langgraph_idem_saver.postgres.functions import plpgsql_function
 # blob rows: the value and, for a list delta (list_deltas.py), the versions it extends,
 # by depth, as SELECT_TUPLES follows them (version in the task_path column, depth in
 # idx, base_version in base). The saver re-walks the chain from the target by parent id
-# and sorts each checkpoint's writes by ``writes_sort_key``, so no ORDER BY.
+# and sorts each checkpoint's writes by ``writes_sort_key``, so no ORDER BY. A chain row
+# whose channel_versions is not a JSON object (edited by hand: ``->>`` reads NULL from it,
+# so the walk would pass it as if it stored nothing) says so in its ``type`` column
+# (``'corrupt'``): the saver raises CorruptRecordError naming it.
 _DELTA_HISTORY = """
 WITH RECURSIVE target AS (
-    SELECT checkpoint_id, parent_checkpoint_id FROM idem_checkpoints
+    SELECT checkpoint_id, parent_checkpoint_id,
+        jsonb_typeof(channel_versions) = 'object' AS versions_ok
+    FROM idem_checkpoints
     WHERE thread_id = %(thread_id)s AND checkpoint_ns = %(ns)s {by_id}
     ORDER BY checkpoint_id DESC
     LIMIT 1
-), chain (checkpoint_id, parent_checkpoint_id, is_target, {walking}, {seeded}) AS (
-    SELECT t.checkpoint_id, t.parent_checkpoint_id, TRUE, {all_true}, {all_false}
+), chain (checkpoint_id, parent_checkpoint_id, is_target, versions_ok, {walking}, {seeded}) AS (
+    SELECT t.checkpoint_id, t.parent_checkpoint_id, TRUE, t.versions_ok, {all_true}, {all_false}
     FROM target AS t
   UNION
-    SELECT c.checkpoint_id, c.parent_checkpoint_id, FALSE, {walking_next}, {probes}
+    SELECT c.checkpoint_id, c.parent_checkpoint_id, FALSE,
+        jsonb_typeof(c.channel_versions) = 'object', {walking_next}, {probes}
     FROM chain AS ch
     CROSS JOIN LATERAL (
         SELECT a.checkpoint_id, a.parent_checkpoint_id, a.channel_versions
@@ -60,7 +66,8 @@ WITH RECURSIVE target AS (
 SELECT 0 AS kind, ch.checkpoint_id, ch.parent_checkpoint_id, ch.is_target,
     {walking_flags} AS walking, {seeded_flags} AS seeded,
     NULL::text AS task_path, NULL::text AS task_id, NULL::integer AS idx,
-    NULL::text AS channel, NULL::text AS type, NULL::bytea AS data, NULL::text AS base
+    NULL::text AS channel, CASE WHEN NOT ch.versions_ok THEN 'corrupt' END AS type,
+    NULL::bytea AS data, NULL::text AS base
 FROM chain AS ch
 UNION ALL
 SELECT 1, ch.checkpoint_id, NULL, NULL, NULL, NULL, w.task_path, w.task_id, w.idx,

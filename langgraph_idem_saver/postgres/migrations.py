@@ -272,6 +272,11 @@ MIGRATIONS: list[list[str]] = [
     # every session, whatever the statistics (functions.plpgsql_function's
     # ``generic_plan``); 10, 11, 12 and 15 all run the current definitions
     [CHECKPOINT_TUPLE_FUNCTION, LIST_IN_NS_FUNCTION, DELTA_HISTORY_FUNCTION],
+    # 16: the same reads return a row's channel_versions column for the saver to check
+    # against its checkpoint, and never call jsonb_each_text on a column that is not an
+    # object (a corrupt row is a CorruptRecordError naming it, tuple_sql.SELECT_TUPLES);
+    # the DeltaChannel history flags such a row (delta_history_sql._DELTA_HISTORY)
+    [CHECKPOINT_TUPLE_FUNCTION, LIST_IN_NS_FUNCTION, DELTA_HISTORY_FUNCTION],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS) - 1

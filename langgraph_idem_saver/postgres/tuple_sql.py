@@ -32,14 +32,23 @@ from langgraph_idem_saver.postgres.functions import TUPLE_RESULT, plpgsql_functi
 # the scan (and the blob look-ups) after the rows asked for. aget_tuple's outer LIMIT is
 # the constant 1 (its generic plan then costs what its custom plan does, so PostgreSQL
 # keeps it and stops planning each call); alist's is ``%(limit)s``.
+#
+# The first entry of ``channel_values`` is the row's channel_versions column itself (a
+# NULL channel, then the column as text): the saver checks it against the versions its
+# checkpoint names (``saver_codec.check_versions``), so a column edited by hand is a
+# CorruptRecordError naming the row, never a checkpoint read without its values. Only an
+# object is looked up: jsonb_each_text raises on an array or a scalar, which failed the
+# whole statement (every row of a page) with a driver error.
 PAGE_BOUND = 100
 SELECT_TUPLES = """
 SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type,
     c.checkpoint, c.metadata, c.metadata_exact,
-    (SELECT array_agg(ARRAY[convert_to(v.key, 'UTF8'), convert_to(b.type, 'UTF8'), b.blob,
+    ARRAY[ARRAY[NULL, convert_to(c.channel_versions::text, 'UTF8'), NULL, NULL, NULL]]::bytea[]
+    || (SELECT array_agg(ARRAY[convert_to(v.key, 'UTF8'), convert_to(b.type, 'UTF8'), b.blob,
                             convert_to(b.version, 'UTF8'), convert_to(b.base_version, 'UTF8')]
                       ORDER BY v.key, b.depth)
-     FROM jsonb_each_text(c.channel_versions) AS v
+     FROM jsonb_each_text(CASE jsonb_typeof(c.channel_versions)
+                          WHEN 'object' THEN c.channel_versions END) AS v
      CROSS JOIN LATERAL (
         _BLOB_CHAIN
      ) AS b

@@ -42,6 +42,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.list_deltas import ListDeltaEncoder, resolve_delta
+from langgraph_idem_saver.saver_codec import check_versions
 from langgraph_idem_saver.saver_config import stored_tuple
 from langgraph_idem_saver.sqlite import sql
 
@@ -171,14 +172,8 @@ def decode_tuple(
         except Exception as exc:
             raise _corrupt("pending write", row, exc, task_id=task_id, channel=channel) from exc
     own_versions = checkpoint.get("channel_versions") or {}
-    if versions != own_versions and not _same_versions(versions, own_versions):
-        raise _corrupt(
-            "channel_versions",
-            row,
-            ValueError(
-                f"the row's column names {_shown(versions)}, its checkpoint {_shown(own_versions)}"
-            ),
-        )
+    if versions != own_versions:
+        check_versions(versions, own_versions, **_where(row))
     values: dict[str, Any] = {}  # last: most of the decoding
     for channel, version in versions.items():
         stored = blobs.get((channel, version))
@@ -228,19 +223,6 @@ def _then_raise(
 ) -> Iterator[CheckpointTuple]:
     yield from tuples
     raise exc
-
-
-def _same_versions(stored: dict[str, Any], own: Any) -> bool:
-    """Whether the column names the checkpoint's versions: its own may be numbers (a
-    caller's ``get_next_version``), which the column holds as text (``encode_versions``)."""
-    if not isinstance(own, dict):
-        return False
-    return stored == {k: str(v) for k, v in own.items()}
-
-
-def _shown(versions: Any, limit: int = 200) -> str:
-    text = repr(versions)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _where(row: Row) -> dict[str, Any]:
