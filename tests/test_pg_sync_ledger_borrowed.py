@@ -15,7 +15,9 @@ connections (``postgres/borrowed.py``): no connection of the saver's, no connect
   (``ConnectionClosedError`` saying so);
 * two threads on one pool saver run their tool steps at once (both tools inside at the
   same time) and both complete, with their own claims;
-* a ledger call cancelled while it waits for a pooled connection runs nothing;
+* a ledger call cancelled while it waits for a pooled connection runs nothing; one
+  cancelled mid-statement is waited for until the statement ends; a statement body that
+  would suspend (a bug) is refused;
 * a non-autocommit connection commits each ledger call, and a transaction of the user's
   left open on it is refused (``ConfigError``) rather than joined; a pool's ``configure``
   callback applies to the ledger (its ``search_path`` holds the ledger's table).
@@ -249,10 +251,19 @@ def test_the_control_a_pipelined_saver_opens_a_session_and_the_watch_sees_it(
 
 
 def killer(dsn: str, pids: Callable[[], set[int]]) -> Callable[[], None]:
+    """Terminate the backends ``pids()`` and wait until they are gone (the signal alone
+    returns before they exit: a statement could still run on one meanwhile)."""
+
     def kill() -> None:
+        doomed = sorted(pids())
         with psycopg.connect(dsn, autocommit=True) as admin:
-            for pid in pids():
+            for pid in doomed:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            deadline = time.monotonic() + 10
+            query = "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)"
+            while admin.execute(query, (doomed,)).fetchone() != (0,):
+                assert time.monotonic() < deadline, "the backends outlived their termination"
+                time.sleep(0.01)
 
     return kill
 
@@ -361,8 +372,9 @@ def test_a_ledger_call_cancelled_while_waiting_for_a_pooled_connection_runs_noth
         saver.setup()
         held = pool.getconn()  # the pool exhausted: the claim waits for its connection
         started = time.monotonic()
+        claiming = saver.saver.aclaim([intent], owner="a", lease_seconds=60)
         with pytest.raises(asyncio.TimeoutError):
-            asyncio.run(asyncio.wait_for(saver.aclaim([intent], owner="a", lease_seconds=60), 0.5))
+            saver._call(asyncio.wait_for(claiming, 0.5))  # on the saver's loop
         assert time.monotonic() - started < 5, "the cancelled call was not waited for"
         pool.putconn(held)  # the abandoned call now gets the connection, and runs nothing
         time.sleep(0.5)
@@ -419,3 +431,50 @@ def test_a_transaction_left_open_on_the_users_connection_is_refused(pg_dsn: str)
         conn.commit()
         [claim] = asyncio.run(saver.aclaim([intent], owner="a", lease_seconds=60))
         assert claim.claimed
+
+
+def test_a_ledger_call_cancelled_mid_statement_is_waited_for(pg_dsn: str) -> None:
+    """The claim's statement waits on a lock another session holds for a second; the caller
+    gives up after 0.3 s, but its cancellation returns only once the statement has ended
+    (the caller never moves on while the call may still write), and the saver goes on."""
+    intent = intent_for("t", {"name": "charge", "args": {"n": 1}, "id": "c1"})
+    with (
+        ConnectionPool(pg_dsn, kwargs=KWARGS, min_size=1, max_size=2) as pool,
+        PostgresSaver(pool) as saver,
+        psycopg.connect(pg_dsn) as blocker,
+    ):
+        saver.setup()
+        blocker.execute("LOCK TABLE idem_tool_calls IN ACCESS EXCLUSIVE MODE")
+        release = threading.Timer(1.0, blocker.rollback)
+        release.start()
+        started = time.monotonic()
+        # on the saver's loop, as the engine runs there for a sync front door (a caller on
+        # another loop stops waiting at once: the hop between loops does not wait)
+        claiming = saver.saver.aclaim([intent], owner="a", lease_seconds=60)
+        with pytest.raises(asyncio.TimeoutError):
+            saver._call(asyncio.wait_for(claiming, 0.3))
+        waited = time.monotonic() - started
+        release.join()
+        assert waited >= 0.9, f"returned after {waited:.2f} s, before the statement ended"
+        # the claim's one statement ran (autocommit): as a cancellation landing just after it
+        entry = asyncio.run(saver.aget_entry(intent.scope, intent.key))
+        assert entry is not None and entry.owner == "a"
+        other = intent_for("t", {"name": "charge", "args": {"n": 2}, "id": "c2"})
+        [claim] = asyncio.run(saver.aclaim([other], owner="b", lease_seconds=60))
+        assert claim.claimed
+
+
+def test_a_statement_body_that_suspends_is_refused() -> None:
+    """The borrowed cursor's methods return at once, so a body is driven without a loop;
+    one awaiting anything else (a bug) is refused, not run half-way on the loop."""
+    from langgraph_idem_saver.postgres.borrowed import drive
+
+    async def returns() -> int:
+        return 3
+
+    async def suspends() -> None:
+        await asyncio.sleep(0)
+
+    assert drive(returns()) == 3
+    with pytest.raises(RuntimeError, match="awaited something other than its cursor"):
+        drive(suspends())

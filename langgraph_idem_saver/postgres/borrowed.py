@@ -35,9 +35,12 @@ the typed errors are the direct path's
   ``max_size``), so calls run concurrently, one pooled connection each, and a call
   waiting for a connection (the pool exhausted, or the server down: up to the pool's
   ``timeout``) never stalls the loop that every other ledger call of the process needs.
-  A call cancelled on the loop (``wait_for``, a cancelled ``ainvoke``) stops before its
-  next statement and rolls back; one whose statements had started is waited for, so its
-  caller never moves on while it may still commit.
+  A call cancelled on the loop (``wait_for``, a cancelled ``ainvoke``) runs no statement
+  after the cancellation: one still waiting for a connection runs nothing; one whose
+  statement is running is waited for (the engine, on the saver's loop, never moves on
+  while it may still write) and its transaction, if it has one, rolled back. A
+  statement that ran under autocommit stays, as when a cancellation lands on the async
+  saver just after one.
 
 **Measured** (2026-11-27, at commit 998e272 against the same tree with the
 connect-per-call saver restored; ``benchmarks/sync_pg_ledger.py``, alternating processes,
@@ -250,6 +253,7 @@ class BorrowedPostgresSaver(AsyncPostgresSaver):
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
+            work.add_done_callback(_retrieved)  # its end (CallCancelled) is nobody's news
             if state.cancel():  # its statements started: wait until they end (rolled back)
                 await _ended(work)
             raise
@@ -278,6 +282,12 @@ class BorrowedPostgresSaver(AsyncPostgresSaver):
                 "pass a ConnectionPool, which replaces lost connections"
             )
         return error
+
+
+def _retrieved(work: asyncio.Future[Any]) -> None:
+    """Mark a cancelled caller's call as seen, so its error is not logged as lost."""
+    if not work.cancelled():
+        work.exception()
 
 
 async def _ended(work: asyncio.Future[Any]) -> None:
