@@ -267,10 +267,16 @@ def chart(rows: list[dict], path: str, cores: int) -> None:
     for stack in dict.fromkeys(r["stack"] for r in rows):
         mine = [r for r in rows if r["stack"] == stack]
         widths = [r["width"] for r in mine]
-        a.plot(widths, [r["turns_per_s"] for r in mine], marker="o", label=stack)
-        b.plot(widths, [r["p50_ms"] for r in mine], marker="o", label=f"{stack} p50")
+        (line,) = a.plot(widths, [r["turns_per_s"] for r in mine], marker="o", label=stack)
+        color = line.get_color()  # one color a stack in both charts
+        b.plot(widths, [r["p50_ms"] for r in mine], marker="o", color=color, label=f"{stack} p50")
         b.plot(
-            widths, [r["p99_ms"] for r in mine], marker="x", linestyle="--", label=f"{stack} p99"
+            widths,
+            [r["p99_ms"] for r in mine],
+            marker="x",
+            linestyle="--",
+            color=color,
+            label=f"{stack} p99",
         )
     for ax in (a, b):
         ax.axvline(cores, color="grey", linestyle=":", label=f"{cores} cores")
