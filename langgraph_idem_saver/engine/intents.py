@@ -102,22 +102,27 @@ def key_calls(
     seen: dict[tuple[str, str], int] = {}  # fork slots: identical leaders so far
     leaders: dict[str, Plan] = {}
     new_intent = CallIntent._of
-    for at, plan in enumerate(pending):
+    site_fields: dict[str, str | None] = {
+        "scope": scope, "thread_id": thread_id, "agent_path": agent_path, "run_id": run_id
+    }  # fmt: skip
+    keys = default_keys or [""] * len(pending)
+    for plan, call_id, canon, digest, key, message_id in zip(
+        pending, ids, texts, digests, keys, message_ids, strict=True
+    ):
         call = plan.call
-        name, call_id, canon, digest = call["name"], ids[at], texts[at], digests[at]
+        name = call["name"]
         policy = plan.policy = policies[name]
         if default_keys is not None:
-            key = default_keys[at]
+            pass  # computed for the whole step
         elif callable(policy):  # a key_fn looks at the call in its context
-            origin = message_ids[at]
-            ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest, origin)
+            ctx = KeyContext(scope, thread_id, agent_path, name, canon, digest, message_id)
             key = compute_key(policy, call, ctx)
         else:
             key = builtin_key(
                 policy,
                 agent_path=agent_path,
                 tool_call_id=call_id,
-                message_id=message_ids[at],
+                message_id=message_id,
                 tool_name=name,
                 canonical=canon,
             )
@@ -131,15 +136,12 @@ def key_calls(
             seen[name, digest] = occurrence + 1
         plan.intent = new_intent(
             {
-                "scope": scope,
+                **site_fields,
                 "key": key,
-                "thread_id": thread_id,
-                "agent_path": agent_path,
                 "tool_name": name,
                 "args_hash": digest,
                 "args": canon.encode("utf-8"),
                 "tool_call_id": call_id,
-                "run_id": run_id,
                 "position": position,
                 "branch": branch,
                 "occurrence": occurrence,
