@@ -140,9 +140,9 @@ class Thread:
                     config=cfg(cid), channels=["messages"]
                 )
 
-    def corrupt(self, text: str, column: str = "channel_versions") -> None:
-        """Write ``text`` into the corrupted row's ``column`` by hand."""
-        target = self.ids[CORRUPT]
+    def corrupt(self, text: str, column: str = "channel_versions", index: int = CORRUPT) -> None:
+        """Write ``text`` into the ``column`` of checkpoint ``index`` by hand."""
+        target = self.ids[index]
         if self.backend == "sqlite":
             conn = sqlite3.connect(self.where)
             with conn:
@@ -158,14 +158,14 @@ class Thread:
                     (text, target),
                 )
 
-    def assert_names_the_row(self, exc: CorruptRecordError) -> None:
+    def assert_names_the_row(self, exc: CorruptRecordError, index: int = CORRUPT) -> None:
         assert exc.location == {
             "thread_id": THREAD,
             "checkpoint_ns": "",
-            "checkpoint_id": self.ids[CORRUPT],
+            "checkpoint_id": self.ids[index],
         }
         assert exc.what == "channel_versions"
-        assert self.ids[CORRUPT] in str(exc)
+        assert self.ids[index] in str(exc)
 
     def newer(self) -> list[Any]:
         return [self.before[cid] for cid in reversed(self.ids[CORRUPT + 1 :])]
@@ -336,3 +336,38 @@ def test_malformed_json_read_by_sql_is_corrupt_record_not_a_bad_file(tmp_path: P
             assert tup is not None and shown(tup) == thread.before[thread.ids[-1]]
 
     asyncio.run(read())
+
+
+def counts(thread: Thread) -> tuple[int, int, int]:
+    """Checkpoints, blobs and writes stored, read with the driver."""
+    tables = ("idem_checkpoints", "idem_blobs", "idem_writes")
+    if thread.backend == "sqlite":
+        conn = sqlite3.connect(thread.where)
+        try:
+            found = [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables]
+        finally:
+            conn.close()
+    else:
+        with psycopg.connect(thread.where) as pg:
+            found = [pg.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables]  # type: ignore[index]
+    return found[0], found[1], found[2]
+
+
+def test_a_prune_stops_at_a_corrupt_column_and_deletes_nothing(thread: Thread) -> None:
+    """Collecting unreferenced channel values reads every remaining checkpoint's
+    column: one that is not an object of versions (the head, which the prune keeps)
+    cannot say what it references, so the prune raises CorruptRecordError naming it and
+    deletes nothing (its values may still be repaired from its checkpoint)."""
+    texts = NOT_AN_OBJECT[thread.backend][1:] + WRONG_VERSIONS[:1]
+    for text in texts:
+        thread.corrupt(text, index=-1)
+        stored = counts(thread)
+
+        async def prune() -> None:
+            async with thread.async_saver() as saver:
+                with pytest.raises(CorruptRecordError) as caught:
+                    await saver.aprune([THREAD], strategy="keep_latest")
+                thread.assert_names_the_row(caught.value, index=-1)
+
+        asyncio.run(prune())
+        assert counts(thread) == stored, text

@@ -18,6 +18,7 @@ from psycopg.rows import TupleRow, tuple_row
 from langgraph_idem_saver import inspect_types
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.postgres import sql
+from langgraph_idem_saver.postgres.blob_gc import acollect_blobs
 from langgraph_idem_saver.postgres.host import PostgresHost
 
 Cursor = AsyncCursor[TupleRow]
@@ -212,8 +213,8 @@ class PostgresInspection:
             writes = cur.rowcount
             await cur.execute(DELETE_CHECKPOINTS, params)
             checkpoints = cur.rowcount
-            await cur.execute(sql.COLLECT_BLOBS, params, prepare=False)
-            return inspect_types.DeletedCounts(checkpoints, writes, cur.rowcount)
+            blobs = await acollect_blobs(cur, params["threads"])
+            return inspect_types.DeletedCounts(checkpoints, writes, blobs)
 
         deleted = await self._run(delete, tx=True)
         self._deltas.forget(params["threads"])

@@ -72,6 +72,7 @@ from langgraph_idem_saver.import_rows import LangGraphTables
 from langgraph_idem_saver.ledger_queries import LedgerSql
 from langgraph_idem_saver.list_deltas import EncodedBlob, ListDeltaEncoder
 from langgraph_idem_saver.postgres import ledger_sql, sql
+from langgraph_idem_saver.postgres.blob_gc import acollect_blobs
 from langgraph_idem_saver.postgres.codec import COMPRESS_MIN_BYTES, ZLIB_PREFIX, PostgresCodec
 from langgraph_idem_saver.postgres.connection import (
     Conn,
@@ -415,7 +416,7 @@ class AsyncPostgresSaver(
             await cur.execute(sql.DELETE_RUNS, {"runs": run_ids, "threads": locked}, prepare=False)
             threads = [r[0] for r in await cur.fetchall()]
             if threads:
-                await cur.execute(sql.COLLECT_BLOBS, {"threads": threads}, prepare=False)
+                await acollect_blobs(cur, threads)
 
         await self._run(delete, tx=True)
 
@@ -489,4 +490,4 @@ class AsyncPostgresSaver(
                 },
                 prepare=False,
             )
-        await cur.execute(sql.COLLECT_BLOBS, {"threads": list(threads)}, prepare=False)
+        await acollect_blobs(cur, list(threads))

@@ -244,7 +244,8 @@ DELETE_WRITES_OF_CHECKPOINT = (
 )
 
 SELECT_LIVE_VERSIONS = (
-    "SELECT checkpoint_ns, channel_versions FROM idem_checkpoints WHERE thread_id = ?"
+    "SELECT checkpoint_ns, checkpoint_id, channel_versions FROM idem_checkpoints "
+    "WHERE thread_id = ?"
 )
 SELECT_BLOB_KEYS = (
     "SELECT checkpoint_ns, channel, version, base_version FROM idem_blobs WHERE thread_id = ?"
