@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from langgraph_idem_saver.errors import ConfigError, SerializationError
-from langgraph_idem_saver.json_text import encoder_of
+from langgraph_idem_saver.json_text import encoder_of, many_encoder_of
 from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair, utf8_ok
 
 __all__ = [
@@ -70,8 +70,8 @@ _PARTS = encoder_of(separators=(",", ":"), ensure_ascii=False, check_circular=Fa
 # the same text as _CANONICAL for arguments that are not circular (a circular value is a
 # RecursionError here, a ValueError there: either way ``canonical_args`` raises its own
 # error for it), without a dict of markers a call: the step's pass (``step_texts``)
-_CANONICAL_FAST = encoder_of(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
+_CANONICAL_MANY = many_encoder_of(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
 # one JSON string, as _PARTS writes each part (its ``encode_basestring``, C)
 _STRING: Callable[[str], str] = json.encoder.encode_basestring
@@ -280,7 +280,7 @@ def step_texts(calls: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]
     (:func:`canonical_args`), in call order."""
     try:
         ids = [str(call["id"]) for call in calls]
-        texts = [_CANONICAL_FAST(call["args"]) for call in calls]
+        texts = _CANONICAL_MANY([call["args"] for call in calls])
     except (TypeError, ValueError, RecursionError):
         ids = texts = []
     ids_text = "".join(ids)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from langgraph_idem_saver.json_text import encoder_of
+from langgraph_idem_saver.json_text import encoder_of, many_encoder_of
 
 # every option set the package encodes with (keys.py, saver_codec.py,
 # postgres/ledger_rows.py), and json's defaults (backend.step_params)
@@ -23,6 +23,13 @@ OPTIONS: list[dict[str, Any]] = [
     {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False, "allow_nan": False},
     {"separators": (",", ":"), "ensure_ascii": False},
     {"separators": (",", ":"), "ensure_ascii": False, "check_circular": False},
+    {
+        "sort_keys": True,
+        "separators": (",", ":"),
+        "ensure_ascii": False,
+        "allow_nan": False,
+        "check_circular": False,
+    },
     {"ensure_ascii": False, "sort_keys": True, "separators": (",", ":")},
     {"separators": (",", ":")},
     {},
@@ -60,6 +67,20 @@ def outcome(encode: Any, value: Any) -> tuple[str, str]:
 def test_encoder_of_writes_what_json_encoder_writes(options: dict[str, Any], value: Any) -> None:
     assert outcome(encoder_of(**options), value) == outcome(
         json.JSONEncoder(**options).encode, value
+    )
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(sorted(o)) or "defaults")
+@given(values=st.lists(VALUES, max_size=4))
+@example(values=["a lone string \ud800", {"b": 1, "a": [2.5, None]}, ("a", "tuple")])
+def test_many_encoder_of_writes_each_value_as_json_encoder_writes_it(
+    options: dict[str, Any], values: list[Any]
+) -> None:
+    """``many_encoder_of``: each text ``check_circular=False`` encoding writes, or the
+    first value's error (as a loop of ``encode`` raises it)."""
+    one = json.JSONEncoder(**{**options, "check_circular": False}).encode
+    assert outcome(many_encoder_of(**options), values) == outcome(
+        lambda vs: [one(v) for v in vs], values
     )
 
 

@@ -62,6 +62,8 @@ _TOOL = operator.attrgetter("tool_name")
 _ARGS_HASH = operator.attrgetter("args_hash")
 _POSITION = operator.attrgetter("position")
 _FIRST = operator.itemgetter(0)
+_INTENT = operator.attrgetter("intent")
+_TOOL_CALL_ID = operator.attrgetter("tool_call_id")
 
 
 def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
@@ -81,7 +83,8 @@ def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
         agent_path,
         list(dict.fromkeys(zip(tools, map(_ARGS_HASH, intents), strict=True))),
         list(dict.fromkeys(spots)),  # those with a position
-        sibling_keys(batch, {str(p.call.get("id")) for p in leaders}, agent_path),
+        # every leader has its intent (``intents.key_calls``): its id is the call's
+        sibling_keys(batch, set(map(_TOOL_CALL_ID, map(_INTENT, leaders))), agent_path),
     )
 
 
@@ -90,7 +93,7 @@ def sibling_keys(batch: Batch, ids: set[str], agent_path: str) -> frozenset[str]
     keys of this state's calls (so never an orphan), none of them a key of ``ids``' own
     (their own entries and legacy keys are adoption's to look at). An id found in
     several messages gives nothing: which message it means is adoption's to decide."""
-    messages = {batch.origins.get(i) for i in ids} - {None}
+    messages = set(map(batch.origins.get, ids)) - {None}
     if not messages:
         return frozenset()
     keys: set[str] = set()

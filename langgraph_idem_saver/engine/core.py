@@ -72,6 +72,7 @@ from langgraph_idem_saver.engine.types import (
     ToolCallInProgress,
     intents_of,
     live,
+    of_kind,
 )
 from langgraph_idem_saver.engine.unknown import aapply, adecide
 from langgraph_idem_saver.ledger import (
@@ -229,7 +230,7 @@ class LedgerEngine:
     async def aprepare(self, batch: Batch, config: RunnableConfig) -> None:
         """Keys, adoption, one claim, settling: after it each ledgered plan knows whether
         to run (``Kind.RUN``) or what to answer."""
-        pending = [p for p in batch.all_plans if p.kind is Kind.PENDING]
+        pending = of_kind(batch.all_plans, Kind.PENDING)
         if not pending:
             return  # nothing side-effecting: no ledger needed
         ledger = self.find_ledger(config)
@@ -268,7 +269,7 @@ class LedgerEngine:
                 await aadopt_orphans(self.context, batch, step, config, claim.candidates)
                 await aadopt_superseded(self.context, batch, step, config, claim.candidates)
                 await self.aclaim(batch, [p for p in step if p.entry is None])
-        await self.asettle(batch, [p for p in step if p.kind is Kind.PENDING])
+        await self.asettle(batch, of_kind(step, Kind.PENDING))
 
     # --- claim and settle ------------------------------------------------------------------
 

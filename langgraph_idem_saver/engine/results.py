@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
+from itertools import repeat
 from typing import Any, Literal, cast
 
 from langchain_core.messages import AIMessage, ToolCall, ToolMessage
@@ -20,18 +22,20 @@ from langgraph.types import Command, Send
 from langgraph_idem_saver.errors import CorruptRecordError, SerializationError
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry
 
+_ID = operator.itemgetter("id")
+
 
 def calls_in_messages(messages: Any) -> list[tuple[str, str]] | None:
     """Every (tool call id, message id) of the AIMessages in a messages list, oldest
     first; None when there is no list (then the state is not visible to the engine)."""
     if not messages or not isinstance(messages, list):
         return None
-    return [
-        (str(tc["id"]), m.id or "")
-        for m in messages
-        if isinstance(m, AIMessage)
-        for tc in m.tool_calls
-    ]
+    pairs: list[tuple[str, str]] = []
+    for m in messages:  # a message's calls through map and zip: no Python frame a call
+        if isinstance(m, AIMessage) and m.tool_calls:
+            ids = map(str, map(_ID, m.tool_calls))
+            pairs.extend(zip(ids, repeat(m.id or ""), strict=False))  # repeat: endless
+    return pairs
 
 
 def dumps(serde: SerializerProtocol, result: Any, what: str) -> tuple[str | None, bytes | None]:
