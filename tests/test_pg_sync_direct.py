@@ -262,8 +262,8 @@ def test_a_read_on_a_dead_pooled_connection_is_retried_once_a_write_is_not(
 
 
 def test_a_read_only_session_raises_the_same_error_on_both_paths(pg_dsn: str) -> None:
-    """A pool whose sessions are read-only (set in its conninfo, so the saver's async pool
-    is read-only too): a direct ``put`` and an ``aput`` on the loop raise alike."""
+    """A pool whose sessions are read-only (set in its conninfo): a direct ``put``, an
+    ``aput`` on the loop and a ledger claim raise alike."""
     with open_saver(pg_dsn, "conn") as writable:
         stored = put_checkpoint(writable, "t", 0)
     read_only = pg_dsn.replace(
@@ -278,6 +278,9 @@ def test_a_read_only_session_raises_the_same_error_on_both_paths(pg_dsn: str) ->
         with pytest.raises(ReadOnlyDatabaseError) as on_loop:
             asyncio.run(saver.aput(stored, checkpoint, {}, {}))
         assert str(direct.value).split(":")[0] == str(on_loop.value).split(":")[0]
+        intent = intent_for("t", {"name": "charge", "args": {"n": 1}, "id": "c1"})
+        with pytest.raises(ReadOnlyDatabaseError):
+            asyncio.run(saver.aclaim([intent], owner="me", lease_seconds=60))
 
 
 # --- close ------------------------------------------------------------------------------
