@@ -308,10 +308,7 @@ class IdempotentToolNode(ToolNode):
         """A batch with a plan for every call of the step, and what the state shows."""
         batch = Batch(sync=sync)
         tool_calls, _ = self._parse_input(input)
-        tools, add_call = self.tools_by_name, self.engine.add_call  # read once a step
-        for call in tool_calls:
-            tool = tools.get(call["name"])
-            add_call(batch, call, tool=tool, known=tool is not None)
+        self.engine.add_calls(batch, tool_calls, self.tools_by_name)
         self.engine.note_state(batch, self._calls_in_state(input, config))
         return batch
 

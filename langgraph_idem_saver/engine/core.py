@@ -31,6 +31,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
+from collections import deque
 from typing import Any, cast
 
 from langchain_core.callbacks.manager import adispatch_custom_event
@@ -203,6 +204,30 @@ class LedgerEngine:
                 plan.kind = Kind.PENDING
         batch.add(plan)
         return plan
+
+    def add_calls(self, batch: Batch, calls: list[ToolCall], tools: dict[str, Any]) -> None:
+        """:meth:`add_call` for every call of a step, ``tools`` by name (a name not in it
+        is unknown): one loop, no frame a call, the kind asked once a tool."""
+        kinds: dict[str, Kind] = {}
+        plans, all_plans, pending = batch.plans, batch.all_plans, Kind.PENDING
+        for call in calls:
+            plan = Plan(call)
+            name = call["name"]
+            kind = kinds.get(name)
+            if kind is None:
+                tool = tools.get(name)
+                ledgered = tool is not None and not self._read_only(batch, name, tool)
+                kind = kinds[name] = pending if ledgered else Kind.SKIP
+            if kind is pending:
+                plan.kind = pending
+            elif name in tools:
+                self.counters.bump("read_only")
+            queue = plans.get(call_id := str(call["id"]))
+            if queue is None:
+                plans[call_id] = deque((plan,))
+            else:
+                queue.append(plan)
+            all_plans.append(plan)
 
     def _read_only(self, batch: Batch, name: str, tool: Any) -> bool:
         """``options.is_read_only`` for a tool not asked about yet this step, kept for the
