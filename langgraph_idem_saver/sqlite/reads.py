@@ -50,12 +50,13 @@ from langgraph_idem_saver.sqlite import sql
 Blobs = dict[tuple[str, str], tuple[str, bytes | None, str | None]]
 # a row of ``sql.CHECKPOINT_COLUMNS``
 Row = Sequence[Any]
-# a row's channel_versions column parsed ({channel: version}), or the error its row
-# raises when decoded (the column is not a JSON object)
+# a row's channel_versions ({channel: version}): the whole column parsed (a row of a
+# page), or the pairs of it that name a stored value (one row: SQL's json_each read the
+# column); or the error its row raises when decoded (the column is not a JSON object)
 Versions = dict[str, Any] | CorruptRecordError
-# what a row's tuple is decoded from: the row, its channel_versions, the blobs read for
-# it (and its page), its writes
-Fetched = tuple[Row, Versions, Blobs, list[Any]]
+# what a row's tuple is decoded from: the row, its channel_versions, whether they are
+# the whole column, the blobs read for it (and its page), its writes
+Fetched = tuple[Row, Versions, bool, Blobs, list[Any]]
 
 
 def stored_versions(row: Row) -> Versions:
@@ -72,18 +73,25 @@ def stored_versions(row: Row) -> Versions:
 
 
 def fetch_tuple(conn: sqlite3.Connection, row: Row) -> Fetched:
-    """What the tuple of one ``CHECKPOINT_COLUMNS`` row is decoded from."""
-    versions = stored_versions(row)
-    if type(versions) is not dict:  # json_each cannot read it: the row's decode raises
-        return row, versions, {}, []
+    """What the tuple of one ``CHECKPOINT_COLUMNS`` row is decoded from. The column is
+    not parsed here: SQL reads it, and ``decode_tuple`` parses it only when the pairs
+    found do not account for its checkpoint's versions (a corrupt column among them)."""
     thread_id, ns = row[0], row[1]
+    found: dict[str, Any] = {}
     blobs: Blobs = {}
-    for channel, version, *stored in conn.execute(
-        sql.SELECT_BLOBS_FOR_VERSIONS, (row[7], thread_id, ns)
-    ):
-        _add(blobs, channel, version, stored)
+    try:
+        for channel, version, *stored in conn.execute(
+            sql.SELECT_BLOBS_FOR_VERSIONS, (row[7], thread_id, ns)
+        ):
+            found[channel] = version
+            _add(blobs, channel, version, stored)
+    except sqlite3.OperationalError as exc:
+        if "malformed JSON" not in str(exc):
+            raise
+        return row, _corrupt("channel_versions", row, exc), False, {}, []
     _fetch_bases(conn, thread_id, ns, blobs)
-    return row, versions, blobs, conn.execute(sql.SELECT_WRITES_FOR_CHECKPOINT, row[:3]).fetchall()
+    writes = conn.execute(sql.SELECT_WRITES_FOR_CHECKPOINT, row[:3]).fetchall()
+    return row, found, False, blobs, writes
 
 
 def fetch_page(conn: sqlite3.Connection, rows: Sequence[Row]) -> list[Fetched]:
@@ -110,7 +118,7 @@ def fetch_page(conn: sqlite3.Connection, rows: Sequence[Row]) -> list[Fetched]:
         ):
             writes[checkpoint_id].append(write)
         for r, v in zip(group, parsed, strict=True):
-            fetched[thread_id, ns, r[2]] = (r, v, blobs, writes[r[2]])
+            fetched[thread_id, ns, r[2]] = (r, v, True, blobs, writes[r[2]])
     return [fetched[row[0], row[1], row[2]] for row in rows]
 
 
@@ -147,7 +155,7 @@ def decode_tuple(
     loaded (``aget_tuple``). Run after the read transaction: SQLite's own work runs
     first, before the decoding of the values (most of a read) evicts it from the CPU's
     caches."""
-    row, versions, blobs, writes = fetched
+    row, versions, whole, blobs, writes = fetched
     if isinstance(versions, CorruptRecordError):
         raise versions
     (thread_id, ns, checkpoint_id, parent_id, type_, data, metadata, _) = row
@@ -172,8 +180,14 @@ def decode_tuple(
         except Exception as exc:
             raise _corrupt("pending write", row, exc, task_id=task_id, channel=channel) from exc
     own_versions = checkpoint.get("channel_versions") or {}
-    if versions != own_versions:
-        check_versions(versions, own_versions, **_where(row))
+    if whole:
+        if versions != own_versions:
+            check_versions(versions, own_versions, **_where(row))
+    elif not _names_all(versions, own_versions):  # some without a value, or corrupt
+        column = stored_versions(row)
+        if isinstance(column, CorruptRecordError):
+            raise column
+        check_versions(column, own_versions, **_where(row))
     values: dict[str, Any] = {}  # last: most of the decoding
     for channel, version in versions.items():
         stored = blobs.get((channel, version))
@@ -223,6 +237,14 @@ def _then_raise(
 ) -> Iterator[CheckpointTuple]:
     yield from tuples
     raise exc
+
+
+def _names_all(found: dict[str, Any], own: Any) -> bool:
+    """Whether the pairs found with a stored value are exactly the checkpoint's versions
+    (most reads): then the column names nothing else worth reading, and is not parsed."""
+    if not isinstance(own, dict) or len(found) != len(own):
+        return False
+    return all(str(own.get(channel)) == version for channel, version in found.items())
 
 
 def _where(row: Row) -> dict[str, Any]:
