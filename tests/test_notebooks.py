@@ -144,38 +144,50 @@ def test_notebook_04_server_is_stopped_when_its_kernel_is_killed(
 def test_notebook_04_workers_exit_when_its_kernel_is_killed(
     tmp_path: Path, server_tmp_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SIGKILL runs no exit hook: a billing worker notices its kernel is gone and exits,
-    rather than wait at its barrier forever (orphaned under PID 1)."""
+    """SIGKILL runs no exit hook: the billing launcher notices its kernel is gone and
+    exits, and so do the workers it forked, rather than wait for their database forever
+    (orphaned under PID 1). The workers are held by a server that accepts their
+    connections and never answers (their pool would give up after 30 s): all of them
+    gone well before that shows they followed the kernel."""
+    import json
+    import socket
+
     import psutil
 
     path = NOTEBOOKS_DIR / "04_postgres_workers.ipynb"
     client, km = notebook_client(path, tmp_path, server_tmp_dir, monkeypatch)
     cells = client.nb.cells
     script = next(i for i, c in enumerate(cells) if c.source.startswith("%%writefile billing.py"))
+    silent = socket.socket()
     try:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
         with client.setup_kernel():
             for index in range(script + 1):
                 client.execute_cell(cells[index], index)
-            workdir = Path(cells[1].outputs[0]["text"].strip())
-            # a worker waiting at its barrier for a second worker that never comes
+            batches = json.dumps({"2": ["acct-a", "acct-b"]})
             start = nbformat.v4.new_code_cell(
-                "worker = subprocess.Popen([sys.executable, 'billing.py', 'resume', 'w',"
-                " 'barrier-x', '2', 'acct'])\nprint(worker.pid)"
+                f"env = {{**os.environ, 'BILLING_DSN': 'host=127.0.0.1 port={port} "
+                "dbname=x connect_timeout=120'}\n"
+                f"launcher = subprocess.Popen([sys.executable, 'billing.py', 'resume-batches',"
+                f" {batches!r}], env=env)\nprint(launcher.pid)"
             )
             cells.append(start)
             client.execute_cell(start, len(cells) - 1)
-            worker = psutil.Process(int(start.outputs[0]["text"].strip()))
-            arrived = workdir / "barrier-x" / str(worker.pid)
+            launcher = psutil.Process(int(start.outputs[0]["text"].strip()))
             deadline = time.monotonic() + CELL_TIMEOUT
-            while not arrived.exists() and time.monotonic() < deadline:
+            while len(launcher.children()) < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert arrived.exists(), "the worker never reached its barrier"
+            procs = [launcher, *launcher.children()]
+            assert len(procs) == 3, "the launcher did not fork its two workers"
+            time.sleep(1)  # the workers are past their start (watching their parent)
             os.kill(km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
-            try:
-                worker.wait(timeout=STOP_TIMEOUT)
-            except psutil.TimeoutExpired:
-                worker.kill()
-                pytest.fail("the billing worker outlived its killed kernel")
+            _, alive = psutil.wait_procs(procs, timeout=15)
+            for proc in alive:
+                proc.kill()
+            assert not alive, "the billing launcher or a worker outlived its killed kernel"
     finally:
+        silent.close()
         if km.has_kernel:
             km.shutdown_kernel(now=True)
