@@ -129,7 +129,7 @@ class PostgresCodec:
         values: dict[str, Any] = {}
         blobs = blobs or ()
         if blobs and blobs[0][0] is None:  # first, the row's channel_versions column
-            column = decode_json(bytes(blobs[0][1]), "channel_versions", **where)
+            column = decode_json(str(blobs[0][1], "utf-8"), "channel_versions", **where)
             own_versions = checkpoint.get("channel_versions") or {}
             if column != own_versions:
                 check_versions(column, own_versions, **where)
