@@ -23,13 +23,19 @@ from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.postgres import sql
 
 # the first remaining checkpoint of the threads whose column is not an object of strings
-# (CASE: jsonb_each raises on a non-object, so it only sees objects)
+# (CASE: jsonb_each raises on a non-object, so it only sees objects); a thread at a time
+# through its primary key (so no plan made while the table was small scans it:
+# tests/test_postgres_specific.py)
 SELECT_CORRUPT_VERSIONS = """
-SELECT thread_id, checkpoint_ns, checkpoint_id FROM idem_checkpoints
-WHERE thread_id = ANY(%(threads)s)
-  AND CASE WHEN jsonb_typeof(channel_versions) <> 'object' THEN TRUE
-      ELSE EXISTS (SELECT 1 FROM jsonb_each(channel_versions) AS v
-                   WHERE jsonb_typeof(v.value) <> 'string') END
+SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id
+FROM unnest(%(threads)s::text[]) AS t (id)
+CROSS JOIN LATERAL (
+    SELECT thread_id, checkpoint_ns, checkpoint_id FROM idem_checkpoints
+    WHERE thread_id = t.id
+      AND CASE WHEN jsonb_typeof(channel_versions) <> 'object' THEN TRUE
+          ELSE EXISTS (SELECT 1 FROM jsonb_each(channel_versions) AS v
+                       WHERE jsonb_typeof(v.value) <> 'string') END
+    LIMIT 1) AS c
 LIMIT 1
 """
 
