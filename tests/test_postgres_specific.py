@@ -1387,3 +1387,28 @@ async def test_a_full_disk_is_storage_full_error(saver: AsyncPostgresSaver) -> N
     typed = saver._typed_error(raised, None)
     assert isinstance(typed, StorageFullError) and isinstance(typed, OSError)
     assert "disk is full" in str(typed) and "nothing of this call was written" in str(typed)
+
+
+async def test_only_a_nul_character_is_a_nul_serialization_error(
+    saver: AsyncPostgresSaver,
+) -> None:
+    """A server's DataError whose message merely says NULL (here its context: a
+    statement with ``IS NULL``) is not read as a NUL character in text; a real NUL, as
+    psycopg refuses it and as the server refuses it, is."""
+    from langgraph_idem_saver.errors import SerializationError
+
+    async def raised(statement: str, *params: Any) -> psycopg.Error:
+        async with await psycopg.AsyncConnection.connect(saver.conn.info.dsn) as conn:
+            with pytest.raises(psycopg.DataError) as info:
+                await conn.execute(statement, params or None)
+        return info.value
+
+    division = await raised("DO $$ BEGIN PERFORM 1 / 0 WHERE NULL IS NULL; END $$")
+    assert "NULL" in str(division)  # the trap: the old check matched it
+    assert not isinstance(saver._typed_error(division, None), SerializationError)
+    for nul in (
+        await raised("SELECT %s::text", "a\x00b"),  # refused by psycopg
+        await raised("SELECT convert_from('\\x610062'::bytea, 'UTF8')"),  # by the server
+    ):
+        typed = saver._typed_error(nul, None)
+        assert isinstance(typed, SerializationError), nul

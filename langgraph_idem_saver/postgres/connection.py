@@ -380,8 +380,9 @@ class PostgresConnection:
                 f"a value is too large for PostgreSQL to index ({exc}); use a shorter thread "
                 "id / namespace / key (nothing was written)"
             )
-        # a NUL in a text parameter, or as \u0000 in a JSON one (SQLSTATE 22P05)
-        if sqlstate == "22P05" or (isinstance(exc, psycopg.DataError) and "NUL" in str(exc)):
+        # a NUL in a text parameter (psycopg refuses it: "NUL (0x00)"; the server: 22021
+        # "... 0x00"), or as \u0000 in a JSON one (22P05); not any message saying "NULL"
+        if sqlstate == "22P05" or _nul_text(exc, sqlstate):
             return SerializationError(
                 f"PostgreSQL text cannot hold NUL (\\x00) characters: {exc}; nothing was written"
             )
@@ -396,6 +397,14 @@ class PostgresConnection:
             # the pool closing or the server being down leaves nothing to do here
             with contextlib.suppress(Exception):
                 await self.conn.check()
+
+
+def _nul_text(exc: BaseException, sqlstate: str) -> bool:
+    """Whether ``exc`` is a NUL character in text, as psycopg or the server reports it."""
+    if not isinstance(exc, psycopg.DataError):
+        return False
+    msg = str(exc)
+    return "NUL (0x00)" in msg or (sqlstate == "22021" and "0x00" in msg)
 
 
 async def _resolved(value: T | Callable[[], T] | Callable[[], Awaitable[T]]) -> T:
