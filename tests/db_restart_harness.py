@@ -50,6 +50,13 @@ class Outcome:
         expected = [f"{t}/inv-{i}" for t in sorted(self.started()) for i in range(CALLS)]
         return [e for e in expected if e not in done]
 
+    def story(self) -> list[dict[str, Any]]:
+        """The events of every thread with an effect missing or left unfinished: what a
+        failure shows (a ``ToolCallInProgress`` names the claim it waited on)."""
+        threads = {e.rsplit("/", 1)[0] for e in self.missing()}
+        threads |= self.started() - self.finished()
+        return [e for e in self.events if e.get("thread") in threads]
+
     def finished(self) -> set[str]:
         return {e["thread"] for e in self.events if e["kind"] == "finished"}
 

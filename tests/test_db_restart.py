@@ -415,8 +415,8 @@ def test_workers_live_through_server_kills(
     )
     assert ours.returncodes == [0, 0], ours.stderr
     assert len(ours.restarts) == 2
-    assert ours.duplicates() == {} and ours.missing() == []
-    assert ours.finished() == ours.started() and len(ours.started()) >= 8
+    assert ours.duplicates() == {} and ours.missing() == [], ours.story()
+    assert ours.finished() == ours.started() and len(ours.started()) >= 8, ours.story()
     assert ours.raw_driver_errors() == {}
     assert set(ours.errors()) <= {"langgraph_idem_saver.errors.ConnectionClosedError"}
     assert ours.asked_about_done() == []

@@ -457,8 +457,12 @@ def test_a_ledger_call_cancelled_mid_statement_is_waited_for(pg_dsn: str) -> Non
         release.join()
         assert waited >= 0.9, f"returned after {waited:.2f} s, before the statement ended"
         # the claim's one statement ran (autocommit): as a cancellation landing just after it
-        entry = asyncio.run(saver.aget_entry(intent.scope, intent.key))
-        assert entry is not None and entry.owner == "a"
+        read = "SELECT owner FROM idem_tool_calls WHERE scope = %s AND key = %s"
+        assert blocker.execute(read, (intent.scope, intent.key)).fetchall() == [("a",)]
+        blocker.rollback()
+        # its caller never learned it: undone before the saver's next statement, nothing
+        # ran under it (tests/test_claim_answer_cancelled.py)
+        assert asyncio.run(saver.aget_entry(intent.scope, intent.key)) is None
         other = intent_for("t", {"name": "charge", "args": {"n": 2}, "id": "c2"})
         [claim] = asyncio.run(saver.aclaim([other], owner="b", lease_seconds=60))
         assert claim.claimed

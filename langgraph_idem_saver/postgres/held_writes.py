@@ -120,35 +120,42 @@ class PostgresHeldWrites:
             "once (verify, on_unknown, or a human decides)"
         ) from lost
 
-    def _keep(self, held: list[Held]) -> bool:
+    def _keep(self, held: list[Held], *, lost: bool = True) -> bool:
         """Hold ``held`` until the database takes it; False when this saver can never
-        write it (a user's closed connection, a closed pool): then it is given up."""
+        write it (a user's closed connection, a closed pool): then it is given up.
+        ``lost=False``: a statement a cancellation cut short - its connection is not
+        known to be lost, so what is held waits for the next statement on any saver."""
         if self._held is None:
             self._held = HeldOutcomes()
         self._held.hold(held)
-        if self._reconnects():
+        if not lost or self._reconnects():
             return True
         self._held.give_up()
         return False
 
-    def _hold_claims_lost(self, claims: Claims) -> None:
-        """A claim statement failed: the rows it may have committed are undone before
-        the next statement (the caller never learned it claimed them: nothing ran)."""
+    def _hold_claims_lost(self, claims: Claims, *, lost: bool = True) -> None:
+        """A claim statement failed (``lost=False``: a cancellation cut it short): the
+        rows it may have committed are undone before the next statement (the caller never
+        learned it claimed them: nothing ran)."""
         self._keep(
-            [Held("unclaim", r[0], r[1], claims.owner, (claims.issued_at,)) for r in claims.rows]
+            [Held("unclaim", r[0], r[1], claims.owner, (claims.issued_at,)) for r in claims.rows],
+            lost=lost,
         )
 
-    def _hold_lost(self, query: str, params: tuple[Any, ...]) -> None:
-        """A guarded statement that starts or ends a claim of ours failed: what ends the
-        claim is held (a re-claim: its lease ended; a release or an abandon: run again)."""
+    def _hold_lost(self, query: str, params: tuple[Any, ...], *, lost: bool = True) -> None:
+        """A guarded statement that starts or ends a claim of ours failed (``lost=False``:
+        a cancellation cut it short): what ends the claim is held (a re-claim: its lease
+        ended; a release or an abandon: run again)."""
         sql = self._sql
         if query is sql.RECLAIM_ENTRY:
             owner, issued_at, _, scope, key = params[:5]
-            self._keep([Held("end_lease", scope, key, owner, (issued_at,))])
+            self._keep([Held("end_lease", scope, key, owner, (issued_at,))], lost=lost)
         elif query is sql.ABANDON_ENTRY:
-            self._keep([Held("statement", params[2], params[3], params[4], (query, params))])
+            held = [Held("statement", params[2], params[3], params[4], (query, params))]
+            self._keep(held, lost=lost)
         elif query is sql.RELEASE_ENTRY:
-            self._keep([Held("statement", params[0], params[1], params[2], (query, params))])
+            held = [Held("statement", params[0], params[1], params[2], (query, params))]
+            self._keep(held, lost=lost)
 
     async def _write_held(self, held: list[Held]) -> None:
         """Write what is held: one transaction, on the connection ``_run`` was about to

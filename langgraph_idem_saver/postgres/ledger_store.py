@@ -27,6 +27,14 @@ T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
 CLAIM_RETRIES = 5
 
+# CUT_SHORT: a statement that starts or ends a claim, cancelled in flight (LangGraph
+# cancels a step's other tasks when one raises). psycopg cancels it on the server, but
+# one that had already committed (its answer in transit) is a claim its caller never
+# learned of: nothing runs under it, and this live process's own retry would wait
+# ``wait_seconds`` on it and raise ``ToolCallInProgress`` until its lease ended. It is
+# held as after a lost connection (``held_writes``): a claim undone, a re-claim's lease
+# ended, a release run again - before the saver's next statement.
+
 
 class PostgresLedgerStore(PostgresHeldWrites):
     """Ledger rows on PostgreSQL: claims, outcomes, guarded updates, reads."""
@@ -81,6 +89,9 @@ class PostgresLedgerStore(PostgresHeldWrites):
                 rows = await self._run(claim)
             except ConnectionClosedError:  # committed or not, no tool runs under it
                 self._hold_claims_lost(claims)
+                raise
+            except asyncio.CancelledError:  # the same: its answer cut short (CUT_SHORT)
+                self._hold_claims_lost(claims, lost=False)
                 raise
             found = sorted((r for r in rows if r[0] == "f"), key=lambda r: r[1])  # seq
             if found:
@@ -169,6 +180,9 @@ class PostgresLedgerStore(PostgresHeldWrites):
         except ConnectionClosedError:
             self._hold_lost(query, params)  # a release: run again before the next statement
             raise
+        except asyncio.CancelledError:  # CUT_SHORT
+            self._hold_lost(query, params, lost=False)
+            raise
 
     async def _guarded_update(self, update: Guarded) -> LedgerEntry | None:
         """One ``UPDATE ... RETURNING`` statement (the server's durability applies)."""
@@ -181,6 +195,9 @@ class PostgresLedgerStore(PostgresHeldWrites):
             row = await self._run(run)
         except ConnectionClosedError:
             self._hold_lost(update.query, update.params)  # a re-claim, an abandon: see there
+            raise
+        except asyncio.CancelledError:  # CUT_SHORT
+            self._hold_lost(update.query, update.params, lost=False)
             raise
         return None if row is None else self.entry_of(row)
 
