@@ -80,6 +80,17 @@ def worker_thread(conn: aiosqlite.Connection) -> threading.Thread | None:
     return thread if isinstance(thread, threading.Thread) else None
 
 
+def join_worker(conn: aiosqlite.Connection, timeout: float = 1.0) -> None:
+    """Wait (bounded) for the worker thread of a ``conn`` just closed to exit.
+
+    aiosqlite answers the stop before its thread returns, so the thread may still be
+    alive for an instant after ``close()``: a ``close()`` that promises the saver's threads
+    are stopped waits for it."""
+    thread = worker_thread(conn)
+    if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+        thread.join(timeout)
+
+
 def raw_connection(conn: aiosqlite.Connection) -> sqlite3.Connection:
     """The ``sqlite3.Connection`` the worker uses (for code running on that thread)."""
     return conn._conn
@@ -129,3 +140,4 @@ class BorrowedConnection(aiosqlite.Connection):
             future = self.stop()
             if future is not None:
                 await future
+                join_worker(self)

@@ -58,7 +58,7 @@ from langgraph_idem_saver.saver_config import (
     storable_text,
     thread_id_of,
 )
-from langgraph_idem_saver.sqlite import metadata_filter, sql
+from langgraph_idem_saver.sqlite import metadata_filter, runner, sql
 from langgraph_idem_saver.sqlite.blob_gc import collect_blobs
 from langgraph_idem_saver.sqlite.connection import (
     ConnectionLock,
@@ -184,6 +184,7 @@ class AsyncSqliteSaver(
             yield saver
         finally:
             await conn.close()
+            runner.join_worker(conn)
 
     def _langgraph_tables(self) -> LangGraphTables:
         """LangGraph's own SQLite tables in this file, for ``import_langgraph``."""
