@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup
-from langgraph_idem_saver.sqlite import sql
-from langgraph_idem_saver.sqlite.connection import OUTCOME, SqliteConnection
+from langgraph_idem_saver.sqlite import cut_short, sql
+from langgraph_idem_saver.sqlite.connection import AS_SET, OUTCOME, SqliteConnection
 
 if TYPE_CHECKING:
     # what this mixin calls on the connection, as mypy sees it (the saver mixes both in)
@@ -64,7 +64,19 @@ class SqliteLedgerStore(_Connected):
         return found
 
     async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
-        return await self._write(lambda conn: self._claim_rows(conn, claims), before_tool_runs=True)
+        try:
+            return await self._write(
+                lambda conn: self._claim_rows(conn, claims), before_tool_runs=True
+            )
+        except asyncio.CancelledError:  # committed all the same, nothing runs under it
+            self._undo_cut_short(cut_short.unclaim(claims))
+            raise
+
+    def _undo_cut_short(self, undo: cut_short.Undo) -> None:
+        """A claim whose caller was cancelled: ``undo`` committed after it by the group
+        commit (:mod:`.cut_short`). Not set up: the claim was never submitted."""
+        if self.is_setup:
+            self._group.submit_nowait((undo, AS_SET, False)).add_done_callback(cut_short.logged)
 
     async def _claim_unless_found(
         self, claims: Claims, lookup: StepLookup
@@ -78,7 +90,11 @@ class SqliteLedgerStore(_Connected):
                 return [self.entry_of(r) for r in rows], None
             return [], self._claim_rows(conn, claims)
 
-        return await self._write(claim, before_tool_runs=True)
+        try:
+            return await self._write(claim, before_tool_runs=True)
+        except asyncio.CancelledError:  # see _insert_claims
+            self._undo_cut_short(cut_short.unclaim(claims))
+            raise
 
     def _finish_body(
         self, outcome: tuple[Any, ...]
@@ -163,4 +179,9 @@ class SqliteLedgerStore(_Connected):
             at = (update.scope, update.key)
             return self.entry_of(conn.execute(sql.SELECT_ENTRY, at).fetchone())
 
-        return await self._write(run, before_tool_runs=update.before_tool_runs)
+        try:
+            return await self._write(run, before_tool_runs=update.before_tool_runs)
+        except asyncio.CancelledError:  # a re-claim (it starts a claim): its lease ended
+            if update.before_tool_runs:
+                self._undo_cut_short(cut_short.end_lease(update))
+            raise
