@@ -24,7 +24,8 @@ caller, not the model. So the node overrides the two levels of ``ToolNode``:
   the user's ``wrap_tool_call``/``awrap_tool_call``, injection, ``handle_tool_errors``,
   ``Command`` validation - and record its outcome: in an async step the write starts as
   the call finishes, and ``_afunc`` awaits every outcome of the step before it returns
-  (``LedgerEngine.outcomes_at_end``).
+  (``LedgerEngine.outcomes_at_end``); in a sync step each call's thread hands its row to
+  the ledger's loop and ``_func`` awaits them all with one hop (``sync_step_writes``).
 
 So the user's wrappers run *inside* ours, and on replay they do not run at all.
 
@@ -89,10 +90,11 @@ from langgraph_idem_saver.engine import (
     VerifyFn,
     settle_future,
 )
-from langgraph_idem_saver.engine.loops import run_private
+from langgraph_idem_saver.engine.loops import on_loop, run_private
 from langgraph_idem_saver.engine.options import LedgerKwargs
 from langgraph_idem_saver.engine.results import calls_in_messages
 from langgraph_idem_saver.engine.types import READ_ONLY_METADATA_KEY, Plan, UnknownOutcomeResume
+from langgraph_idem_saver.sync_step_writes import SyncStepWrites, sync_writes
 
 __all__ = [
     "NOT_APPLIED",
@@ -117,6 +119,13 @@ InputType = Literal["list", "dict", "tool_calls"]
 # them per call, with no way to pass our plan along).
 _BATCH: contextvars.ContextVar[tuple[IdempotentToolNode, Batch] | None] = contextvars.ContextVar(
     "langgraph_idem_saver_tool_batch", default=None
+)
+
+
+# A sync step's outcomes handed over by its calls' threads (``sync_step_writes``); None:
+# each call records its own (a call that publishes to followers always does).
+_WRITES: contextvars.ContextVar[SyncStepWrites | None] = contextvars.ContextVar(
+    "langgraph_idem_saver_sync_writes", default=None
 )
 
 
@@ -237,10 +246,28 @@ class IdempotentToolNode(ToolNode):
         with self._step(input, config, sync=True) as batch:
             try:
                 run_private(self.engine.aprepare(batch, config))
-                return ToolNode._func(self, input, config, runtime)
+                writes = sync_writes(batch, self.engine.name)
+                if writes is None:
+                    return ToolNode._func(self, input, config, runtime)
+                token = _WRITES.set(writes)
+                try:
+                    result = ToolNode._func(self, input, config, runtime)
+                except BaseException:
+                    self._outcomes(writes, raising=False)  # the step's exception wins
+                    raise
+                finally:
+                    _WRITES.reset(token)
+                self._outcomes(writes, raising=True)
+                return result
             finally:
                 if any(p.owned and not p.started for p in batch.all_plans):
                     run_private(self.engine.arelease_unstarted(batch))
+
+    def _outcomes(self, writes: SyncStepWrites, *, raising: bool) -> None:
+        """The end of a sync step: every outcome its calls handed over is committed (one
+        hop to the ledger's loop), or the first error raised when ``raising``."""
+        if writes.close():
+            run_private(on_loop(writes.loop, self.engine.aoutcomes(writes, raising=raising)))
 
     async def _arun_one(self, call: ToolCall, input_type: InputType, runtime: ToolRuntime) -> Any:
         taken = self._take(call)
@@ -279,7 +306,9 @@ class IdempotentToolNode(ToolNode):
                 except Exception as exc:
                     run_private(engine.araised(batch, current, exc))
                     raise
-                result = run_private(engine.afinish(batch, current, result))
+                writes = _WRITES.get() if current.outcome is None else None
+                if writes is None or not writes.hand(current, result):
+                    result = run_private(engine.afinish(batch, current, result))
             else:
                 if current.leader is not None and current.leader.outcome is not None:
                     current.leader.outcome.result()  # block this thread, not a loop

@@ -1,0 +1,94 @@
+"""A sync step's outcomes, handed from the tools' threads to the ledger's loop.
+
+In a sync ``graph.invoke`` each tool call runs in a thread of ``ToolNode``'s executor,
+and the ledger lives on its own event loop in another thread. Waiting there for its own
+outcome's commit, each call is a hop to that loop and a wakeup back, and the step's
+calls reach the group commit one by one. Here, as in an async step
+(``LedgerEngine.outcomes_at_end``), each call's thread serializes its result (a result
+the serializer refuses fails that call only), hands the row to the step's
+:class:`StepWrites` on the ledger's loop (``call_soon_threadsafe``: its state is only
+touched there) and returns; the rows that reach the loop in one iteration go as one
+write. ``IdempotentToolNode._func`` then awaits every outcome of the step with one hop
+(``LedgerEngine.aoutcomes`` on the ledger's loop), so the node still returns only once
+every outcome is committed (``docs/guarantees.md``).
+
+Once the step's end began collecting stops: a call that finishes later (the step left by
+an exception while siblings still run) records its own outcome, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+
+from langgraph_idem_saver.engine.results import text_of, unserializable
+from langgraph_idem_saver.engine.step_writes import StepWrites
+from langgraph_idem_saver.engine.types import Batch, Plan
+from langgraph_idem_saver.held_outcomes import OutcomeParams
+from langgraph_idem_saver.ledger import CallStatus
+
+_COMPLETED, _FAILED = CallStatus.COMPLETED.value, CallStatus.FAILED.value
+
+
+class SyncStepWrites(StepWrites):
+    """:class:`StepWrites` fed from other threads (see the module)."""
+
+    __slots__ = ("closed", "handed", "lock")
+
+    def __init__(self, batch: Batch, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        super().__init__(batch, loop, name)
+        self.lock = threading.Lock()
+        self.closed = False  # the step's end began: no more rows taken
+        self.handed = 0  # rows handed to the loop (read by the node's thread)
+
+    def hand(self, plan: Plan, result: Any) -> bool:
+        """In a call's thread: serialize ``result`` (raising the ``SerializationError``
+        of that call when the serializer refuses it) and hand its row to the loop.
+        False when the step's end already began: the caller records it itself."""
+        try:
+            result_type, data = self.serde.dumps_typed(result)
+        except Exception as exc:
+            raise unserializable(f"a {self.what!r} tool call", exc) from exc
+        if isinstance(result, ToolMessage) and result.status == "error":
+            status, error = _FAILED, text_of(result.content)
+        else:
+            status, error = _COMPLETED, None
+        row = (status, result_type, data, error, time.time(), self.scope, plan.ledger_key)
+        with self.lock:
+            if self.closed or self.loop.is_closed():
+                return False
+            self.handed += 1
+            self.loop.call_soon_threadsafe(self.take, plan, (*row, self.owner))
+        return True
+
+    def take(self, plan: Plan, row: OutcomeParams) -> None:
+        """On the loop: one more row for this iteration's write."""
+        rows = self.rows
+        if rows is None:
+            rows = self.rows = []
+            self.loop.call_soon(self.send)
+        self.plans.append(plan)
+        rows.append(row)
+
+    def close(self) -> int:
+        """In the node's thread, at the step's end: stop taking rows; how many were
+        handed (every one is queued on the loop before anything scheduled after this)."""
+        with self.lock:
+            self.closed = True
+            return self.handed
+
+
+def sync_writes(batch: Batch, name: str) -> SyncStepWrites | None:
+    """The step's writes when its outcomes can go to the ledger's loop from the calls'
+    threads: a ledger on a running loop, and a call of the step to run; else None (each
+    call awaits its own outcome, on a private loop)."""
+    loop = batch.ledger_loop
+    if batch.ledger is None or loop is None or loop.is_closed() or not loop.is_running():
+        return None
+    if not batch.all_plans:
+        return None
+    return SyncStepWrites(batch, loop, name)
