@@ -247,17 +247,18 @@ class IdempotentToolNode(ToolNode):
             try:
                 run_private(self.engine.aprepare(batch, config))
                 writes = sync_writes(batch, self.engine.name)
-                if writes is None:
-                    return ToolNode._func(self, input, config, runtime)
+                # set even when None: a graph run inside a tool never sees an outer step's
                 token = _WRITES.set(writes)
                 try:
                     result = ToolNode._func(self, input, config, runtime)
                 except BaseException:
-                    self._outcomes(writes, raising=False)  # the step's exception wins
+                    if writes is not None:
+                        self._outcomes(writes, raising=False)  # the step's exception wins
                     raise
                 finally:
                     _WRITES.reset(token)
-                self._outcomes(writes, raising=True)
+                if writes is not None:
+                    self._outcomes(writes, raising=True)
                 return result
             finally:
                 if any(p.owned and not p.started for p in batch.all_plans):
