@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from langchain_core.messages import ToolMessage
 
+from langgraph_idem_saver.engine.loops import on_loop, run_private
 from langgraph_idem_saver.engine.results import text_of, unserializable
 from langgraph_idem_saver.engine.step_writes import StepWrites
 from langgraph_idem_saver.engine.types import Batch, Plan
@@ -32,6 +34,8 @@ from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import CallStatus
 
 _COMPLETED, _FAILED = CallStatus.COMPLETED.value, CallStatus.FAILED.value
+
+T = TypeVar("T")
 
 
 class SyncStepWrites(StepWrites):
@@ -92,3 +96,14 @@ def sync_writes(batch: Batch, name: str) -> SyncStepWrites | None:
     if not batch.all_plans:
         return None
     return SyncStepWrites(batch, loop, name)
+
+
+def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """``coro`` run on ``loop`` (the ledger's), this thread blocked until it is done: the
+    step's end, pure ledger work (no hook, no ``interrupt()``), so no private loop in
+    this thread - ~100 against ~300 µs a hop through ``run_private``. The task runs in a
+    copy of this thread's context (``call_soon_threadsafe`` copies it), as through
+    ``on_loop``. A loop that stopped raises ``on_loop``'s ``ConfigError``."""
+    if loop.is_closed() or not loop.is_running():
+        return run_private(on_loop(loop, coro))
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()

@@ -90,11 +90,11 @@ from langgraph_idem_saver.engine import (
     VerifyFn,
     settle_future,
 )
-from langgraph_idem_saver.engine.loops import on_loop, run_private
+from langgraph_idem_saver.engine.loops import run_private
 from langgraph_idem_saver.engine.options import LedgerKwargs
 from langgraph_idem_saver.engine.results import calls_in_messages
 from langgraph_idem_saver.engine.types import READ_ONLY_METADATA_KEY, Plan, UnknownOutcomeResume
-from langgraph_idem_saver.sync_step_writes import SyncStepWrites, sync_writes
+from langgraph_idem_saver.sync_step_writes import SyncStepWrites, sync_writes, wait_on
 
 __all__ = [
     "NOT_APPLIED",
@@ -268,7 +268,7 @@ class IdempotentToolNode(ToolNode):
         """The end of a sync step: every outcome its calls handed over is committed (one
         hop to the ledger's loop), or the first error raised when ``raising``."""
         if writes.close():
-            run_private(on_loop(writes.loop, self.engine.aoutcomes(writes, raising=raising)))
+            wait_on(writes.loop, self.engine.aoutcomes(writes, raising=raising))
 
     async def _arun_one(self, call: ToolCall, input_type: InputType, runtime: ToolRuntime) -> Any:
         taken = self._take(call)

@@ -9,7 +9,10 @@ wrapping them on the node's engine (they still run).
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,9 @@ from langchain_core.tools import tool
 from tool_node_helpers import Counter, ai_calls, cfg, tool_graph, tool_messages
 
 from langgraph_idem_saver import IdempotentToolNode, SerializationError
+from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.sqlite import SqliteSaver
+from langgraph_idem_saver.sync_step_writes import wait_on
 
 
 @pytest.fixture
@@ -162,3 +167,28 @@ def test_an_unserializable_result_fails_its_own_call_only(
     }
     assert rows["o"][0] == "issued"  # never recorded: its outcome stays unknown
     assert sorted(fx.calls) == [0, 1, 2, 5]
+
+
+WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+
+
+def test_the_step_end_hop_runs_on_the_loop_in_the_callers_context() -> None:
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+
+    async def where() -> tuple[bool, str]:
+        return threading.current_thread() is runner, WHO.get()
+
+    token = WHO.set("the node")
+    try:
+        # a loop not running: on_loop's typed error, the coroutine closed (not leaked)
+        with pytest.raises(ConfigError, match="not running"):
+            wait_on(loop, where())
+        runner.start()
+        assert wait_on(loop, where()) == (True, "the node")
+    finally:
+        WHO.reset(token)
+        if runner.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            runner.join(timeout=10)
+        loop.close()
