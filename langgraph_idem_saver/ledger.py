@@ -370,18 +370,19 @@ class ToolCallLedger(ABC):
         awaiting its :meth:`record_outcome` would raise. A wide step of
         ``IdempotentToolNode`` sends its outcomes this way, once a loop iteration; this
         default records each with :meth:`record_outcome`, and the savers of this package
-        send the rows as one write (``LedgerPolicy``)."""
-        return errors_of(
-            [
-                self.record_outcome(
-                    row[SCOPE],
-                    row[KEY],
-                    owner=row[OWNER],
-                    outcome=Outcome(CallStatus(row[STATUS]), row[1], row[2], row[3]),
+        send the rows as one write (``LedgerPolicy``). A row whose ``record_outcome``
+        raises at once (a ledger's own check) is answered with that exception; the rows
+        after it are still recorded."""
+        writes: list[Awaitable[None]] = []
+        for row in rows:
+            try:
+                outcome = Outcome(CallStatus(row[STATUS]), row[1], row[2], row[3])
+                writes.append(
+                    self.record_outcome(row[SCOPE], row[KEY], owner=row[OWNER], outcome=outcome)
                 )
-                for row in rows
-            ]
-        )
+            except Exception as exc:  # this row's answer only
+                writes.append(raising(exc))
+        return errors_of(writes)
 
     @abstractmethod
     async def areclaim(
@@ -517,6 +518,11 @@ class ToolCallLedger(ABC):
     @abstractmethod
     async def anote_replay(self, scope: str, key: str, *, conflict: bool = False) -> None:
         """Count a replay (or an idempotency conflict) on an entry."""
+
+
+async def raising(exc: Exception) -> Any:
+    """An awaitable that raises ``exc``: the answer of a write refused before it started."""
+    raise exc
 
 
 async def errors_of(writes: Sequence[Awaitable[None]]) -> list[Exception | None]:

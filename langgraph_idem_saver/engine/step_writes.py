@@ -26,7 +26,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph_idem_saver.engine.results import text_of, unserializable
 from langgraph_idem_saver.engine.types import Batch, IdempotencyCounters, Plan
 from langgraph_idem_saver.held_outcomes import OutcomeParams
-from langgraph_idem_saver.ledger import CallStatus, ToolCallLedger
+from langgraph_idem_saver.ledger import CallStatus, ToolCallLedger, raising
 
 _COMPLETED, _FAILED = CallStatus.COMPLETED.value, CallStatus.FAILED.value
 
@@ -84,7 +84,11 @@ class StepWrites:
         if rows is None:
             return
         plans, self.plans, self.rows = self.plans, [], None
-        self.sent.append((plans, self.ledger.record_outcome_rows(rows)))
+        try:
+            answer = self.ledger.record_outcome_rows(rows)
+        except Exception as exc:  # refused at once: raised in a loop callback, it would be
+            answer = raising(exc)  # lost, and the step would return with its calls issued
+        self.sent.append((plans, answer))
 
     def __len__(self) -> int:
         return sum(len(plans) for plans, _ in self.sent) + len(self.plans)
