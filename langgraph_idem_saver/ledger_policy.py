@@ -185,7 +185,10 @@ class LedgerPolicy(ToolCallLedger):
             if answer is True:
                 errors.append(None)
             elif answer is False:
-                errors.append(await self._not_finished(row[SCOPE], row[KEY], row[OWNER]))
+                try:  # why it was refused: a failed read is this row's answer alone
+                    errors.append(await self._not_finished(row[SCOPE], row[KEY], row[OWNER]))
+                except Exception as exc:
+                    errors.append(exc)
             else:
                 errors.append(answer)
         return errors

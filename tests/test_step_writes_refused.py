@@ -8,7 +8,9 @@ any write starts (raising from ``record_outcome`` itself rather than from what i
 returns). Raised in a loop callback, that refusal went to the loop's exception handler:
 the node returned as if every outcome were committed, and the call stayed ``issued``
 (an unknown outcome at the next run). Here the refusal fails the step - the refused
-call's own error, after the other outcomes of the step are committed.
+call's own error, after the other outcomes of the step are committed. And a refused
+row's answer (why it was refused, read back) is its own: a failed read does not answer
+the rows written beside it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from langchain_core.tools import tool
 from tool_node_helpers import ai_calls, cfg, tool_graph
 
 from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode
-from langgraph_idem_saver.errors import LedgerStateError
-from langgraph_idem_saver.ledger import CallStatus, Outcome, ToolCallLedger
+from langgraph_idem_saver.errors import ConnectionClosedError, LedgerStateError
+from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, Outcome, ToolCallLedger
 
 
 @tool
@@ -102,3 +104,37 @@ async def test_rows_refused_at_once_fail_the_step(
             await graph.ainvoke({"messages": [message]}, cfg("t"))
         assert await statuses(saver) == {"c1": CallStatus.ISSUED, "c2": CallStatus.ISSUED}
     assert loop_errors == []
+
+
+class LosesItsReads(AsyncSqliteSaver):
+    """A saver whose read of an entry fails (its connection lost after a write)."""
+
+    async def aget_entry(self, scope: str, key: str) -> LedgerEntry | None:
+        raise ConnectionClosedError(f"lost before reading {key!r}")
+
+
+def intent(i: int) -> CallIntent:
+    return CallIntent(
+        scope="t", key=f"k{i}", thread_id="t", agent_path="tools", tool_name="send",
+        args_hash=f"d{i}", args=b"{}", tool_call_id=f"c{i}",
+    )  # fmt: skip
+
+
+async def test_a_refused_rows_failed_read_is_its_answer_alone(tmp_path: Path) -> None:
+    """``record_outcome_rows`` reads a refused row's entry to say why; that read failing
+    is the refused row's answer, and the row written beside it is answered None (it was
+    answered with the read's error as well, so the step took a committed outcome for a
+    failed one)."""
+    async with LosesItsReads.from_conn_string(str(tmp_path / "db.sqlite")) as saver:
+        await saver.aclaim([intent(0), intent(1)], owner="me", lease_seconds=60)
+        rows = [
+            (status, "bytes", b"r", None, 1.0, "t", f"k{i}", owner)
+            for i, status, owner in ((0, "completed", "me"), (1, "completed", "thief"))
+        ]
+        errors = await saver.record_outcome_rows(rows)
+        assert errors[0] is None
+        assert isinstance(errors[1], ConnectionClosedError) and "'k1'" in str(errors[1])
+        assert {e.key: e.status for e in await saver.alist_entries("t")} == {
+            "k0": CallStatus.COMPLETED,
+            "k1": CallStatus.ISSUED,
+        }
