@@ -17,10 +17,10 @@ held_writes.py, migrations, maintenance). :meth:`BorrowedPostgresSaver._execute`
 place ``_run`` funnels into - hands ``fn`` a :class:`SyncBackedCursor`, whose ``async``
 methods call your sync cursor and return at once, and drives ``fn`` to its end without
 the event loop (:func:`drive`: a body that awaited anything else is a bug, refused). The
-connection, the transaction (each call its own, committed before it returns on a
-non-autocommit connection: refused with :class:`ConfigError` while a transaction of
-yours is open on it, which would make ours a savepoint committed only with yours) and
-the typed errors are the direct path's
+connection, the transaction (each call committed before it returns: refused with
+:class:`ConfigError` while a transaction of yours is open on it - autocommit or not -
+which would make ours part of yours, committed only with it) and the typed errors are
+the direct path's
 (:meth:`DirectPath.call`, ``postgres/direct.py``), so both paths take turns on your
 ``Connection`` under one ``threading.Lock``, and a pool lends one connection per call.
 
@@ -52,9 +52,10 @@ async session measured 1.82-4.02 and 3.40-5.41 beside them. The pool's hop to a 
 thread, against running its calls on the loop thread: four threads making claims and
 outcomes at once, 2.31-3.24 against 5.00-10.13 ms wall time per pair.
 
-**What it changes.** Nothing of yours is copied: a ``configure`` callback of your pool,
-its ``reset``, your connection's ``search_path``, ``prepare_threshold`` or row factory
-apply to the ledger as they do to checkpoints, since they are the same sessions.
+**What it changes.** Nothing of yours is copied: the ledger runs on your sessions
+themselves, so a ``configure`` callback of your pool, its ``reset``, your connection's
+``search_path`` or ``prepare_threshold`` apply to it as they do to checkpoints; your row
+factory applies to neither (each call reads tuples, on a cursor of its own).
 ``keep_session=True`` is kept for compatibility and does nothing (there is no session of
 the saver's to keep). Lost connections: a pool replaces them, so an outcome whose write
 failed is retried for ``outcome_retry_seconds`` and then held until the database is back
@@ -91,6 +92,9 @@ from langgraph_idem_saver.retention import TTLConfig
 
 T = TypeVar("T")
 Query = str | bytes | psql.SQL | psql.Composed
+# a transaction open on the user's connection (``BEGIN`` or ``conn.transaction()`` under
+# autocommit too): the ledger refuses to run inside it (``run_borrowed``)
+_OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
 
 class CallCancelled(Exception):
@@ -190,12 +194,15 @@ def run_borrowed(
     transaction committed before returning when ``tx`` or not in autocommit, on a
     ``tuple_row`` binary cursor whatever the connection's row factory."""
     state.start()
-    if not conn.autocommit and conn.info.transaction_status != TransactionStatus.IDLE:
-        # our transaction would be a savepoint of yours: nothing committed until you do
+    status = conn.info.transaction_status
+    if status in _OPEN or (status == TransactionStatus.ACTIVE and not conn.autocommit):
+        # ours would be a savepoint of yours (or, under autocommit, its statements would
+        # join yours): nothing committed until you commit - and gone if you roll back
         raise ConfigError(
             "the psycopg connection given to PostgresSaver has a transaction of yours open "
-            f"({conn.info.transaction_status.name}); the ledger commits each call before a "
-            "tool runs, so commit or roll back first (or use an autocommit connection)"
+            f"({status.name}); the ledger commits each call before a tool runs, so it "
+            "cannot run inside it: commit or roll back first (autocommit or not), or give "
+            "the saver a connection or pool of its own"
         )
     with (
         conn.transaction() if tx or not conn.autocommit else nullcontext(),

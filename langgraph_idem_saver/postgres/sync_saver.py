@@ -24,9 +24,10 @@ the execute differs), on a ``tuple_row`` binary cursor whatever your row factory
 lost connection, or a closed pool: :class:`ConnectionClosedError`; a read-only session:
 :class:`ReadOnlyDatabaseError`; ...). On a non-autocommit connection each call runs in
 its own transaction, committed before it returns (don't leave a transaction of yours
-open on it: the checkpoint calls' statements would join it, as LangGraph's do; what
-runs on the loop - the ledger, ``setup()``, maintenance - refuses to, with
-:class:`ConfigError`, since a claim must be committed before its tool runs). The hop
+open on it - nor a ``conn.transaction()`` block on an autocommit one: the checkpoint
+calls' statements would join it, as LangGraph's do; what runs on the loop - the ledger,
+``setup()``, maintenance - refuses to, with :class:`ConfigError`, since a claim must be
+committed before its tool runs). The hop
 to the loop and back cost hundreds of microseconds per call, more than a read's SQL.
 
 ``get_delta_channel_history`` (what loading a thread with a ``DeltaChannel`` reads) runs
