@@ -5,6 +5,7 @@ user's own connections (``postgres/borrowed.py``):
   or ``BEGIN``, or one failed inside) is refused with ``ConfigError``, as on a
   non-autocommit one: a claim run inside it would be committed only with it, and gone
   with its rollback - the tool run, nothing remembering it;
+* a ``NullConnectionPool`` (``max_size`` 0: no limit) works, ledger included;
 * the typed errors of the ledger on a pool: no connection within the pool's timeout, a
   NUL character in a text column;
 * the saver's worker threads (a pool's ledger calls) stop at ``close()`` and when a saver
@@ -28,10 +29,11 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langgraph.prebuilt import create_react_agent
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, NullConnectionPool
 from tool_node_helpers import Counter, ai_calls, cfg, intent_for, scripted_model, tool_messages
 
 from langgraph_idem_saver import (
+    CallStatus,
     ConfigError,
     ConnectionClosedError,
     IdempotentToolNode,
@@ -97,6 +99,19 @@ def test_a_graph_run_inside_the_users_transaction_runs_no_tool(pg_dsn: str) -> N
         assert fx.calls == []
         out = one_call_agent(saver, fx).invoke({"messages": [("user", "pay")]}, cfg("t2"))
         assert tool_messages(out)[-1].content == "charged 5" and fx.calls == [5]
+
+
+def test_a_null_connection_pool(pg_dsn: str) -> None:
+    """A ``NullConnectionPool`` (its default ``max_size`` 0 means no limit): the saver
+    takes it, as LangGraph's does, and its ledger runs on it."""
+    fx = Counter()
+    with NullConnectionPool(pg_dsn, kwargs=KWARGS) as pool, PostgresSaver(pool) as saver:
+        assert pool.max_size == 0
+        saver.setup()
+        out = one_call_agent(saver, fx).invoke({"messages": [("user", "pay")]}, cfg("t"))
+        assert tool_messages(out)[-1].content == "charged 5"
+        [entry] = [e for e in asyncio.run(saver.alist_entries("t")) if e.tool_name != "__model__"]
+    assert entry.status is CallStatus.COMPLETED and fx.calls == [5]
 
 
 def test_a_program_that_never_closes_its_pool_saver_exits(pg_dsn: str) -> None:

@@ -32,9 +32,10 @@ the direct path's
   held only for a call's statements, and nothing holding it ever waits on the loop (the
   direct path runs on the caller's thread; a body never suspends).
 * your ``ConnectionPool``: on a worker thread of the saver's (as many as the pool's
-  ``max_size``), so calls run concurrently, one pooled connection each, and a call
-  waiting for a connection (the pool exhausted, or the server down: up to the pool's
-  ``timeout``) never stalls the loop that every other ledger call of the process needs.
+  ``max_size``; for a ``NullConnectionPool``'s unlimited 0, Python's default count), so
+  calls run concurrently, one pooled connection each, and a call waiting for a
+  connection (the pool exhausted, or the server down: up to the pool's ``timeout``)
+  never stalls the loop that every other ledger call of the process needs.
   A call cancelled on the loop (``wait_for``, a cancelled ``ainvoke``) runs no statement
   after the cancellation: one still waiting for a connection runs nothing; one whose
   statement is running is waited for (the engine, on the saver's loop, never moves on
@@ -233,8 +234,10 @@ class BorrowedPostgresSaver(AsyncPostgresSaver):
         self._direct = direct
         users = direct.conn
         self._pool = users if isinstance(users, ConnectionPool) else None
+        # one per pooled connection; a NullConnectionPool's max_size 0 means no limit (and
+        # ThreadPoolExecutor refuses 0): then Python's default count
         self._workers = (
-            ThreadPoolExecutor(users.max_size, thread_name_prefix="PostgresSaver-ledger")
+            ThreadPoolExecutor(users.max_size or None, thread_name_prefix="PostgresSaver-ledger")
             if isinstance(users, ConnectionPool)
             else None
         )
