@@ -117,6 +117,15 @@ class SerializationError(IdemSaverError, TypeError):
     """A value could not be serialized, so nothing was written."""
 
 
+def unencodable_text(exc: UnicodeEncodeError) -> SerializationError:
+    """The typed error for text a database cannot hold as UTF-8 (a lone surrogate), met
+    when the driver encodes a parameter: nothing of the statement was written."""
+    return SerializationError(
+        f"the database cannot hold this text: {exc} (a lone surrogate is not UTF-8); "
+        "nothing was written"
+    )
+
+
 class LedgerStateError(IdemSaverError):
     """A ledger transition was refused: the entry is not in the state the call expects
     (e.g. recording an outcome for a claim another process took over)."""

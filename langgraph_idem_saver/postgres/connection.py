@@ -37,6 +37,7 @@ from langgraph_idem_saver.errors import (
     SchemaVersionError,
     SerializationError,
     StorageFullError,
+    unencodable_text,
 )
 from langgraph_idem_saver.held_outcomes import Held, HeldOutcomes
 from langgraph_idem_saver.postgres import sql
@@ -250,7 +251,7 @@ class PostgresConnection:
                 if self.pipe is not None:
                     await self.pipe.sync()
                 return result
-        except (psycopg.Error, PoolClosed) as exc:
+        except (psycopg.Error, PoolClosed, UnicodeEncodeError) as exc:
             error = self._typed_error(exc, used)
             if error is None:
                 raise
@@ -329,6 +330,8 @@ class PostgresConnection:
         same for the async connection (or pool) and for the sync one of the direct path
         (``conn``: the connection the call used, if it got one)."""
         pooled = isinstance(self.conn, AsyncConnectionPool)
+        if isinstance(exc, UnicodeEncodeError):  # psycopg encoding a parameter, before sending
+            return unencodable_text(exc)
         if isinstance(exc, PoolTimeout):  # the server down (or the pool exhausted) so long
             return ConnectionClosedError(
                 f"no PostgreSQL connection within the pool's timeout ({exc}); retry the "

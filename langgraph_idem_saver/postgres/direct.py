@@ -65,7 +65,7 @@ class DirectPath:
                 with self._connection() as conn:
                     used = conn
                     return body(conn)
-            except (psycopg.Error, PoolClosed) as exc:
+            except (psycopg.Error, PoolClosed, UnicodeEncodeError) as exc:
                 error = saver._typed_error(exc, used)
                 if error is None:
                     raise

@@ -30,6 +30,7 @@ from langgraph_idem_saver.errors import (
     ReadOnlyDatabaseError,
     SchemaVersionError,
     StorageFullError,
+    unencodable_text,
 )
 from langgraph_idem_saver.sqlite import runner, sql
 from langgraph_idem_saver.sqlite.files import (
@@ -403,6 +404,8 @@ def typed_error(
     """The package's exception for an aiosqlite/sqlite3 failure (the original otherwise);
     ``target`` names the database in the message."""
     msg = str(exc)
+    if isinstance(exc, UnicodeEncodeError):  # sqlite3 encoding a parameter
+        return unencodable_text(exc)
     if isinstance(exc, ValueError):
         if "closed" in msg or "no active connection" in msg:
             return ConnectionClosedError(f"the aiosqlite connection is closed: {msg}")
