@@ -94,6 +94,7 @@ from langgraph_idem_saver.engine.loops import run_private
 from langgraph_idem_saver.engine.options import LedgerKwargs
 from langgraph_idem_saver.engine.results import calls_in_messages
 from langgraph_idem_saver.engine.types import READ_ONLY_METADATA_KEY, Plan, UnknownOutcomeResume
+from langgraph_idem_saver.errors import SerializationError
 from langgraph_idem_saver.sync_step_writes import SyncStepWrites, sync_writes, wait_on
 
 __all__ = [
@@ -279,7 +280,12 @@ class IdempotentToolNode(ToolNode):
             # the usual call: nothing of the step follows it (no result to publish)
             async with engine.running(batch, current):
                 result = await ToolNode._arun_one(self, call, input_type, runtime)
-            if engine.finish_in_step(batch, current, result):
+            try:
+                in_step = engine.finish_in_step(batch, current, result)
+            except SerializationError as exc:  # the tool ran: abandoned, as afinish does
+                await engine.araised(batch, current, exc)
+                raise
+            if in_step:
                 return result
             return await engine.afinish(batch, current, result)
         with Settling(current) as settle:
@@ -308,7 +314,12 @@ class IdempotentToolNode(ToolNode):
                     run_private(engine.araised(batch, current, exc))
                     raise
                 writes = _WRITES.get() if current.outcome is None else None
-                if writes is None or not writes.hand(current, result):
+                try:
+                    handed = writes is not None and writes.hand(current, result)
+                except SerializationError as exc:  # the tool ran: abandoned, as afinish does
+                    run_private(engine.araised(batch, current, exc))
+                    raise
+                if not handed:
                     result = run_private(engine.afinish(batch, current, result))
             else:
                 if current.leader is not None and current.leader.outcome is not None:

@@ -76,6 +76,7 @@ from langgraph_idem_saver.engine.types import (
     of_kind,
 )
 from langgraph_idem_saver.engine.unknown import aapply, adecide
+from langgraph_idem_saver.errors import SerializationError
 from langgraph_idem_saver.ledger import (
     CallIntent,
     CallStatus,
@@ -457,15 +458,21 @@ class LedgerEngine:
         ``interrupt()`` inside the tool) never get here: the claim is released instead,
         because the tool reported that it did not complete and LangGraph will run it
         again on retry/resume. Cancellation releases nothing: the effect may have
-        happened, so after the lease the call is an unknown outcome.
+        happened, so after the lease the call is an unknown outcome. A result the
+        serializer refuses raises its ``SerializationError`` with the claim abandoned, as
+        :meth:`araised` does: the tool ran, so a retry is asked, never made to wait.
 
         Committed when this returns - or, inside :meth:`outcomes_at_end`, written and
         awaited with the step's other outcomes at the block's end.
         """
-        if self.finish_in_step(batch, plan, result):
-            return result
+        try:
+            if self.finish_in_step(batch, plan, result):
+                return result
+            result_type, data = self.context.dumps(batch, result)
+        except SerializationError as exc:  # the tool ran: its effect may have landed
+            await self.araised(batch, plan, exc)
+            raise
         failed = isinstance(result, ToolMessage) and result.status == "error"
-        result_type, data = self.context.dumps(batch, result)
         if failed:
             outcome = Outcome.failed(text_of(result.content), result_type, data)
         else:
