@@ -249,10 +249,16 @@ class BorrowedPostgresSaver(AsyncPostgresSaver):
             self._workers.shutdown(wait=True)
 
     async def _execute(
-        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+        self,
+        fn: Callable[[Cursor], Awaitable[T]],
+        *,
+        tx: bool = False,
+        pipeline: bool = False,
+        ledger: bool = False,
     ) -> T:
         """Run ``fn`` on a borrowed connection (``pipeline`` is moot: each statement's rows
-        are read before the next is sent, on a connection that is not in pipeline mode)."""
+        are read before the next is sent, on a connection that is not in pipeline mode;
+        ``ledger`` too: ``run_borrowed`` refuses a user's open transaction for every call)."""
         state = CallState()
         body = partial(run_borrowed, fn=fn, tx=tx, state=state)
         if self._workers is None:  # the user's Connection: here, one call at a time

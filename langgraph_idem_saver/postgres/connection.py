@@ -212,7 +212,12 @@ class PostgresConnection:
             yield own
 
     async def _execute(
-        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+        self,
+        fn: Callable[[Cursor], Awaitable[T]],
+        *,
+        tx: bool = False,
+        pipeline: bool = False,
+        ledger: bool = False,
     ) -> T:
         """Run ``fn`` on a cursor of a connection: atomically, with typed errors.
 
@@ -243,6 +248,8 @@ class PostgresConnection:
         try:
             async with self._connection() as conn:
                 used = conn
+                if ledger and conn is self.conn and self._owned is None:
+                    _refuse_users_transaction(conn)
                 if pipeline and self.pipe is None and self.supports_pipeline:
                     async with conn.pipeline():
                         result = await _in_transaction(conn, fn, tx)
@@ -264,13 +271,20 @@ class PostgresConnection:
             raise
 
     async def _run(
-        self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+        self,
+        fn: Callable[[Cursor], Awaitable[T]],
+        *,
+        tx: bool = False,
+        pipeline: bool = False,
+        ledger: bool = False,
     ) -> T:
+        """``_execute`` once set up; ``ledger=True``: a ledger write, refused inside a
+        transaction of the user's (see ``_refuse_users_transaction``)."""
         if not self.is_setup:  # a coroutine less on every call of a set-up saver
             await self.setup()
         if self._held:  # outcomes the database could not take: before anything else
             await self._held.write(self._write_held)
-        return await self._execute(fn, tx=tx, pipeline=pipeline)
+        return await self._execute(fn, tx=tx, pipeline=pipeline, ledger=ledger)
 
     async def _write_held_at_close(self) -> None:
         """The last chance of the outcomes this saver holds (its owned connection is about
@@ -427,6 +441,20 @@ def _mid_command(conn: BaseConnection[Any]) -> bool:
         pgconn.transaction_status == pq.TransactionStatus.ACTIVE
         and pgconn.pipeline_status == pq.PipelineStatus.OFF
     )
+
+
+def _refuse_users_transaction(conn: AsyncConnection[Any]) -> None:
+    """A ledger write on the user's own connection while a transaction of the user's is
+    open: ours would be a savepoint of it (or join it), not committed before the tool
+    runs and gone with a rollback. Refused, nothing sent - as the sync saver does."""
+    status = conn.info.transaction_status
+    if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
+        raise ConfigError(
+            "the psycopg connection given to AsyncPostgresSaver has a transaction of yours "
+            f"open ({status.name}); the ledger commits each call before a tool runs, so it "
+            "cannot run inside it: commit or roll back first (autocommit or not), or give "
+            "the saver a connection or pool of its own"
+        )
 
 
 async def _in_transaction(

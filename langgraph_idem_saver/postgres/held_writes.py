@@ -17,6 +17,7 @@ and ``finished_at``) counts as recorded; an undo names the claim by its owner an
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -78,11 +79,21 @@ class PostgresHeldWrites:
         def _reconnects(self) -> bool: ...
 
         async def _run(
-            self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+            self,
+            fn: Callable[[Cursor], Awaitable[T]],
+            *,
+            tx: bool = False,
+            pipeline: bool = False,
+            ledger: bool = False,
         ) -> T: ...
 
         async def _execute(
-            self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+            self,
+            fn: Callable[[Cursor], Awaitable[T]],
+            *,
+            tx: bool = False,
+            pipeline: bool = False,
+            ledger: bool = False,
         ) -> T: ...
 
         async def _finish_batch(self, batch: Batch, run: Run | None = None) -> Answers: ...
@@ -106,7 +117,9 @@ class PostgresHeldWrites:
             except (ConnectionClosedError, asyncio.TimeoutError) as exc:
                 lost = exc if isinstance(exc, ConnectionClosedError) else lost
                 continue
-            return await self._answers_after_loss(batch, answers, self._run)
+            return await self._answers_after_loss(
+                batch, answers, functools.partial(self._run, ledger=True)
+            )
         calls = len(batch)
         if self._keep([Held.outcome(params) for params in batch]):
             raise ConnectionClosedError(
@@ -174,9 +187,9 @@ class PostgresHeldWrites:
                 else:
                     await cur.execute(*h.params)
 
-        direct: Run = self._execute
+        direct: Run = functools.partial(self._execute, ledger=True)
         if others:
-            await self._execute(undo, tx=True)
+            await self._execute(undo, tx=True, ledger=True)
         if outcomes:
             answers = await self._finish_batch(outcomes, direct)
             await self._answers_after_loss(outcomes, answers, direct)

@@ -7,6 +7,7 @@ policy over them lives in :class:`~langgraph_idem_saver.ledger_policy.LedgerPoli
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,7 +46,12 @@ class PostgresLedgerStore(PostgresHeldWrites):
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
 
         async def _run(
-            self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = False, pipeline: bool = False
+            self,
+            fn: Callable[[Cursor], Awaitable[T]],
+            *,
+            tx: bool = False,
+            pipeline: bool = False,
+            ledger: bool = False,
         ) -> T: ...
 
     async def _insert_claims(self, claims: Claims) -> list[ClaimOutcome]:
@@ -86,7 +92,7 @@ class PostgresLedgerStore(PostgresHeldWrites):
                 return await cur.fetchall()
 
             try:
-                rows = await self._run(claim)
+                rows = await self._run(claim, ledger=True)
             except ConnectionClosedError:  # committed or not, no tool runs under it
                 self._hold_claims_lost(claims)
                 raise
@@ -146,7 +152,7 @@ class PostgresLedgerStore(PostgresHeldWrites):
         document) for several, ``FINISH_ONE_KEY`` for one. Per outcome, whether it was
         ours to record, and the (scope, key) of its row: no row travels back whole.
         ``run``: how to run it (``_run``; the held writes' path runs it directly)."""
-        run = run or self._run
+        run = run or functools.partial(self._run, ledger=True)
         if len(batch) == 1:  # one outcome: scalar parameters, no JSON (FINISH_ONE_KEY)
             (params,) = batch
 
@@ -155,7 +161,7 @@ class PostgresLedgerStore(PostgresHeldWrites):
                 row = await cur.fetchone()
                 return [(row is not None, row)]
 
-            return await run(finish_one)  # type: ignore[no-any-return]
+            return await run(finish_one)
 
         async def finish(cur: Cursor) -> list[tuple[bool, TupleRow | None]]:
             await cur.execute(sql.FINISH_STEP_KEYS, (finish_rows(batch),))
@@ -166,7 +172,7 @@ class PostgresLedgerStore(PostgresHeldWrites):
                 out.append((row is not None, row))
             return out
 
-        return await run(finish)  # type: ignore[no-any-return]
+        return await run(finish)
 
     # --- ledger record primitives (the policy lives in IdemSaverBase) ---------------
 
@@ -176,7 +182,7 @@ class PostgresLedgerStore(PostgresHeldWrites):
             return cur.rowcount
 
         try:
-            return await self._run(write)
+            return await self._run(write, ledger=True)
         except ConnectionClosedError:
             self._hold_lost(query, params)  # a release: run again before the next statement
             raise
@@ -192,7 +198,7 @@ class PostgresLedgerStore(PostgresHeldWrites):
             return await cur.fetchone()
 
         try:
-            row = await self._run(run)
+            row = await self._run(run, ledger=True)
         except ConnectionClosedError:
             self._hold_lost(update.query, update.params)  # a re-claim, an abandon: see there
             raise
