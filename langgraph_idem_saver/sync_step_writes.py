@@ -20,17 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from langchain_core.messages import ToolMessage
-
 from langgraph_idem_saver.engine.loops import on_loop, run_private
-from langgraph_idem_saver.engine.results import text_of, unserializable
 from langgraph_idem_saver.engine.step_writes import StepWrites
 from langgraph_idem_saver.engine.types import Batch, Plan
-from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import CallStatus
 
 _COMPLETED, _FAILED = CallStatus.COMPLETED.value, CallStatus.FAILED.value
@@ -53,30 +48,13 @@ class SyncStepWrites(StepWrites):
         """In a call's thread: serialize ``result`` (raising the ``SerializationError``
         of that call when the serializer refuses it) and hand its row to the loop.
         False when the step's end already began: the caller records it itself."""
-        try:
-            result_type, data = self.serde.dumps_typed(result)
-        except Exception as exc:
-            raise unserializable(f"a {self.what!r} tool call", exc) from exc
-        if isinstance(result, ToolMessage) and result.status == "error":
-            status, error = _FAILED, text_of(result.content)
-        else:
-            status, error = _COMPLETED, None
-        row = (status, result_type, data, error, time.time(), self.scope, plan.ledger_key)
+        row = self.row_of(plan, result)
         with self.lock:
             if self.closed or self.loop.is_closed():
                 return False
             self.handed += 1
-            self.loop.call_soon_threadsafe(self.take, plan, (*row, self.owner))
+            self.loop.call_soon_threadsafe(self.take, plan, row)
         return True
-
-    def take(self, plan: Plan, row: OutcomeParams) -> None:
-        """On the loop: one more row for this iteration's write."""
-        rows = self.rows
-        if rows is None:
-            rows = self.rows = []
-            self.loop.call_soon(self.send)
-        self.plans.append(plan)
-        rows.append(row)
 
     def close(self) -> int:
         """In the node's thread, at the step's end: stop taking rows; how many were

@@ -50,9 +50,13 @@ class StepWrites:
 
     def finish(self, plan: Plan, result: Any) -> None:
         """``plan``'s call returned ``result`` (an error ``ToolMessage``: a ``failed``
-        call): its outcome row, sent with the others of this loop iteration - what
-        ``LedgerPolicy.record_outcome`` builds from an ``Outcome``, built directly. The
-        result is serialized now: one the serializer refuses fails its own call."""
+        call): its outcome row, sent with the others of this loop iteration."""
+        self.take(plan, self.row_of(plan, result))
+
+    def row_of(self, plan: Plan, result: Any) -> OutcomeParams:
+        """The outcome row of ``plan``'s call - what ``LedgerPolicy.record_outcome`` builds
+        from an ``Outcome``, built directly. The result is serialized now: one the
+        serializer refuses fails its own call (``SerializationError``)."""
         try:
             result_type, data = self.serde.dumps_typed(result)
         except Exception as exc:
@@ -61,7 +65,7 @@ class StepWrites:
             status, error = _FAILED, text_of(result.content)
         else:
             status, error = _COMPLETED, None
-        row = (
+        return (
             status,
             result_type,
             data,
@@ -71,6 +75,9 @@ class StepWrites:
             plan.ledger_key,
             self.owner,
         )
+
+    def take(self, plan: Plan, row: OutcomeParams) -> None:
+        """On the loop: one more row for this iteration's write."""
         rows = self.rows
         if rows is None:
             rows = self.rows = []
