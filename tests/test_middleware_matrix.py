@@ -204,7 +204,9 @@ async def test_each_effect_once_with_the_arguments_that_ran(
     charged = [("inv-1", 10), ("inv-2", 20), ("inv-3", 30), ("inv-1", 10)]
     if name == "ToolCallLimitMiddleware":
         charged = charged[:3]  # the thread limit blocks turn 3's call before any hook
-    assert effects.calls == charged
+    # turn 1's two calls run in parallel (sync tools on the executor): either may land first
+    assert sorted(effects.calls[:2]) == charged[:2]
+    assert effects.calls[2:] == charged[2:]
     entries = [e for e in await saver.alist_entries("t") if e.tool_name == "charge"]
     assert len(entries) == len(charged)
     assert all(e.status is CallStatus.COMPLETED for e in entries)
