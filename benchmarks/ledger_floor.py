@@ -127,7 +127,7 @@ async def postgres_floor_us(dsn: str, calls: int, reps: int, kwargs: dict[str, A
         scope, agent_path, signatures, _, spots = step_params(lookup)
         claim = {"owner": OWNER, "now": now, "lease": now + 300, "rows": claim_rows(rows)}
         claim |= {"scope": scope, "agent_path": agent_path}
-        claim |= {"signatures": signatures, "spots": spots}
+        claim |= {"signatures": signatures, "spots": spots, "inert": list(lookup.inert)}
         done = outcome_params(rows)
         params.append((claim, done[0] if calls == 1 else (finish_rows(done),)))
     finish = pg_ledger.FINISH_ONE_KEY if calls == 1 else pg_ledger.FINISH_STEP_KEYS
