@@ -203,42 +203,69 @@ async def test_read_only_connection_to_an_old_schema_says_it_needs_an_upgrade(
 # --- read-only files and directories, in a child that obeys permissions -------------------
 
 CHILD = r"""
-import asyncio, json, sys
+import asyncio, json, os, sys, threading, traceback
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph_idem_saver import AsyncSqliteSaver
+from langgraph_idem_saver.sqlite import AsyncSqliteSaver as _loaded  # the lazy import, done
 
-conn_string, action = sys.argv[1], sys.argv[2]
-report = {"opened": False, "read": None, "wrote": False, "error": None}
 cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
 
-async def main():
-    async with AsyncSqliteSaver.from_conn_string(conn_string) as saver:
-        report["opened"] = True
-        tup = await saver.aget_tuple({"configurable": {"thread_id": "seed"}})
-        report["read"] = None if tup is None else tup.checkpoint["id"]
-        if action == "put":
-            await saver.aput(cfg, empty_checkpoint(), {}, {})
-        elif action == "sync_put":
-            await asyncio.to_thread(saver.put, cfg, empty_checkpoint(), {}, {})
-        report["wrote"] = action != "read"
 
-try:
-    asyncio.run(main())
-except Exception as exc:
-    report["error"] = [c.__name__ for c in type(exc).__mro__]
-    report["message"] = str(exc)
-    report["path"] = getattr(exc, "path", None)
-print(json.dumps(report))
+def case(conn_string, action):
+    report = {"opened": False, "read": None, "wrote": False, "error": None}
+
+    async def main():
+        async with AsyncSqliteSaver.from_conn_string(conn_string) as saver:
+            report["opened"] = True
+            tup = await saver.aget_tuple({"configurable": {"thread_id": "seed"}})
+            report["read"] = None if tup is None else tup.checkpoint["id"]
+            if action == "put":
+                await saver.aput(cfg, empty_checkpoint(), {}, {})
+            elif action == "sync_put":
+                await asyncio.to_thread(saver.put, cfg, empty_checkpoint(), {}, {})
+            report["wrote"] = action != "read"
+
+    try:
+        asyncio.run(main())
+    except Exception as exc:
+        report["error"] = [c.__name__ for c in type(exc).__mro__]
+        report["message"] = str(exc)
+        report["path"] = getattr(exc, "path", None)
+    print(json.dumps(report))
+
+
+# one process per case, forked once the imports are done (no thread yet, nothing open):
+# each case starts as fresh as a new interpreter would, without paying its imports again
+for conn_string, action in json.loads(sys.argv[1]):
+    assert threading.active_count() == 1, threading.enumerate()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            case(conn_string, action)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"the case {conn_string} {action} failed")
 """
 
 
-def child(conn_string: str, action: str = "put") -> dict[str, Any]:
-    """Open ``conn_string`` with the saver in a child that obeys permissions, read the seed, then
-    ``action`` (``put``, ``sync_put`` or ``read``); what happened, as a dict."""
-    proc = run_unprivileged(["python", "-c", CHILD, conn_string, action])
+def children(cases: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Open each ``(conn_string, action)`` with the saver in a child process that obeys
+    permissions (one process per case), read the seed, then ``action`` (``put``,
+    ``sync_put`` or ``read``); what happened in each, as a dict."""
+    proc = run_unprivileged(["python", "-c", CHILD, json.dumps(cases)])
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return report
+    reports = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    assert len(reports) == len(cases), proc.stdout
+    return reports
 
 
 @pytest.fixture
@@ -255,8 +282,7 @@ def test_read_only_file_refused_at_open_naming_it(home: Path) -> None:
     assert os_refuses_write(path)  # the OS really refuses this user the write
     before = listing(home)
 
-    for action in ("put", "sync_put", "read"):
-        report = child(str(path), action)
+    for report in children([(str(path), action) for action in ("put", "sync_put", "read")]):
         assert report["opened"] is False  # refused at open, before any read or write
         assert report["error"][:2] == ["ReadOnlyDatabaseError", "DatabasePermissionError"]
         assert "PermissionError" in report["error"]
@@ -265,7 +291,7 @@ def test_read_only_file_refused_at_open_naming_it(home: Path) -> None:
     assert listing(home) == before  # not even a -wal/-shm was created
 
     # opened read-only on purpose: reads work, the write is refused on first use
-    report = child(f"file:{path}?mode=ro", "put")
+    [report] = children([(f"file:{path}?mode=ro", "put")])
     assert report["opened"] is True and report["read"] == seed and report["wrote"] is False
     assert report["error"][0] == "ReadOnlyDatabaseError"
     assert str(path) in report["message"] and "nothing was written" in report["message"]
@@ -282,9 +308,18 @@ def test_read_only_directory_refused_at_open_naming_it(home: Path) -> None:
     assert not os_refuses_write(path)  # the file itself is writable: the directory is not
     before = listing(directory)
 
+    new = directory / "new.db"
+    *wal, created, ro, immutable = children(
+        [
+            (str(path), "put"),
+            (str(path), "sync_put"),
+            (str(new), "put"),
+            (f"file:{path}?mode=ro", "read"),
+            (f"file:{path}?immutable=1", "put"),
+        ]
+    )
     # an existing WAL database: SQLite could not create its -wal/-shm files
-    for action in ("put", "sync_put"):
-        report = child(str(path), action)
+    for report in wal:
         assert report["opened"] is False
         assert report["error"][0] == "ReadOnlyDatabaseError", report
         assert report["path"] == str(path)
@@ -292,18 +327,17 @@ def test_read_only_directory_refused_at_open_naming_it(home: Path) -> None:
         assert "agent.db-wal" in report["message"] and "immutable=1" in report["message"]
 
     # a new database there cannot be created
-    new = directory / "new.db"
-    report = child(str(new))
+    report = created
     assert report["error"][0] == "ReadOnlyDatabaseError" and report["path"] == str(new)
     assert "cannot create" in report["message"] and str(directory) in report["message"]
 
     # mode=ro cannot read a WAL database there either, and says what can
-    report = child(f"file:{path}?mode=ro", "read")
+    report = ro
     assert report["opened"] is False and report["error"][0] == "ReadOnlyDatabaseError"
     assert "immutable=1" in report["message"] and str(path) in report["message"]
 
     # immutable=1 reads it; writes are refused, typed
-    report = child(f"file:{path}?immutable=1", "put")
+    report = immutable
     assert report["opened"] is True and report["read"] == seed
     assert report["error"][0] == "ReadOnlyDatabaseError" and report["wrote"] is False
     assert listing(directory) == before
