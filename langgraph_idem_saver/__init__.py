@@ -28,6 +28,7 @@ from langgraph_idem_saver.errors import (
     ReadOnlyDatabaseError,
     SchemaVersionError,
     SerializationError,
+    StatementTimeoutError,
     StorageFullError,
 )
 from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, Outcome, ToolCallLedger
@@ -156,6 +157,7 @@ __all__ = [
     "SchemaVersionError",
     "SerializationError",
     "SqliteSaver",
+    "StatementTimeoutError",
     "StorageFullError",
     "SweepReport",
     "TTLConfig",

@@ -79,7 +79,22 @@ class ReadOnlyDatabaseError(DatabasePermissionError):
 class DatabaseLockedError(IdemSaverError):
     """Another process held the database's write lock past the busy timeout.
 
+    On PostgreSQL: a lock waited for past ``lock_timeout`` (SQLSTATE 55P03), a deadlock
+    the server broke by failing this call (40P01), or a serialization failure under
+    ``repeatable read`` / ``serializable`` isolation (40001); the server rolled the
+    call's transaction back.
+
     Retryable: nothing was written by the failed call.
+    """
+
+
+class StatementTimeoutError(IdemSaverError, TimeoutError):
+    """PostgreSQL cancelled a statement of the saver's: it ran (or waited for a lock)
+    past ``statement_timeout``, or an operator cancelled it (``pg_cancel_backend``);
+    SQLSTATE 57014.
+
+    Retryable: the server rolled the call's transaction back, so nothing of it was
+    written. Subclasses ``TimeoutError``, as a timeout of the caller's own would be.
     """
 
 

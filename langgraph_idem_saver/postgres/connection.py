@@ -41,6 +41,7 @@ from langgraph_idem_saver.errors import (
 )
 from langgraph_idem_saver.held_outcomes import Held, HeldOutcomes
 from langgraph_idem_saver.postgres import sql
+from langgraph_idem_saver.postgres.contention import contention_error
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.postgres.reconnect import OwnedConnection
@@ -381,6 +382,9 @@ class PostgresConnection:
                     "AsyncConnectionPool, which replaces lost connections"
                 )
             return ConnectionClosedError(f"the PostgreSQL connection was lost ({exc}); {hint}")
+        contention = contention_error(exc, sqlstate)  # a lock, a conflict, a timeout
+        if contention is not None:
+            return contention
         if sqlstate == "25006":  # read_only_sql_transaction
             where = f"database {conn.info.dbname!r}" if conn is not None else "the database"
             return ReadOnlyDatabaseError(

@@ -36,6 +36,7 @@ from langgraph_idem_saver.held_outcomes import (
     remaining,
     retry_delays,
 )
+from langgraph_idem_saver.postgres.contention import TRANSIENT
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.backend import LedgerStatements
@@ -63,6 +64,10 @@ END_LEASE = """
 UPDATE idem_tool_calls SET lease_expires_at = %s, error = %s
 WHERE scope = %s AND key = %s AND status = 'issued' AND owner = %s AND issued_at = %s
 """
+# what an outcome's write is retried on: a lost connection; a lock or a timeout (TRANSIENT)
+_RETRIED: tuple[type[Exception], ...] = (ConnectionClosedError, *TRANSIENT)
+_RETRIED_OR_LATE: tuple[type[Exception], ...] = (*_RETRIED, asyncio.TimeoutError)
+
 RECLAIM_LOST = "ConnectionClosedError: the re-claim's answer was lost; no tool ran under it"
 
 
@@ -99,33 +104,38 @@ class PostgresHeldWrites:
         async def _finish_batch(self, batch: Batch, run: Run | None = None) -> Answers: ...
 
     async def _finish_all(self, batch: Batch) -> Answers:
-        """:meth:`_finish_batch`, kept through a lost connection: retried on a fresh
-        connection (the pool's next, or a reopened one) with growing pauses for up to
-        ``outcome_retry_seconds``; then, the database still unreachable, held and
-        written before the saver's next statement, and the callers get a
-        ``ConnectionClosedError`` saying so."""
+        """:meth:`_finish_batch`, kept through a lost connection, a lock or a timeout
+        (``contention.TRANSIENT``): retried on a fresh connection (the pool's next, or a
+        reopened one; after a lock or a timeout, the same kind of connection, still good)
+        with growing pauses for up to ``outcome_retry_seconds``; then held and written
+        before the saver's next statement, and the callers get the typed error
+        (``ConnectionClosedError``, ``DatabaseLockedError``...) saying so."""
+        lost: Exception
         try:
             return await self._finish_batch(batch)
-        except ConnectionClosedError as exc:
+        except _RETRIED as exc:  # a lost connection, a lock, a timeout
             lost = exc
         seconds = self.outcome_retry_seconds
         deadline = time.monotonic() + seconds
-        for delay in retry_delays(seconds) if self._reconnects() else ():
+        # a lock or a timeout leaves the connection usable: retried even on one not ours
+        retry = self._reconnects() or not isinstance(lost, ConnectionClosedError)
+        for delay in retry_delays(seconds) if retry else ():
             await asyncio.sleep(delay)
             try:
                 answers = await asyncio.wait_for(self._finish_batch(batch), remaining(deadline))
-            except (ConnectionClosedError, asyncio.TimeoutError) as exc:
-                lost = exc if isinstance(exc, ConnectionClosedError) else lost
+            except _RETRIED_OR_LATE as exc:
+                lost = lost if isinstance(exc, asyncio.TimeoutError) else exc
                 continue
             return await self._answers_after_loss(
                 batch, answers, functools.partial(self._run, ledger=True)
             )
         calls = len(batch)
-        if self._keep([Held.outcome(params) for params in batch]):
-            raise ConnectionClosedError(
+        closed = isinstance(lost, ConnectionClosedError)
+        if self._keep([Held.outcome(params) for params in batch], lost=closed):
+            raise type(lost)(
                 f"{lost}; the outcome of {calls} tool call(s) is kept by the saver and "
-                "written before its next statement: retry the run once PostgreSQL is back "
-                "(the calls are replayed, not run again)"
+                "written before its next statement: retry the run once PostgreSQL "
+                f"{'is back' if closed else 'takes it'} (the calls are replayed, not run again)"
             ) from lost
         raise ConnectionClosedError(
             f"{lost}; the outcome of {calls} tool call(s) could not be recorded and this "
@@ -169,6 +179,14 @@ class PostgresHeldWrites:
         elif query is sql.RELEASE_ENTRY:
             held = [Held("statement", params[0], params[1], params[2], (query, params))]
             self._keep(held, lost=lost)
+
+    def _hold_ending(self, query: str, params: tuple[Any, ...]) -> None:
+        """A release or an abandon the server refused on a lock or a timeout (nothing
+        written, the connection usable): run again before the next statement, so the
+        claim it ends is not left live for its lease. Anything else (a claim, a re-claim)
+        wrote nothing that needs undoing."""
+        if query is self._sql.RELEASE_ENTRY or query is self._sql.ABANDON_ENTRY:
+            self._hold_lost(query, params, lost=False)
 
     async def _write_held(self, held: list[Held]) -> None:
         """Write what is held: one transaction, on the connection ``_run`` was about to

@@ -18,6 +18,7 @@ from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.errors import ConnectionClosedError, LedgerStateError
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup, slot_of
 from langgraph_idem_saver.postgres import ledger_sql as sql
+from langgraph_idem_saver.postgres.contention import TRANSIENT
 from langgraph_idem_saver.postgres.held_writes import PostgresHeldWrites, Run
 from langgraph_idem_saver.postgres.ledger_rows import claim_rows, finish_rows
 
@@ -186,6 +187,9 @@ class PostgresLedgerStore(PostgresHeldWrites):
         except ConnectionClosedError:
             self._hold_lost(query, params)  # a release: run again before the next statement
             raise
+        except TRANSIENT:  # a lock or a timeout: nothing written, the connection usable
+            self._hold_ending(query, params)
+            raise
         except asyncio.CancelledError:  # CUT_SHORT
             self._hold_lost(query, params, lost=False)
             raise
@@ -201,6 +205,9 @@ class PostgresLedgerStore(PostgresHeldWrites):
             row = await self._run(run, ledger=True)
         except ConnectionClosedError:
             self._hold_lost(update.query, update.params)  # a re-claim, an abandon: see there
+            raise
+        except TRANSIENT:
+            self._hold_ending(update.query, update.params)
             raise
         except asyncio.CancelledError:  # CUT_SHORT
             self._hold_lost(update.query, update.params, lost=False)

@@ -1,0 +1,259 @@
+"""PostgreSQL refusing the saver's statements on a lock, a conflict or a timeout
+(``postgres/contention.py``): typed errors, nothing written, and no outcome lost.
+
+Another session holds a table lock (``LOCK TABLE ... IN EXCLUSIVE MODE``, which blocks
+writes) while the saver's connection runs with ``lock_timeout`` or ``statement_timeout``
+set in its DSN's ``options`` (as a user sets them):
+
+* a claim refused so raises :class:`DatabaseLockedError` / :class:`StatementTimeoutError`
+  (never a raw psycopg error), and reading the table back after the other session rolled
+  back shows nothing was written;
+* a checkpoint write refused so, on the async saver and the sync direct path, the same,
+  and no checkpoint is stored;
+* an outcome refused so is retried while the lock is held and recorded once it is
+  released; held longer than ``outcome_retry_seconds``, the caller gets the typed error
+  saying it is kept, and the saver's next statement records it (a single connection of
+  the user's too: the connection is still good);
+* a release refused so is run again before the next statement (the claim does not stay
+  live for its lease);
+* a serialization failure (``repeatable read`` in the DSN, a concurrent update of the
+  outcome's row) is retried and recorded;
+* a whole sync graph whose tool's outcome meets ``lock_timeout`` completes, the tool run
+  once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.prebuilt import create_react_agent
+from pg_blocking import charge_intent, wait_until_blocked
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from tool_node_helpers import Counter, ai_calls, cfg, scripted_model, tool_messages
+
+from langgraph_idem_saver import (
+    AsyncPostgresSaver,
+    DatabaseLockedError,
+    IdempotentToolNode,
+    IdemSaverError,
+    Outcome,
+    StatementTimeoutError,
+)
+from langgraph_idem_saver.ledger import CallStatus
+from langgraph_idem_saver.postgres import PostgresSaver
+
+OWNER = "host:1:contention"
+KWARGS: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+CONFIG: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+TIMEOUTS = {"lock_timeout": DatabaseLockedError, "statement_timeout": StatementTimeoutError}
+
+
+def with_setting(dsn: str, name: str, value: str) -> str:
+    """``dsn`` with ``-c name=value`` added to its ``options``, as a user would set it."""
+    options = conninfo_to_dict(dsn).get("options") or ""
+    return make_conninfo(dsn, options=f"{options} -c {name}={value}".strip())
+
+
+@contextmanager
+def table_locked(dsn: str, table: str) -> Iterator[psycopg.Connection[Any]]:
+    """Another session holding ``table`` in EXCLUSIVE mode (reads pass, writes wait) until
+    the block ends, then rolling back."""
+    with psycopg.connect(dsn) as other:
+        other.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+        try:
+            yield other
+        finally:
+            other.rollback()
+
+
+def count(dsn: str, table: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@asynccontextmanager
+async def pooled_saver(dsn: str) -> AsyncIterator[AsyncPostgresSaver]:
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, kwargs=KWARGS) as pool:
+        saver = AsyncPostgresSaver(pool)
+        await saver.setup()
+        yield saver
+
+
+async def record(saver: AsyncPostgresSaver, key: str = "k") -> None:
+    type_, data = saver.serde.dumps_typed("charged")
+    await saver.record_outcome("t", key, owner=OWNER, outcome=Outcome.completed(type_, data))
+
+
+# --- nothing written, typed --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", sorted(TIMEOUTS))
+async def test_a_claim_refused_on_a_lock_is_typed_and_writes_nothing(
+    pg_dsn: str, setting: str
+) -> None:
+    async with pooled_saver(with_setting(pg_dsn, setting, "200ms")) as saver:
+        locked = table_locked(pg_dsn, "idem_tool_calls")
+        with locked, pytest.raises(TIMEOUTS[setting], match="nothing was written") as raised:
+            await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=60)
+        assert isinstance(raised.value.__cause__, psycopg.errors.OperationalError)
+        assert count(pg_dsn, "idem_tool_calls") == 0  # read back: no claim
+        [again] = await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=60)
+        assert again.claimed  # retryable, as the error says
+
+
+async def test_a_checkpoint_write_past_statement_timeout_is_typed_and_writes_nothing(
+    pg_dsn: str,
+) -> None:
+    async with pooled_saver(with_setting(pg_dsn, "statement_timeout", "200ms")) as saver:
+        locked = table_locked(pg_dsn, "idem_checkpoints")
+        with locked, pytest.raises(StatementTimeoutError) as raised:
+            await saver.aput(CONFIG, empty_checkpoint(), {}, {})
+        assert isinstance(raised.value, TimeoutError)
+        assert await saver.aget_tuple(CONFIG) is None
+        assert count(pg_dsn, "idem_checkpoints") == 0
+
+
+@pytest.mark.parametrize("setting", sorted(TIMEOUTS))
+def test_the_sync_direct_path_types_a_lock_and_a_timeout(pg_dsn: str, setting: str) -> None:
+    dsn = with_setting(pg_dsn, setting, "200ms")
+    error = TIMEOUTS[setting]
+    with (
+        ConnectionPool(dsn, kwargs=KWARGS, min_size=1, max_size=2) as pool,
+        PostgresSaver(pool) as saver,
+    ):
+        saver.setup()
+        with table_locked(pg_dsn, "idem_checkpoints"), pytest.raises(error):
+            saver.put(CONFIG, empty_checkpoint(), {}, {})
+        assert saver.get_tuple(CONFIG) is None
+        # the ledger, on the saver's loop
+        with table_locked(pg_dsn, "idem_tool_calls"), pytest.raises(error):
+            asyncio.run(saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=60))
+    assert count(pg_dsn, "idem_checkpoints") == 0
+    assert count(pg_dsn, "idem_tool_calls") == 0
+
+
+def test_a_deadlock_and_a_serialization_failure_are_typed_as_locked() -> None:
+    saver = AsyncPostgresSaver(AsyncConnectionPool("", open=False))
+    for exc in (psycopg.errors.DeadlockDetected("d"), psycopg.errors.SerializationFailure("s")):
+        error = saver._typed_error(exc, None)
+        assert isinstance(error, DatabaseLockedError), exc
+        assert isinstance(error, IdemSaverError)
+        assert "nothing was written" in str(error)
+
+
+# --- no outcome lost ---------------------------------------------------------------------
+
+
+async def release_after(other: psycopg.Connection[Any], seconds: float) -> None:
+    await asyncio.sleep(seconds)
+    await asyncio.to_thread(other.rollback)
+
+
+@pytest.mark.parametrize("setting", sorted(TIMEOUTS))
+async def test_an_outcome_refused_on_a_lock_is_retried_until_recorded(
+    pg_dsn: str, setting: str
+) -> None:
+    async with pooled_saver(with_setting(pg_dsn, setting, "100ms")) as saver:
+        await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
+        with table_locked(pg_dsn, "idem_tool_calls") as other:
+            releasing = asyncio.create_task(release_after(other, 0.8))  # > a few timeouts
+            await asyncio.wait_for(record(saver), 30)  # no error: retried
+            await releasing
+        entry = await saver.aget_entry("t", "k")
+    assert entry is not None and entry.status is CallStatus.COMPLETED
+
+
+@pytest.mark.parametrize("conn", ["pool", "users_connection"])
+async def test_an_outcome_refused_longer_than_its_retries_is_kept_and_written_next(
+    pg_dsn: str, conn: str
+) -> None:
+    dsn = with_setting(pg_dsn, "lock_timeout", "100ms")
+    async with (
+        AsyncConnectionPool(dsn, min_size=1, max_size=2, kwargs=KWARGS) as pool,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as single,
+    ):
+        saver = AsyncPostgresSaver(pool if conn == "pool" else single)
+        await saver.setup()
+        saver.outcome_retry_seconds = 0.4
+        await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
+        with table_locked(pg_dsn, "idem_tool_calls"):
+            with pytest.raises(DatabaseLockedError, match="kept by the saver"):
+                await record(saver)
+            assert count(pg_dsn, "idem_tool_calls WHERE status = 'issued'") == 1
+        entry = await saver.aget_entry("t", "k")  # the held outcome is written first
+    assert entry is not None and entry.status is CallStatus.COMPLETED
+
+
+async def test_a_release_refused_on_a_lock_is_run_again_before_the_next_statement(
+    pg_dsn: str,
+) -> None:
+    async with pooled_saver(with_setting(pg_dsn, "lock_timeout", "100ms")) as saver:
+        await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
+        with table_locked(pg_dsn, "idem_tool_calls"), pytest.raises(DatabaseLockedError):
+            await saver.arelease("t", "k", owner=OWNER)
+        assert await saver.aget_entry("t", "k") is None  # released before this read
+
+
+async def test_a_serialization_failure_on_an_outcome_is_retried_until_recorded(
+    pg_dsn: str,
+) -> None:
+    dsn = with_setting(pg_dsn, "default_transaction_isolation", r"repeatable\ read")
+    async with pooled_saver(dsn) as saver:
+        await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as other:
+            await other.execute("UPDATE idem_tool_calls SET error = NULL WHERE key = 'k'")
+            writing = asyncio.create_task(record(saver))  # waits on the row, then conflicts
+            await wait_until_blocked(pg_dsn)
+            await other.commit()
+            await asyncio.wait_for(writing, 30)
+        entry = await saver.aget_entry("t", "k")
+    assert entry is not None and entry.status is CallStatus.COMPLETED
+
+
+def test_a_sync_graphs_outcome_meeting_lock_timeout_is_recorded(pg_dsn: str) -> None:
+    fx = Counter()
+    other = psycopg.connect(pg_dsn)
+
+    @tool
+    def charge(amount: int) -> str:
+        """Charge the customer; another session locks the ledger's table meanwhile."""
+        other.execute("LOCK TABLE idem_tool_calls IN EXCLUSIVE MODE")
+        threading.Timer(0.8, other.rollback).start()
+        fx.bump(amount)
+        return f"charged {amount}"
+
+    dsn = with_setting(pg_dsn, "lock_timeout", "100ms")
+    model = scripted_model(ai_calls(("charge", {"amount": 5}, "k1")), AIMessage("ok", id="ai-ok"))
+    try:
+        with (
+            ConnectionPool(dsn, kwargs=KWARGS, min_size=1, max_size=2) as pool,
+            PostgresSaver(pool) as saver,
+        ):
+            saver.setup()
+            graph = create_react_agent(model, IdempotentToolNode([charge]), checkpointer=saver)
+            started = time.monotonic()
+            out = graph.invoke({"messages": [("user", "pay")]}, cfg("t"))
+            assert time.monotonic() - started >= 0.8  # it did wait for the lock
+            assert tool_messages(out)[-1].content == "charged 5"
+            entries = asyncio.run(saver.alist_entries("t"))
+            assert [e.status for e in entries if e.tool_name != "__model__"] == [
+                CallStatus.COMPLETED
+            ]
+    finally:
+        other.close()
+    assert fx.calls == [5]
