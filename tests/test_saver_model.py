@@ -23,11 +23,15 @@ Ordering contract of ``list`` (that of LangGraph's SQLite and Postgres savers): 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
+import pytest
+from conftest import SAVER_IMPL, backend_resource, sqlite_saver_class
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langgraph.checkpoint.base import WRITES_IDX_MAP, CheckpointTuple
@@ -401,15 +405,89 @@ async def run_model(factory: SaverFactory, ops: list[tuple[Any, ...]]) -> list[A
         return await harness._all_checkpoints()
 
 
+MIGRATIONS_TABLES = ("idem_saver_migrations", "checkpoint_migrations")
+
+
+def _delete_every_row_sqlite(path: Path) -> None:
+    with sqlite3.connect(path) as db:
+        tables = [
+            name
+            for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            )
+            if name not in MIGRATIONS_TABLES
+        ]
+        assert tables, "the saver made no tables"
+        for name in tables:
+            db.execute(f'DELETE FROM "{name}"')
+        assert all(db.execute(f'SELECT count(*) FROM "{n}"').fetchone() == (0,) for n in tables)
+    db.close()
+
+
+async def _delete_every_row_postgres(dsn: str) -> None:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
+        )
+        tables = [name for (name,) in await cur.fetchall() if name not in MIGRATIONS_TABLES]
+        assert tables, "the saver made no tables"
+        async with conn.transaction():
+            for name in tables:
+                await conn.execute(f'DELETE FROM "{name}"')
+        for name in tables:
+            cur = await conn.execute(f'SELECT count(*) FROM "{name}"')
+            assert await cur.fetchone() == (0,), f"{name} kept rows"
+
+
+@pytest.fixture
+def emptied_saver_factory(backend: str, request: pytest.FixtureRequest) -> SaverFactory:
+    """Like ``saver_factory``, a new saver each call, but on ONE database whose rows are
+    all deleted first (its tables and migrations kept): the first call sets it up, later
+    ones skip the schema's creation and migrations. For a property test, where that set-up
+    would cost more than most examples."""
+    where = backend_resource(backend, request)
+    dsn: list[str] = []
+
+    @asynccontextmanager
+    async def factory() -> AsyncIterator[Any]:
+        if backend == "sqlite":
+            path = Path(where) / "model.sqlite"
+            if path.exists():
+                await asyncio.to_thread(_delete_every_row_sqlite, path)
+            async with sqlite_saver_class().from_conn_string(str(path)) as saver:
+                yield saver
+            return
+        from pg_server import afresh_dsn
+
+        if SAVER_IMPL == "official":
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        else:
+            from langgraph_idem_saver.postgres import AsyncPostgresSaver
+        if dsn:
+            await _delete_every_row_postgres(dsn[0])
+        else:
+            dsn.append(await afresh_dsn(where))
+        async with AsyncPostgresSaver.from_conn_string(dsn[0]) as saver:
+            if SAVER_IMPL == "official":
+                await saver.setup()
+            yield saver
+
+    return factory
+
+
 # three times the profile's budget (tests/conftest.py): operation sequences are long
 @settings(
     max_examples=3 * settings.default.max_examples,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(ops=operations)
-def test_saver_matches_in_memory_model(saver_factory: SaverFactory, ops: list[Any]) -> None:
-    """Any operation sequence: every read equals the InMemorySaver-based reference."""
-    asyncio.run(run_model(saver_factory, ops))
+def test_saver_matches_in_memory_model(emptied_saver_factory: SaverFactory, ops: list[Any]) -> None:
+    """Any operation sequence: every read equals the InMemorySaver-based reference (each
+    example on a new saver over an emptied database)."""
+    asyncio.run(run_model(emptied_saver_factory, ops))
 
 
 def test_model_exercises_every_operation(saver_factory: SaverFactory) -> None:
