@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import Connection
-from psycopg_pool import ConnectionPool, PoolClosed
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from langgraph_idem_saver.errors import ConnectionClosedError
 from langgraph_idem_saver.postgres.connection import Steps, run_in_transaction
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 
 T = TypeVar("T")
+
+# how often a call waiting for a pooled connection checks whether the saver was closed
+CLOSE_POLL_SECONDS = 0.25
 
 
 class DirectPath:
@@ -96,7 +100,7 @@ class DirectPath:
         """A connection for one call: the pool's next one, or the user's under the lock."""
         conn = self.conn
         if isinstance(conn, ConnectionPool):
-            with conn.connection() as pooled:
+            with self._pooled(conn) as pooled:
                 yield pooled
             return
         with self.lock:
@@ -108,6 +112,34 @@ class DirectPath:
                     "lost connections"
                 )
             yield conn
+
+    @contextmanager
+    def _pooled(self, pool: ConnectionPool[Any]) -> Iterator[Connection[Any]]:
+        """``pool.connection()``, waited for in slices of ``CLOSE_POLL_SECONDS`` up to the
+        pool's ``timeout`` (then its ``PoolTimeout``), so that a call waiting for a
+        connection (the pool exhausted, the server down) sees :meth:`close` within a
+        slice and gives up, having run nothing: ``close()`` never waits out the pool's
+        timeout for it."""
+        deadline = time.monotonic() + pool.timeout
+        while True:
+            left = deadline - time.monotonic()
+            held = ExitStack()
+            try:  # only the wait is retried, never the call's body
+                conn = held.enter_context(
+                    pool.connection(timeout=max(min(left, CLOSE_POLL_SECONDS), 0.001))
+                )
+            except PoolTimeout:
+                if self.closed:
+                    raise ConnectionClosedError(
+                        "the saver was closed while this call waited for a pooled "
+                        "connection; nothing of the call ran"
+                    ) from None
+                if left <= CLOSE_POLL_SECONDS:
+                    raise
+                continue
+            with held:
+                yield conn
+            return
 
     def _discard_dead_connections(self) -> None:
         """After a lost connection, make the pool drop its other dead idle ones (as the

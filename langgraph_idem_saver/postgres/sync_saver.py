@@ -60,10 +60,11 @@ and each of our calls reads its rows at once anyway, forcing a sync - nothing fo
 pipeline to batch.
 
 Your connection or pool stays yours: ``close()`` (or the ``with`` block's end) waits for
-the direct calls in progress, closes what the saver opened and never yours; every call
-after it raises :class:`ConnectionClosedError`. Closing yours without closing the saver
-leaves nothing of the saver's open on the server (but the pipelined connection's session,
-until the saver is closed or collected).
+the calls whose statements are running (not for one still waiting for a pooled
+connection: it gives up, having run nothing), closes what the saver opened and never
+yours; every call after it raises :class:`ConnectionClosedError`. Closing yours without
+closing the saver leaves nothing of the saver's open on the server (but the pipelined
+connection's session, until the saver is closed or collected).
 
 Threads: one saver may be shared by any number of threads; with a single connection calls
 take turns (one connection runs one transaction at a time), with a pool they run
@@ -192,6 +193,30 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
             with pipe_cm as pipe, cls(conn, pipe, serde=serde, ttl=ttl) as saver:
                 saver.setup()
                 yield saver
+
+    def close(self) -> None:
+        """Stop the saver: every later call raises :class:`ConnectionClosedError`.
+
+        First, on this thread, it stops the direct path and waits for the calls whose
+        statements are running on your connection or pool, however long they take (a
+        statement waiting on a lock: until it ends or fails; set ``lock_timeout`` /
+        ``statement_timeout`` to bound it). A call still *waiting for* a pooled
+        connection (the pool exhausted, the server down) is not waited for: it sees the
+        close within ``direct.CLOSE_POLL_SECONDS`` and raises ``ConnectionClosedError``,
+        having run nothing. Then what the saver opened (a pipelined session) is closed and
+        its loop thread stopped. Your connection or pool stays open. Idempotent.
+
+        Why not a bounded wait: a bound can only end in an error while a statement of
+        yours is still running on your connection; the saver has nothing of its own to
+        abandon there, so it waits as the statement's caller does."""
+        direct, runtime = self._direct_path, self._runtime
+        if (
+            direct is not None
+            and not runtime.closed
+            and threading.get_ident() != runtime.thread.ident
+        ):
+            direct.close()
+        super().close()
 
     def setup(self) -> None:
         """Create or migrate the tables (idempotent; also runs on first use), in one

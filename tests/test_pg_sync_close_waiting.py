@@ -1,0 +1,102 @@
+"""``PostgresSaver.close()`` while a call waits for a pooled connection (the pool
+exhausted: the test holds its only connection; a server down looks the same to the
+call): ``close()`` returns at once, cleanly, and the waiting call raises
+``ConnectionClosedError`` having run nothing - on the direct path (a checkpoint read on
+the caller's thread) and on the loop path (a ledger call on a worker thread). The
+control: without a close, the waiting call runs once the connection comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.runnables import RunnableConfig
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from langgraph_idem_saver import ConnectionClosedError
+from langgraph_idem_saver.postgres import PostgresSaver
+
+KWARGS: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+CONFIG: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+POOL_TIMEOUT = 30.0  # the waiting call would give up only after this long on its own
+
+
+def calls(saver: PostgresSaver) -> dict[str, Callable[[], object]]:
+    return {
+        "direct": lambda: saver.get_tuple(CONFIG),
+        "ledger": lambda: asyncio.run(saver.aget_entry("t", "k")),
+    }
+
+
+class Waiting(threading.Thread):
+    """Runs ``call`` in a thread; keeps what it returned or raised."""
+
+    def __init__(self, call: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self.call = call
+        self.result: object = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.call()
+        except BaseException as exc:
+            self.error = exc
+
+
+def waiting_connections(dsn: str) -> int:
+    """How many of the database's backends are this test's (the pool's one, held)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'close-waiting'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("path", ["direct", "ledger"])
+@pytest.mark.parametrize("closing", [True, False])
+def test_close_while_a_call_waits_for_a_pooled_connection(
+    pg_dsn: str, path: str, closing: bool
+) -> None:
+    kwargs = {**KWARGS, "application_name": "close-waiting"}
+    with ConnectionPool(
+        pg_dsn, kwargs=kwargs, min_size=1, max_size=1, timeout=POOL_TIMEOUT
+    ) as pool:
+        saver = PostgresSaver(pool)
+        try:
+            saver.setup()
+            held = pool.getconn()  # the pool is now exhausted
+            try:
+                waiting = Waiting(calls(saver)[path])
+                waiting.start()
+                time.sleep(0.5)
+                assert waiting.is_alive()  # waiting for the connection
+                if closing:
+                    started = time.monotonic()
+                    saver.close()  # no error
+                    closed_in = time.monotonic() - started
+            finally:
+                pool.putconn(held)
+            waiting.join(POOL_TIMEOUT)
+            assert not waiting.is_alive()
+        finally:
+            saver.close()
+        assert waiting_connections(pg_dsn) == 1  # the pool's own, nothing of the saver's
+    if closing:
+        assert closed_in < 5, closed_in  # not the pool's timeout, not 10 s
+        assert isinstance(waiting.error, ConnectionClosedError), waiting.error
+        # (a read is tried once more on a lost connection: that try finds the saver closed)
+        assert "nothing of the call ran" in str(waiting.error) or "saver is closed" in str(
+            waiting.error
+        )
+    else:  # the control: the same call, not closed under it, runs once it can
+        assert waiting.error is None and waiting.result is None
