@@ -8,7 +8,8 @@ upgrade that changes one fails here, naming it, instead of somewhere deep in a s
 * LangGraph's ``jsonplus`` module (``_option``, ``_msgpack_enc``,
   ``_create_msgpack_ext_hook``, its ``ormsgpack`` global) and ``JsonPlusSerializer``'s
   ``_unpack_ext_hook``/``_allowed_msgpack_modules``/``_custom_unpack_ext_hook``: used by
-  ``surrogates.py``, which otherwise falls back to LangGraph's lossy serializer quietly.
+  ``surrogates.py``, which otherwise falls back to LangGraph's lossy serializer quietly;
+  the ext hook's ``importlib`` global, rebound in a rebuilt hook by ``msgpack_revive.py``.
 * ``ToolNode._afunc``/``_func`` (one node run) and ``_arun_one``/``_run_one`` (one call),
   ``_parse_input``, ``_extract_state``, ``_messages_key``: overridden or called by
   ``tool_node.py``. The public ``wrap_tool_call``/``awrap_tool_call`` hooks cannot replace
@@ -34,6 +35,7 @@ upgrade that changes one fails here, naming it, instead of somewhere deep in a s
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import sqlite3
 import sys
@@ -161,6 +163,19 @@ def test_jsonplus_has_the_internals_the_lossless_serializer_copies() -> None:
     custom = JsonPlusSerializer(__unpack_ext_hook__=lambda code, data: None)
     assert custom._custom_unpack_ext_hook is True, changed(
         LANGGRAPH_SERDE, "_custom_unpack_ext_hook", "surrogates._custom_hook"
+    )
+
+
+def test_the_reviver_reads_importlib_as_a_jsonplus_global() -> None:
+    from langgraph_idem_saver import msgpack_revive
+
+    assert msgpack_revive.available(), changed(
+        LANGGRAPH_SERDE,
+        "_create_msgpack_ext_hook's ext_hook (no importlib global)",
+        "msgpack_revive.py",
+    )
+    assert jsonplus.importlib is importlib, changed(
+        LANGGRAPH_SERDE, "its importlib global", "msgpack_revive.py"
     )
 
 

@@ -79,17 +79,23 @@ def fetch_tuple(conn: sqlite3.Connection, row: Row) -> Fetched:
     thread_id, ns = row[0], row[1]
     found: dict[str, Any] = {}
     blobs: Blobs = {}
+    deeper = False  # a delta whose base the join did not bring, or a base that is a delta
     try:
-        for channel, version, *stored in conn.execute(
-            sql.SELECT_BLOBS_FOR_VERSIONS, (row[7], thread_id, ns)
-        ):
+        cursor = conn.execute(sql.SELECT_BLOBS_FOR_VERSIONS, (row[7], thread_id, ns))
+        for channel, version, type_, data, base, base_type, base_data, base_base in cursor:
             found[channel] = version
-            _add(blobs, channel, version, stored)
+            blobs[channel, version] = (type_, data, base)
+            if base_type is not None:
+                blobs[channel, base] = (base_type, base_data, base_base)
+                deeper = deeper or base_base is not None
+            elif base is not None:
+                deeper = True
     except sqlite3.OperationalError as exc:
         if "malformed JSON" not in str(exc):
             raise
         return row, _corrupt("channel_versions", row, exc), False, {}, []
-    _fetch_bases(conn, thread_id, ns, blobs)
+    if deeper:
+        _fetch_bases(conn, thread_id, ns, blobs)
     writes = conn.execute(sql.SELECT_WRITES_FOR_CHECKPOINT, row[:3]).fetchall()
     return row, found, False, blobs, writes
 
@@ -183,7 +189,8 @@ def decode_tuple(
     if whole:
         if versions != own_versions:
             check_versions(versions, own_versions, **_where(row))
-    elif not _names_all(versions, own_versions):  # some without a value, or corrupt
+    elif versions != own_versions and not _names_all(versions, own_versions):
+        # some without a value, or a corrupt column (equal: every version has its value)
         column = stored_versions(row)
         if isinstance(column, CorruptRecordError):
             raise column
@@ -198,15 +205,16 @@ def decode_tuple(
             continue
         depth, own = 0, None
         if base is not None:  # a delta: resolved through its bases
-            where = _where(row)
             value, depth, own = resolve_delta(
                 serde,
                 btype,
                 blob,
                 base,
                 lambda v: blobs.get((channel, v)),  # noqa: B023 - called here, at once
+                thread_id=thread_id,
+                checkpoint_ns=ns,
+                checkpoint_id=checkpoint_id,
                 channel=channel,
-                **where,
             )
         else:
             try:
