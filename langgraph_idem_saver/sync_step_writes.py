@@ -6,11 +6,12 @@ outcome's commit, each call is a hop to that loop and a wakeup back, and the ste
 calls reach the group commit one by one. Here, as in an async step
 (``LedgerEngine.outcomes_at_end``), each call's thread serializes its result (a result
 the serializer refuses fails that call only), hands the row to the step's
-:class:`StepWrites` on the ledger's loop (``call_soon_threadsafe``: its state is only
-touched there) and returns; the rows that reach the loop in one iteration go as one
-write. ``IdempotentToolNode._func`` then awaits every outcome of the step with one hop
-(``LedgerEngine.aoutcomes`` on the ledger's loop), so the node still returns only once
-every outcome is committed (``docs/guarantees.md``).
+:class:`StepWrites` on the ledger's loop (its state is only touched there; the rows of
+calls finishing together wake the loop once, ``SyncStepWrites.drain``) and returns; the
+rows that reach the loop in one iteration go as one write. ``IdempotentToolNode._func``
+then awaits every outcome of the step with one hop (``LedgerEngine.aoutcomes`` on the
+ledger's loop), so the node still returns only once every outcome is committed
+(``docs/guarantees.md``).
 
 Once the step's end began collecting stops: a call that finishes later (the step left by
 an exception while siblings still run) records its own outcome, as before.
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 from langgraph_idem_saver.engine.loops import on_loop, run_private
 from langgraph_idem_saver.engine.step_writes import StepWrites
 from langgraph_idem_saver.engine.types import Batch, Plan
+from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import CallStatus
 
 _COMPLETED, _FAILED = CallStatus.COMPLETED.value, CallStatus.FAILED.value
@@ -36,25 +38,43 @@ T = TypeVar("T")
 class SyncStepWrites(StepWrites):
     """:class:`StepWrites` fed from other threads (see the module)."""
 
-    __slots__ = ("closed", "handed", "lock")
+    __slots__ = ("closed", "handed", "lock", "waiting")
 
     def __init__(self, batch: Batch, loop: asyncio.AbstractEventLoop, name: str) -> None:
         super().__init__(batch, loop, name)
         self.lock = threading.Lock()
         self.closed = False  # the step's end began: no more rows taken
         self.handed = 0  # rows handed to the loop (read by the node's thread)
+        # rows handed, not yet taken on the loop; a drain is scheduled while it is not
+        # empty (one wakeup of the loop for the rows of calls finishing together)
+        self.waiting: list[tuple[Plan, OutcomeParams]] = []
 
     def hand(self, plan: Plan, result: Any) -> bool:
         """In a call's thread: serialize ``result`` (raising the ``SerializationError``
         of that call when the serializer refuses it) and hand its row to the loop.
-        False when the step's end already began: the caller records it itself."""
+        False when the step's end already began: the caller records it itself.
+
+        The first row of a burst schedules the loop's :meth:`drain` (under the lock,
+        so before any :meth:`close` returns); the rows handed before it runs join it,
+        without waking the loop again (each wakeup is a write to its self-pipe, made
+        while the other calls' threads wait for this lock)."""
         row = self.row_of(plan, result)
         with self.lock:
             if self.closed or self.loop.is_closed():
                 return False
             self.handed += 1
-            self.loop.call_soon_threadsafe(self.take, plan, row)
+            waiting = self.waiting
+            waiting.append((plan, row))
+            if len(waiting) == 1:
+                self.loop.call_soon_threadsafe(self.drain)
         return True
+
+    def drain(self) -> None:
+        """On the loop: take every row handed so far (one write for them, ``take``)."""
+        with self.lock:
+            rows, self.waiting = self.waiting, []
+        for plan, row in rows:
+            self.take(plan, row)
 
     def close(self) -> int:
         """In the node's thread, at the step's end: stop taking rows; how many were
