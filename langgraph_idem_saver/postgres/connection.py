@@ -299,6 +299,16 @@ class PostgresConnection:
         except Exception:
             held.give_up()
 
+    def _users_transaction_open(self) -> bool:
+        """Whether a transaction of the user's is open on the user's own connection (the
+        one the saver was given, not a pool's nor one ``from_conn_string`` owns)."""
+        conn = self.conn
+        return (
+            isinstance(conn, AsyncConnection)
+            and self._owned is None
+            and conn.info.transaction_status in _USERS_TX
+        )
+
     def _reconnects(self) -> bool:
         """Whether a lost connection is replaced by the next call: an open pool's, or the
         one ``from_conn_string`` owns (a user's single connection is not ours to replace)."""
@@ -385,6 +395,11 @@ class PostgresConnection:
         contention = contention_error(exc, sqlstate)  # a lock, a conflict, a timeout
         if contention is not None:
             return contention
+        if sqlstate == "25P02":  # in_failed_sql_transaction: a transaction of the user's
+            return ConfigError(
+                f"a transaction of yours on the saver's connection has failed ({exc}); roll "
+                "it back before using the saver (nothing of this call was written)"
+            )
         if sqlstate == "25006":  # read_only_sql_transaction
             where = f"database {conn.info.dbname!r}" if conn is not None else "the database"
             return ReadOnlyDatabaseError(
@@ -447,12 +462,16 @@ def _mid_command(conn: BaseConnection[Any]) -> bool:
     )
 
 
+# a transaction open on the connection, healthy or failed
+_USERS_TX = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+
+
 def _refuse_users_transaction(conn: AsyncConnection[Any]) -> None:
     """A ledger write on the user's own connection while a transaction of the user's is
     open: ours would be a savepoint of it (or join it), not committed before the tool
     runs and gone with a rollback. Refused, nothing sent - as the sync saver does."""
     status = conn.info.transaction_status
-    if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
+    if status in _USERS_TX:
         raise ConfigError(
             "the psycopg connection given to AsyncPostgresSaver has a transaction of yours "
             f"open ({status.name}); the ledger commits each call before a tool runs, so it "

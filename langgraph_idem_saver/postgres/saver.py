@@ -124,6 +124,28 @@ class AsyncPostgresSaver(
             saver accepts; ``from_conn_string(..., pipeline=True)`` makes one.
         serde: any ``SerializerProtocol``; LangGraph's ``JsonPlusSerializer`` by default.
         ttl: retention, applied by ``asweep()``/``sweep()`` (see :class:`TTLConfig`).
+
+    **A transaction of yours** open on your own ``AsyncConnection`` (``async with
+    conn.transaction():``, or statements not yet committed on a non-autocommit one),
+    decided per call:
+
+    * checkpoint calls (``aget_tuple``, ``alist``, ``aput``, ``aput_writes``) join it,
+      as LangGraph's saver's do: committed with it, gone with its rollback;
+    * maintenance (``adelete_thread``, ``adelete_for_runs``, ``acopy_thread``,
+      ``aprune``) joins it too: it changes rows only, all undone by a rollback, and
+      nothing the saver keeps in memory assumes it committed (the list-delta cache
+      forgets the threads touched either way). Its thread locks are held until you end
+      your transaction;
+    * ``setup()`` joins it but is not remembered: a rollback takes the tables with it,
+      so calls check the schema again until a ``setup()`` outside it (see :meth:`setup`);
+    * the ledger's writes (claims, outcomes, releases, model answers) refuse it with
+      :class:`ConfigError`, nothing sent: a claim must be committed before its tool runs;
+    * a transaction of yours that has *failed* makes every call raise
+      :class:`ConfigError` (roll it back), never psycopg's ``InFailedSqlTransaction``.
+
+    A pool's connections and the one ``from_conn_string`` opens hold no transaction of
+    yours. (The sync ``PostgresSaver`` refuses what runs on its loop - setup, the ledger,
+    maintenance - inside a transaction of yours: ``postgres/borrowed.py``.)
     """
 
     _sql: ClassVar[LedgerStatements] = LedgerSql(ledger_sql)
@@ -192,13 +214,28 @@ class AsyncPostgresSaver(
 
     # --- plumbing -------------------------------------------------------------------
 
+    async def setup(self) -> None:
+        """Create or migrate the tables (idempotent; also runs on first use).
+
+        Inside a transaction of yours open on your own ``AsyncConnection``, the
+        migrations join it (a savepoint, committed with it) and the saver does *not*
+        count itself set up: your transaction may still roll back, taking the tables with
+        it. Each later call then checks the schema again (three statements) until a
+        ``setup()`` runs outside a transaction of yours, as every call's does on first
+        use.
+        """
+        if not self.is_setup and self._users_transaction_open():
+            self._remember_loop()
+            await self._execute(migrate, tx=True)  # joined, so not remembered
+            return
+        await super().setup()
+
     async def _setup_once(self) -> None:
         """Apply pending migrations (``setup()``).
 
         One transaction under ``pg_advisory_xact_lock``, so workers starting together
-        migrate once. On a connection already inside a transaction, the migrations join
-        it (as a savepoint) and are committed with it. Raises :class:`SchemaVersionError`
-        for a database written by a newer release.
+        migrate once. Raises :class:`SchemaVersionError` for a database written by a
+        newer release.
         """
         await self._execute(migrate, tx=True)
 
