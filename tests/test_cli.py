@@ -892,8 +892,11 @@ def test_demo_is_still_delegated(
 
 def test_demo_keeps_its_database_and_the_commands_it_prints_work(tmp_path: Path) -> None:
     """The whole demo in a fresh directory (~10 s: four agent processes), then every
-    ``idem-saver`` command it prints, run as printed, from the same directory."""
-    proc = subprocess.run(
+    ``idem-saver`` command it prints, run as printed, from the same directory: the first
+    through its own program (the script's shebang, or ``python -m``), the others with the
+    same program and their own arguments in a child of the zygote (tests/zygote.py), which
+    spares them the imports a fresh interpreter repeats."""
+    proc = zygote.run(
         [sys.executable, "-m", "langgraph_idem_saver", "demo"],
         capture_output=True,
         text=True,
@@ -911,17 +914,26 @@ def test_demo_keeps_its_database_and_the_commands_it_prints_work(tmp_path: Path)
     assert commands[0].endswith(" threads --db idem-demo.db")
     assert commands[1].endswith(" ledger invoices-idempotent --db idem-demo.db")
     assert commands[2].endswith(" history invoices-idempotent --db idem-demo.db")
+    argvs = [shlex.split(command) for command in commands]
+    program = argvs[0][:-3]  # `idem-saver`, its script's path, or `python -m langgraph_...`
+    assert all(argv[: len(program)] == program for argv in argvs), commands
+    if program[1:2] == ["-m"]:
+        in_zygote = [sys.executable, *program[1:]]
+    else:  # the script, run by this Python (its shebang's)
+        script = str(tmp_path / program[0]) if os.sep in program[0] else shutil.which(program[0])
+        assert script, program
+        in_zygote = [sys.executable, script]
     outputs = []
-    for command in commands:
-        run = subprocess.run(
-            shlex.split(command),
+    for index, argv in enumerate(argvs):
+        run = (subprocess.run if index == 0 else zygote.run)(  # the first exactly as printed
+            argv if index == 0 else [*in_zygote, *argv[len(program) :]],
             capture_output=True,
             text=True,
             cwd=tmp_path,
             env={**os.environ, "COLUMNS": "200"},
             timeout=120,
         )
-        assert run.returncode == 0, (command, run.stderr)
+        assert run.returncode == 0, (commands[index], run.stderr)
         outputs.append(run.stdout)
     threads, ledger, history = outputs
     assert "invoices-stock" in threads and "invoices-idempotent" in threads
