@@ -66,6 +66,9 @@ def run_pytest(
     (where / "test_inner.py").write_text(textwrap.dedent(test_source))
     env = {**os.environ, "TMPDIR": str(where), "PYTHONPATH": str(TESTS_DIR)}
     env.pop("IDEM_SAVER_PG_DSN", None)  # the inner run starts its own throwaway server
+    # only the plugins named here: the installed ones (LangSmith's, Hypothesis', ...) cost
+    # seconds of imports a run and take no part in how it ends
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     plugins = ["-p", "pg_server", "-p", "no:cacheprovider"]
     return subprocess.Popen(
         [sys.executable, "-c", INNER_PYTEST, "-q", *plugins, str(where / "test_inner.py")],

@@ -43,6 +43,9 @@ def inner_run(tmp_path: Path, ci: str | None) -> tuple[int, str]:
     }
     if ci is not None:
         env["CI"] = ci
+    # only the plugins it needs: the installed ones (LangSmith's, Hypothesis', ...) cost
+    # seconds of imports and have no say in whether a fixture skips or fails
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-rA", "-q"],
         cwd=tmp_path,
