@@ -1,5 +1,6 @@
-"""The one private knob of ``langgraph dev`` the server tests turn: how often its
-in-memory runtime saves its threads and runs to disk (upstream: every 10 s).
+"""The two private knobs of ``langgraph dev`` the server tests turn: how often its
+in-memory runtime saves its threads and runs to disk (upstream: every 10 s), and how soon
+its queue picks up a new run (upstream: up to a second, below).
 
 The server crash tests (test_agent_server.py, test_ledger_beside_server.py) wait for such
 a save before a tool kills the server - the server must know its runs as running to re-run
@@ -14,11 +15,20 @@ seconds after the import (measured: a server ready after 3 s saved first at 11 s
 crash test's first wait. So the loop is restarted after the interval is set: stopped
 (``stop_flush_loop``), then started again by registering a store it already had
 (``register_persistent_dict``; pinned the same way).
+
+The queue: when its last look found no run, ``Runs.next(wait=True)`` sleeps 0.5 s and
+then takes the pending runs created before it *started* sleeping, so a run created
+during the sleep waits for the next look: 0.5-1 s between ``runs.create`` and the run
+starting, every run of a test (measured: a run started on each second's tick).
+:func:`pick_up_runs_soon` makes that wait 0.05 s, then looks with ``wait=False``: the
+same method takes the same runs, in the same order, sooner. Pinned in
+tests/test_upstream_contracts.py like the flush interval.
 """
 
 from __future__ import annotations
 
 FLUSH_SECONDS = 1
+PICKUP_SECONDS = 0.05
 
 
 def flush_often() -> None:
@@ -34,3 +44,30 @@ def flush_often() -> None:
         for store in stores:
             if store is not None:
                 _persistence.register_persistent_dict(store)  # the loop, at 1 s
+
+
+def pick_up_runs_soon() -> None:
+    """In the server's process (its graph module runs this at import): the queue's next
+    look for a pending run comes PICKUP_SECONDS after an empty one, not 0.5-1 s."""
+    import asyncio
+    import inspect
+    from collections.abc import AsyncIterator
+    from typing import Any
+
+    from langgraph_runtime_inmem import ops
+
+    upstream = inspect.getattr_static(ops.Runs, "next")
+    if getattr(upstream, "picks_up_soon", False):
+        return
+    if not isinstance(upstream, staticmethod):
+        raise RuntimeError("langgraph_runtime_inmem.ops.Runs.next is no longer a staticmethod")
+    look = upstream.__func__
+
+    async def next_soon(wait: bool, limit: int = 1) -> AsyncIterator[Any]:
+        if wait:
+            await asyncio.sleep(PICKUP_SECONDS)
+        async for item in look(wait=False, limit=limit):
+            yield item
+
+    next_soon.picks_up_soon = True  # type: ignore[attr-defined]
+    ops.Runs.next = staticmethod(next_soon)  # type: ignore[method-assign,assignment]

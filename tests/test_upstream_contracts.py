@@ -479,3 +479,19 @@ def test_the_dev_server_saves_on_an_interval_its_module_holds() -> None:
     assert callable(_persistence.stop_flush_loop)
     assert "_flush_thread = None" in inspect.getsource(_persistence.stop_flush_loop)
     assert "_flush_thread is None" in inspect.getsource(_persistence.register_persistent_dict)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="langgraph-api needs Python >= 3.11")
+def test_the_dev_server_queue_waits_half_a_second_in_runs_next() -> None:
+    """tests/dev_server_knobs.py's ``pick_up_runs_soon`` replaces the in-memory queue's
+    0.5 s wait (``Runs.next(wait=True)``) with a shorter one and then calls the original
+    with ``wait=False``. If the wait moves elsewhere, every server test run waits 0.5-1 s
+    again; if the method's shape changes, the knob's call would be wrong."""
+    from langgraph_runtime_inmem import ops, queue
+
+    upstream = inspect.getattr_static(ops.Runs, "next")
+    assert isinstance(upstream, staticmethod)
+    source = inspect.getsource(upstream.__func__)
+    assert "if wait:\n            await asyncio.sleep(0.5)" in source
+    assert list(inspect.signature(upstream.__func__).parameters) == ["wait", "limit"]
+    assert "ops.Runs.next(\n                        wait=wait" in inspect.getsource(queue)
