@@ -38,7 +38,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.prebuilt import create_react_agent
-from pg_blocking import charge_intent, wait_until_blocked
+from pg_blocking import charge_intent
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -156,6 +156,19 @@ def test_a_deadlock_and_a_serialization_failure_are_typed_as_locked() -> None:
         assert "nothing was written" in str(error)
 
 
+def saver_blocked(dsn: str, application_name: str) -> None:
+    """Return once a backend named ``application_name`` waits on a lock (10 s at most)."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND application_name = %s"
+    )
+    deadline = time.monotonic() + 10
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while conn.execute(query, (application_name,)).fetchone() == (0,):
+            assert time.monotonic() < deadline, "the saver's write never waited on the row"
+            time.sleep(0.01)
+
+
 # --- no outcome lost ---------------------------------------------------------------------
 
 
@@ -213,12 +226,13 @@ async def test_a_serialization_failure_on_an_outcome_is_retried_until_recorded(
     pg_dsn: str,
 ) -> None:
     dsn = with_setting(pg_dsn, "default_transaction_isolation", r"repeatable\ read")
+    dsn = make_conninfo(dsn, application_name="contention-serial")
     async with pooled_saver(dsn) as saver:
         await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
         async with await psycopg.AsyncConnection.connect(pg_dsn) as other:
             await other.execute("UPDATE idem_tool_calls SET error = NULL WHERE key = 'k'")
             writing = asyncio.create_task(record(saver))  # waits on the row, then conflicts
-            await wait_until_blocked(pg_dsn)
+            await asyncio.to_thread(saver_blocked, pg_dsn, "contention-serial")
             await other.commit()
             await asyncio.wait_for(writing, 30)
         entry = await saver.aget_entry("t", "k")

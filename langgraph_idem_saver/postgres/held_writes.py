@@ -124,7 +124,8 @@ class PostgresHeldWrites:
             try:
                 answers = await asyncio.wait_for(self._finish_batch(batch), remaining(deadline))
             except _RETRIED_OR_LATE as exc:
-                lost = lost if isinstance(exc, asyncio.TimeoutError) else exc
+                # (a StatementTimeoutError is a TimeoutError too: asked by what it is)
+                lost = exc if isinstance(exc, _RETRIED) else lost
                 continue
             return await self._answers_after_loss(
                 batch, answers, functools.partial(self._run, ledger=True)
