@@ -16,7 +16,9 @@ measured in one process on the same host state. Every saver gets its own file (W
 
 Rows: ``get_tuple`` (latest), ``list`` (``limit=10``, consumed), ``invoke`` (the 10-step
 loop graph, ``durability="sync"``, a fresh thread each; also the WAL bytes it appends a
-commit, from the ``-wal`` file's size), ``bytecodes`` (a call of each read, traced).
+commit, from the ``-wal`` file's size), ``tool_step`` (``bench.py``'s sync step of 10
+tool calls: the process's CPU clock, then the wall clock, each step in its own thread
+as there), ``bytecodes`` (a call of each read, traced).
 ``--profile LABEL`` prints cProfile's top functions of that stack's reads.
 
     python benchmarks/sync_sqlite_cpu.py --rows get_tuple,list --rounds 300
@@ -107,11 +109,57 @@ def row_calls(rows: list[str], savers: dict[str, Any]) -> dict[str, Callable[[st
             assert out["count"] == 10
 
         calls["invoke"] = invoke
+    if "tool_step" in rows:
+        calls["tool_step"] = tool_step_calls(savers)
     return {row: calls[row] for row in rows if row in calls}
 
 
-def timed(call: Callable[[str], Any], labels: list[str], rounds: int, batch: int) -> dict:
-    """label -> per-call CPU µs of each round (rounds interleaved, order rotating)."""
+def tool_step_calls(savers: dict[str, Any]) -> Callable[[str], Any]:
+    """``bench.py``'s sync 10-call tool step: LangGraph's saver + stock ``ToolNode``
+    against each package's saver + its ``IdempotentToolNode``, run from a thread
+    without an event loop (one worker, as ``bench.py``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from _harness import tool_call_message
+    from bench import MsgStateSync
+    from langchain_core.tools import tool
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.prebuilt import ToolNode
+
+    @tool("noop")
+    def noop_sync(i: int) -> str:
+        """Do nothing (a side-effecting tool as far as the ledger knows)."""
+        return "ok"
+
+    def graph(lab: str, saver: Any) -> Any:
+        if lab == "official":
+            node: Any = ToolNode([noop_sync])
+        else:
+            package = "langgraph_idem_saver" if lab == "ours" else "lis_base"
+            node = importlib.import_module(package).IdempotentToolNode([noop_sync])
+        g = StateGraph(MsgStateSync)
+        g.add_node("tools", node)
+        g.add_edge(START, "tools")
+        g.add_edge("tools", END)
+        return g.compile(checkpointer=saver)
+
+    graphs = {lab: graph(lab, s) for lab, s in savers.items()}
+    no_loop = ThreadPoolExecutor(1)
+
+    def step(lab: str) -> None:
+        tag = uuid.uuid4().hex[:10]
+        inp = {"messages": [tool_call_message(10, tag)]}
+        config = {"configurable": {"thread_id": f"s-{tag}"}}
+        no_loop.submit(graphs[lab].invoke, inp, config).result()
+
+    return step
+
+
+def timed(
+    call: Callable[[str], Any], labels: list[str], rounds: int, batch: int, clock: Any = thread_ns
+) -> dict[str, list[float]]:
+    """label -> per-call µs of each round on ``clock`` (rounds interleaved, order
+    rotating)."""
     for lab in labels:  # warm: imports, caches, statements
         for _ in range(max(3, batch)):
             call(lab)
@@ -121,10 +169,10 @@ def timed(call: Callable[[str], Any], labels: list[str], rounds: int, batch: int
         if r % 2:
             order.reverse()
         for lab in order:
-            t0 = thread_ns()
+            t0 = clock()
             for _ in range(batch):
                 call(lab)
-            out[lab].append((thread_ns() - t0) / batch / 1000)
+            out[lab].append((clock() - t0) / batch / 1000)
     return out
 
 
@@ -184,14 +232,23 @@ def main() -> None:
         calls = row_calls(rows, savers)
         print(f"load average {os.getloadavg()[0]:.1f}; CPU µs a call (median, quartiles)")
         for row, call in calls.items():
-            rounds = max(10, args.rounds // 20) if row == "invoke" else args.rounds
-            batch = 1 if row == "invoke" else args.batch
-            got = timed(call, labels, rounds, batch)
-            med = {lab: statistics.median(v) for lab, v in got.items()}
-            for lab, v in got.items():
-                q = statistics.quantiles(v, n=4)
-                ratio = med["official"] / med[lab]
-                print(f"{row:10} {lab:9} {med[lab]:9.1f} ({q[0]:.1f}-{q[2]:.1f})  {ratio:.3f}x")
+            heavy = row in ("invoke", "tool_step")
+            rounds = max(10, args.rounds // 20) if heavy else args.rounds
+            batch = 1 if heavy else args.batch
+            # the tool step runs in several threads: the process's CPU, and the wall
+            clocks = {"": thread_ns}
+            if row == "tool_step":
+                clocks = {" (process CPU)": time.process_time_ns, " (wall)": time.perf_counter_ns}
+            for what, clock in clocks.items():
+                got = timed(call, labels, rounds, batch, clock)
+                med = {lab: statistics.median(v) for lab, v in got.items()}
+                for lab, v in got.items():
+                    q = statistics.quantiles(v, n=4)
+                    ratio = med["official"] / med[lab]
+                    print(
+                        f"{row + what:24} {lab:9} {med[lab]:9.1f} ({q[0]:.1f}-{q[2]:.1f})"
+                        f"  {ratio:.3f}x"
+                    )
         if "invoke" in calls:
             for lab, saver in savers.items():
                 wal = wal_per_commit(saver, lambda lab=lab: calls["invoke"](lab), 23, 10)
