@@ -233,10 +233,13 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
     # put, put_writes and list: SyncCheckpointCalls, over these
 
     def _direct_put(self, put: CheckpointPut) -> list[EncodedBlob]:
-        return self._run_steps(self.saver._put_steps(put))
+        saver = self.saver
+        args = saver._put_args(put)  # encoded once, even if run twice
+        return self._write_steps(lambda: saver._put_rounds(*args))
 
     def _direct_writes(self, rows: list[tuple[Any, ...]]) -> None:
-        self._run_steps(single(self.saver._writes_statement(rows)))
+        statement = self.saver._writes_statement(rows)
+        self._write_steps(lambda: single(statement))
 
     def _direct_pages(self, query: ListQuery) -> SyncPageReader:
         page_steps = self.saver._list_page_steps(query)
@@ -253,6 +256,18 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
     def _read_steps(self, make_steps: Callable[[], Steps[T]]) -> T:
         """``_run_steps`` for a read, retried once on a fresh pooled connection (see
         ``AsyncPostgresSaver._read_steps``: a read is always safe to run again)."""
+        return self._again_on_lost(make_steps)
+
+    def _write_steps(self, make_steps: Callable[[], Steps[T]]) -> T:
+        """``_run_steps`` for a checkpoint write, run once more on a fresh pooled
+        connection when its connection was lost, as ``AsyncPostgresSaver._write_steps``
+        does (an upsert of the same rows: running it again stores what running it once
+        does). LangGraph writes a step's checkpoint in the background while the next step
+        runs (``durability="async"``), so a write is what a lost connection most often
+        meets; a run whose writes landed is not failed for an answer lost in transit."""
+        return self._again_on_lost(make_steps)
+
+    def _again_on_lost(self, make_steps: Callable[[], Steps[T]]) -> T:
         try:
             return self._run_steps(make_steps())
         except ConnectionClosedError:
