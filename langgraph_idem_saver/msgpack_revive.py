@@ -62,17 +62,25 @@ _AVAILABLE: bool
 _make_lock = threading.Lock()
 
 
-def available() -> bool:
-    """Whether LangGraph's jsonplus has the factory this module rebuilds, its hook
-    reading ``importlib`` as a global (the name this module rebinds)."""
+def _hook_code() -> types.CodeType | None:
+    """The code of the hook LangGraph's factory makes, when it reads ``importlib`` as a
+    global (the name this module rebinds)."""
     factory = getattr(jsonplus, "_create_msgpack_ext_hook", None)
     if not isinstance(factory, types.FunctionType):
-        return False
-    hooks = [c for c in factory.__code__.co_consts if isinstance(c, types.CodeType)]
-    return any(c.co_name == "ext_hook" and "importlib" in c.co_names for c in hooks)
+        return None
+    for code in factory.__code__.co_consts:
+        if isinstance(code, types.CodeType) and code.co_name == "ext_hook":
+            return code if "importlib" in code.co_names else None
+    return None
 
 
-_AVAILABLE = available()
+def available() -> bool:
+    """Whether LangGraph's jsonplus has the factory this module rebuilds, as it was."""
+    return _hook_code() is not None
+
+
+_HOOK_CODE = _hook_code()
+_AVAILABLE = _HOOK_CODE is not None
 
 
 def _factory() -> Callable[[Any], ExtHook]:
@@ -104,6 +112,8 @@ def fast_hook(serde: Any) -> ExtHook:
     if cached is not None and cached[0] is hook and cached[1] is allowed:
         fast: ExtHook = cached[2]
         return fast
+    if getattr(hook, "__code__", None) is not _HOOK_CODE:
+        return hook  # not one LangGraph's factory made (set by hand): used as it is
     fast = _factory()(allowed)
     serde.__dict__["_idem_fast_hook"] = (hook, allowed, fast)
     return fast

@@ -151,3 +151,15 @@ def test_a_custom_hook_is_used_as_given() -> None:
     stored = serde.dumps_typed([AIMessage("x", id="a")])
     assert _lossless(serde).loads_typed(stored) == ["custom"]
     assert seen == [5]  # pydantic v2
+
+
+def test_a_hook_set_by_hand_is_used_as_it_is() -> None:
+    serde = _lossless(JsonPlusSerializer())
+    stored = serde.dumps_typed([AIMessage("x", id="a")])
+    assert serde.loads_typed(stored) == [AIMessage("x", id="a")]  # the fast hook cached
+
+    def by_hand(code: int, data: bytes) -> Any:
+        return "by hand"
+
+    serde._unpack_ext_hook = by_hand  # a private attribute, replaced without the flag
+    assert serde.loads_typed(stored) == ["by hand"]
