@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -51,12 +52,13 @@ class Waiting(threading.Thread):
             self.error = exc
 
 
-def waiting_connections(dsn: str) -> int:
+def waiting_connections(dsn: str, name: str) -> int:
     """How many of the database's backends are this test's (the pool's one, held)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'close-waiting'"
+            "AND application_name = %s",
+            (name,),
         ).fetchone()
     assert row is not None
     return int(row[0])
@@ -67,7 +69,8 @@ def waiting_connections(dsn: str) -> int:
 def test_close_while_a_call_waits_for_a_pooled_connection(
     pg_dsn: str, path: str, closing: bool
 ) -> None:
-    kwargs = {**KWARGS, "application_name": "close-waiting"}
+    name = f"close-waiting-{uuid.uuid4().hex[:8]}"
+    kwargs = {**KWARGS, "application_name": name}
     with ConnectionPool(
         pg_dsn, kwargs=kwargs, min_size=1, max_size=1, timeout=POOL_TIMEOUT
     ) as pool:
@@ -90,7 +93,7 @@ def test_close_while_a_call_waits_for_a_pooled_connection(
             assert not waiting.is_alive()
         finally:
             saver.close()
-        assert waiting_connections(pg_dsn) == 1  # the pool's own, nothing of the saver's
+        assert waiting_connections(pg_dsn, name) == 1  # the pool's own, nothing of the saver's
     if closing:
         assert closed_in < 5, closed_in  # not the pool's timeout, not 10 s
         assert isinstance(waiting.error, ConnectionClosedError), waiting.error
