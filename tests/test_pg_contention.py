@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -226,13 +227,14 @@ async def test_a_serialization_failure_on_an_outcome_is_retried_until_recorded(
     pg_dsn: str,
 ) -> None:
     dsn = with_setting(pg_dsn, "default_transaction_isolation", r"repeatable\ read")
-    dsn = make_conninfo(dsn, application_name="contention-serial")
+    name = f"contention-serial-{uuid.uuid4().hex[:8]}"
+    dsn = make_conninfo(dsn, application_name=name)
     async with pooled_saver(dsn) as saver:
         await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
         async with await psycopg.AsyncConnection.connect(pg_dsn) as other:
             await other.execute("UPDATE idem_tool_calls SET error = NULL WHERE key = 'k'")
             writing = asyncio.create_task(record(saver))  # waits on the row, then conflicts
-            await asyncio.to_thread(saver_blocked, pg_dsn, "contention-serial")
+            await asyncio.to_thread(saver_blocked, pg_dsn, name)
             await other.commit()
             await asyncio.wait_for(writing, 30)
         entry = await saver.aget_entry("t", "k")
