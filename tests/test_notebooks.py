@@ -181,7 +181,10 @@ def test_notebook_04_workers_exit_when_its_kernel_is_killed(
                 time.sleep(0.1)
             procs = [launcher, *launcher.children()]
             assert len(procs) == 3, "the launcher did not fork its two workers"
-            time.sleep(1)  # the workers are past their start (watching their parent)
+            # the workers are past their start: each runs the thread watching its parent
+            while not all(w.num_threads() >= 2 for w in procs[1:]):
+                assert time.monotonic() < deadline, "the workers never started watching"
+                time.sleep(0.05)
             os.kill(km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
             _, alive = psutil.wait_procs(procs, timeout=15)
             for proc in alive:
