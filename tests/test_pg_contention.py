@@ -25,6 +25,7 @@ set in its DSN's ``options`` (as a user sets them):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -273,3 +274,54 @@ def test_a_sync_graphs_outcome_meeting_lock_timeout_is_recorded(pg_dsn: str) -> 
     finally:
         other.close()
     assert fx.calls == [5]
+
+
+# --- a claim whose second round is refused -----------------------------------------------
+
+
+def blocked(dsn: str, application_name: str) -> None:
+    """Return once a backend named ``application_name`` waits on a lock (10 s at most)."""
+    saver_blocked(dsn, application_name)
+
+
+async def test_a_claims_second_round_refused_on_a_lock_undoes_its_first_round(
+    pg_dsn: str,
+) -> None:
+    """guarantees.md, "Locks and timeouts": a claim whose first statement committed some
+    rows and left others to a second statement (a rival committed their keys after the
+    first one's snapshot) and whose second statement the server refuses: the caller is told nothing was written, so the
+    rows the first statement committed must not stay live claims of ours for their lease
+    (our own retry would wait on them): they are undone before the saver's next statement,
+    as after a lost connection. The scenario, all real: another session moves a row into
+    ``k2``'s key and holds it uncommitted, so the first statement waits on it; a third
+    session queues a SHARE lock on the table behind that statement; the mover commits, the
+    first statement ends (``k1`` committed, ``k2`` unseen), and the second statement then
+    waits on the SHARE lock past ``lock_timeout``."""
+    name = f"contention-rounds-{uuid.uuid4().hex[:8]}"
+    dsn = make_conninfo(with_setting(pg_dsn, "lock_timeout", "2s"), application_name=name)
+    k1, k2 = charge_intent("k1"), charge_intent("k2")
+    async with pooled_saver(dsn) as saver:
+        staged = dataclasses.replace(k2, scope="staging")
+        await saver.aclaim([staged], owner="rival", lease_seconds=300)
+        share_dsn = make_conninfo(pg_dsn, application_name=f"{name}-share")
+        async with (
+            await psycopg.AsyncConnection.connect(pg_dsn) as mover,
+            await psycopg.AsyncConnection.connect(share_dsn) as sharer,
+        ):
+            await mover.execute("UPDATE idem_tool_calls SET scope = 't' WHERE key = 'k2'")
+            claiming = asyncio.create_task(saver.aclaim([k1, k2], owner=OWNER, lease_seconds=300))
+            await asyncio.to_thread(blocked, pg_dsn, name)  # the first statement, on k2
+            sharing = asyncio.create_task(
+                sharer.execute("LOCK TABLE idem_tool_calls IN SHARE MODE")
+            )
+            await asyncio.to_thread(blocked, pg_dsn, f"{name}-share")
+            await mover.commit()
+            await sharing  # granted once the first statement committed
+            with pytest.raises(DatabaseLockedError, match="nothing was written"):
+                await claiming
+            # the scenario happened: the first statement did commit k1
+            assert count(pg_dsn, "idem_tool_calls WHERE key = 'k1'") == 1
+            await sharer.rollback()
+        assert await saver.aget_entry("t", "k1") is None  # undone before this read
+        first, second = await saver.aclaim([k1, k2], owner=OWNER, lease_seconds=300)
+        assert first.claimed and not second.claimed  # k1 ours again; k2 the rival's

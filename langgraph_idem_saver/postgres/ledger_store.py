@@ -100,6 +100,11 @@ class PostgresLedgerStore(PostgresHeldWrites):
             except asyncio.CancelledError:  # the same: its answer cut short (CUT_SHORT)
                 self._hold_claims_lost(claims, lost=False)
                 raise
+            except TRANSIENT:  # a lock or a timeout: this statement wrote nothing, but an
+                # earlier one committed claims its caller now never learns of: undone
+                if any(o.claimed for o in outcomes.values()):
+                    self._hold_claims_lost(claims, lost=False)
+                raise
             found = sorted((r for r in rows if r[0] == "f"), key=lambda r: r[1])  # seq
             if found:
                 return [self.entry_of(r[2:]) for r in found], None
