@@ -289,14 +289,16 @@ async def test_a_claims_second_round_refused_on_a_lock_undoes_its_first_round(
 ) -> None:
     """guarantees.md, "Locks and timeouts": a claim whose first statement committed some
     rows and left others to a second statement (a rival committed their keys after the
-    first one's snapshot) and whose second statement the server refuses: the caller is told nothing was written, so the
-    rows the first statement committed must not stay live claims of ours for their lease
-    (our own retry would wait on them): they are undone before the saver's next statement,
-    as after a lost connection. The scenario, all real: another session moves a row into
-    ``k2``'s key and holds it uncommitted, so the first statement waits on it; a third
-    session queues a SHARE lock on the table behind that statement; the mover commits, the
-    first statement ends (``k1`` committed, ``k2`` unseen), and the second statement then
-    waits on the SHARE lock past ``lock_timeout``."""
+    first one's snapshot) and whose second statement the server refuses: the caller is
+    told nothing was written, so the rows the first statement committed must not stay
+    live claims of ours for their lease (our own retry would wait on them): they are
+    undone before the saver's next statement, as after a lost connection.
+
+    The scenario, all real: another session moves a row into ``k2``'s key and holds it
+    uncommitted, so the first statement waits on it; a third session queues a SHARE lock
+    on the table behind that statement; the mover commits, the first statement ends
+    (``k1`` committed, ``k2`` unseen), and the second statement then waits on the SHARE
+    lock past ``lock_timeout``."""
     name = f"contention-rounds-{uuid.uuid4().hex[:8]}"
     dsn = make_conninfo(with_setting(pg_dsn, "lock_timeout", "2s"), application_name=name)
     k1, k2 = charge_intent("k1"), charge_intent("k2")
