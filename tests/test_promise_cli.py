@@ -1,0 +1,50 @@
+"""The README's command-line section, taken at its word: its table names every command
+there is, and "every command but ``demo`` takes ``--json``" (``demo`` refuses it before it
+runs anything)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from langgraph_idem_saver.cli import main
+from langgraph_idem_saver.cli.parser import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def readme_commands() -> set[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Command line", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    first_cells = [re.split(r"(?<!\\)\|", row)[1] for row in rows]  # (not an escaped \|)
+    return {name for cell in first_cells for name in re.findall(r"`([a-z][a-z-]*)\b", cell)}
+
+
+def test_the_readme_table_names_every_command() -> None:
+    assert readme_commands() == set(commands())
+
+
+@pytest.mark.parametrize("name", sorted(set(commands()) - {"demo"}))
+def test_every_command_but_demo_takes_json(name: str) -> None:
+    sub = commands()[name]
+    assert "[--json]" in sub.format_usage(), sub.format_usage()
+
+
+def test_demo_refuses_json_before_running_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--json"])
+    assert exited.value.code == 2
+    assert list(tmp_path.iterdir()) == []  # no idem-demo.db made
