@@ -103,3 +103,41 @@ def test_close_while_a_call_waits_for_a_pooled_connection(
         )
     else:  # the control: the same call, not closed under it, runs once it can
         assert waiting.error is None and waiting.result is None
+
+
+@pytest.mark.parametrize("path", ["direct", "ledger"])
+def test_a_call_handed_its_connection_after_close_began_runs_nothing(
+    pg_dsn: str, path: str
+) -> None:
+    """The docstring's "every later call raises": a call waiting for a pooled connection
+    that the pool hands it *after* ``close()`` began (the connection freed within the
+    call's wait slice) raises ``ConnectionClosedError`` too, having run nothing - it does
+    not start its statements under a ``close()`` that then has to wait for them."""
+    name = f"close-handed-{uuid.uuid4().hex[:8]}"
+    kwargs = {**KWARGS, "application_name": name}
+    with ConnectionPool(
+        pg_dsn, kwargs=kwargs, min_size=1, max_size=1, timeout=POOL_TIMEOUT
+    ) as pool:
+        saver = PostgresSaver(pool)
+        try:
+            saver.setup()
+            direct = saver._direct_path
+            assert direct is not None
+            held = pool.getconn()  # the pool is now exhausted
+            waiting = Waiting(calls(saver)[path])
+            waiting.start()
+            time.sleep(0.3)
+            assert waiting.is_alive()  # waiting for the connection
+            closing = threading.Thread(target=saver.close, daemon=True)
+            closing.start()
+            deadline = time.monotonic() + 10
+            while not direct.closed:  # close() has begun (and waits for the call)
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            pool.putconn(held)  # handed to the waiting call, within its slice
+            waiting.join(POOL_TIMEOUT)
+            closing.join(POOL_TIMEOUT)
+            assert not waiting.is_alive() and not closing.is_alive()
+        finally:
+            saver.close()
+    assert isinstance(waiting.error, ConnectionClosedError), (waiting.error, waiting.result)

@@ -138,6 +138,11 @@ class DirectPath:
                     raise
                 continue
             with held:
+                if self.closed:  # handed over after close() began: still nothing runs
+                    raise ConnectionClosedError(
+                        "the saver was closed while this call waited for a pooled "
+                        "connection; nothing of the call ran"
+                    )
                 yield conn
             return
 
