@@ -327,3 +327,36 @@ async def test_a_claims_second_round_refused_on_a_lock_undoes_its_first_round(
         assert await saver.aget_entry("t", "k1") is None  # undone before this read
         first, second = await saver.aclaim([k1, k2], owner=OWNER, lease_seconds=300)
         assert first.claimed and not second.claimed  # k1 ours again; k2 the rival's
+
+
+async def test_a_claim_chosen_to_break_a_real_deadlock_is_typed_and_writes_nothing(
+    pg_dsn: str,
+) -> None:
+    """README and guarantees.md: a deadlock (40P01) raises ``DatabaseLockedError``,
+    nothing written - with a real deadlock, not a constructed exception. Another session
+    moves rows into ``k2``'s and then ``k1``'s keys, uncommitted; the claim of ``[k1, k2]``
+    inserts ``k1`` and waits on ``k2`` while the other session waits on ``k1``. The
+    saver's session checks for the deadlock first (its ``deadlock_timeout`` is the
+    shorter), so it is the one the server fails."""
+    name = f"contention-deadlock-{uuid.uuid4().hex[:8]}"
+    dsn = make_conninfo(with_setting(pg_dsn, "deadlock_timeout", "1500ms"), application_name=name)
+    k1, k2 = charge_intent("k1"), charge_intent("k2")
+    async with pooled_saver(dsn) as saver:
+        staged = [dataclasses.replace(i, scope="staging") for i in (k1, k2)]
+        await saver.aclaim(staged, owner="rival", lease_seconds=300)
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as other:
+            await other.execute("SET deadlock_timeout = '60s'")
+            move = "UPDATE idem_tool_calls SET scope = 't' WHERE scope = 'staging' AND key = %s"
+            await other.execute(move, ("k2",))
+            claiming = asyncio.create_task(saver.aclaim([k1, k2], owner=OWNER, lease_seconds=300))
+            await asyncio.to_thread(blocked, pg_dsn, name)  # k1 inserted, waiting on k2
+            moving = asyncio.create_task(other.execute(move, ("k1",)))  # waits on k1
+            with pytest.raises(DatabaseLockedError, match="deadlock") as raised:
+                await claiming
+            assert isinstance(raised.value.__cause__, psycopg.errors.DeadlockDetected)
+            await moving  # the other session goes on
+            await other.rollback()
+        # nothing of the claim was written: no row of ours under either key
+        assert count(pg_dsn, "idem_tool_calls WHERE scope = 't'") == 0
+        first, second = await saver.aclaim([k1, k2], owner=OWNER, lease_seconds=300)
+        assert first.claimed and second.claimed  # retryable, as the error says
