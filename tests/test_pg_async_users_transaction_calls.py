@@ -25,9 +25,10 @@ import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tool_node_helpers import intent_for
 
-from langgraph_idem_saver import AsyncPostgresSaver, ConfigError
+from langgraph_idem_saver import AsyncPostgresSaver, ConfigError, DatabaseLockedError
 
 
 class _Rollback(Exception):
@@ -147,3 +148,32 @@ async def test_a_failed_users_transaction_gives_config_error(pg_dsn: str) -> Non
         assert await saver.aget_tuple(config("a")) is None
         [claim] = await saver.aclaim([intent], owner="o", lease_seconds=60)
         assert claim.claimed
+
+
+async def test_a_lock_timeout_inside_the_users_transaction_says_to_roll_it_back(
+    pg_dsn: str,
+) -> None:
+    """A checkpoint write joining the user's transaction and refused on ``lock_timeout``
+    is ``DatabaseLockedError`` saying the user's transaction is aborted and must be
+    rolled back before a retry - not "its transaction was rolled back: retry it", which a
+    retry inside it would contradict (``ConfigError``: it has failed). Outside it, the
+    same refusal says "retry it", and a retry works."""
+    options = conninfo_to_dict(pg_dsn).get("options") or ""  # it sets the test's schema
+    dsn = make_conninfo(pg_dsn, options=f"{options} -c lock_timeout=200ms")
+    async with user_connection(dsn) as conn:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        async with await AsyncConnection.connect(pg_dsn) as other:
+            await other.execute("LOCK TABLE idem_checkpoints IN EXCLUSIVE MODE")
+            with pytest.raises(_Rollback):
+                async with conn.transaction():
+                    with pytest.raises(DatabaseLockedError, match="roll your transaction back"):
+                        await put(saver, "a", "inside", 1)
+                    with pytest.raises(ConfigError, match="has failed"):  # as the error said
+                        await put(saver, "a", "inside", 1)
+                    raise _Rollback
+            with pytest.raises(DatabaseLockedError, match=r"was rolled back.*: retry it$"):
+                await put(saver, "a", "outside", 1)
+            await other.rollback()
+        await put(saver, "a", "outside", 1)
+        assert await value(saver, "a") == "outside"

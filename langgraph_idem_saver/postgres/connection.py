@@ -392,7 +392,11 @@ class PostgresConnection:
                     "AsyncConnectionPool, which replaces lost connections"
                 )
             return ConnectionClosedError(f"the PostgreSQL connection was lost ({exc}); {hint}")
-        contention = contention_error(exc, sqlstate)  # a lock, a conflict, a timeout
+        # a lock, a conflict, a timeout; on the user's own AsyncConnection (read before
+        # any other task could use it: no await since the call failed), inside their
+        # transaction or not
+        inside = conn is not None and conn is self.conn and self._users_transaction_open()
+        contention = contention_error(exc, sqlstate, in_users_transaction=inside)
         if contention is not None:
             return contention
         if sqlstate == "25P02":  # in_failed_sql_transaction: a transaction of the user's

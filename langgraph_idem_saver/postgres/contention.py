@@ -30,19 +30,33 @@ _LOCKED = {
 TRANSIENT: tuple[type[Exception], ...] = (DatabaseLockedError, StatementTimeoutError)
 
 
-def contention_error(exc: BaseException, sqlstate: str) -> Exception | None:
+def contention_error(
+    exc: BaseException, sqlstate: str, *, in_users_transaction: bool = False
+) -> Exception | None:
     """The typed error for a call PostgreSQL failed on a lock, a conflict or a timeout;
-    None for any other error."""
+    None for any other error. ``in_users_transaction``: the call ran inside a transaction
+    of the user's (joined, or as a savepoint of it), which the failure leaves failed (or
+    rolled back to the savepoint, in a snapshot that may fail the same way again): only
+    the user can end it, so "retry it" alone would not be true."""
+    if in_users_transaction:
+        rolled_back = (
+            "it ran inside a transaction of yours, which this failure aborted (or rolled "
+            "back to a savepoint)"
+        )
+        retry = "roll your transaction back, then retry it"
+    else:
+        rolled_back = "its transaction was rolled back"
+        retry = "retry it"
     why = _LOCKED.get(sqlstate)
     if why is not None:
         return DatabaseLockedError(
-            f"PostgreSQL refused the call: {why} ({exc}); its transaction was rolled back, "
-            "nothing was written: retry it"
+            f"PostgreSQL refused the call: {why} ({exc}); {rolled_back}, nothing was "
+            f"written: {retry}"
         )
     if sqlstate == "57014":  # query_canceled: statement_timeout, or pg_cancel_backend
         return StatementTimeoutError(
             f"PostgreSQL cancelled the statement ({exc}): statement_timeout, or an operator's "
-            "pg_cancel_backend; its transaction was rolled back, nothing was written: retry "
-            "it (or raise statement_timeout for the saver's connection)"
+            f"pg_cancel_backend; {rolled_back}, nothing was written: {retry} "
+            "(or raise statement_timeout for the saver's connection)"
         )
     return None

@@ -141,7 +141,10 @@ class AsyncPostgresSaver(
     * the ledger's writes (claims, outcomes, releases, model answers) refuse it with
       :class:`ConfigError`, nothing sent: a claim must be committed before its tool runs;
     * a transaction of yours that has *failed* makes every call raise
-      :class:`ConfigError` (roll it back), never psycopg's ``InFailedSqlTransaction``.
+      :class:`ConfigError` (roll it back), never psycopg's ``InFailedSqlTransaction``;
+    * a call inside it refused on a lock, a conflict or a timeout raises
+      :class:`DatabaseLockedError` / :class:`StatementTimeoutError` saying your
+      transaction is aborted: roll it back, then retry.
 
     A pool's connections and the one ``from_conn_string`` opens hold no transaction of
     yours. (The sync ``PostgresSaver`` refuses what runs on its loop - setup, the ledger,
