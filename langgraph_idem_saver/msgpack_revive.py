@@ -7,23 +7,34 @@ is already imported, ``import_module`` still runs ~80 bytecodes of ``importlib._
 ``sys.modules[module]``: about a quarter of the Python a message's revival runs, ~1.5 µs a
 message (a 20-message list: ~6% of its decoding, measured in ``benchmarks/README.md``).
 
-:func:`fast_hook` builds the same hook - LangGraph's own ``_create_msgpack_ext_hook``
-code, the same allowlist, the same events and fallbacks, no second copy of it - run over
-the jsonplus module's globals with one name rebound: ``importlib`` is :data:`MODULES`,
-whose ``import_module`` returns a module from ``sys.modules`` exactly when CPython's
+:func:`fast_hook` rebuilds the serializer's own hook - LangGraph's ``ext_hook`` code, no
+second copy of it - with one global rebound: ``importlib`` is :data:`MODULES`, whose
+``import_module`` returns a module from ``sys.modules`` exactly when CPython's
 ``_find_and_load`` would return it without a lock (present, not ``None``, not being
 initialized by another thread), and otherwise calls ``importlib.import_module`` itself.
-So every module, class and answer is the one the stock hook gives; only the lookup of an
-imported module is shorter. Pinned in ``tests/test_upstream_contracts.py`` (the hook
-reads ``importlib`` as a global of jsonplus) and ``tests/test_msgpack_revive.py`` (the
-same values, the allowlist's blocks and events, a module mid-import).
+Why it stays the stock hook in every decision:
+
+* its closure is the stock hook's own cells (only the cell for its recursion is new), so
+  the allowlist it checks is the one the serializer's hook captured, and the checks
+  (``_check_allowed``: events, warn-once sets, the strict switch) are LangGraph's own
+  functions reading jsonplus' live globals;
+* the globals the hook's own body reads are a snapshot of jsonplus' taken when it was
+  built, compared with jsonplus' current ones on every :func:`fast_hook` call (one tuple
+  of its ~13 names, ~0.2 µs): a name rebound since (a monkeypatched
+  ``_reconstruction_fallback``, an ``importlib`` replaced in jsonplus) makes a new
+  snapshot, and a jsonplus whose ``importlib`` is not the real module gets its own hook.
+
+Pinned in ``tests/test_upstream_contracts.py`` (the hook reads ``importlib`` as a global
+of jsonplus) and ``tests/test_msgpack_revive.py`` (the same values, the allowlist's
+blocks and events, names rebound in jsonplus, a module mid-import, a changed upstream).
 """
 
 from __future__ import annotations
 
+import dis
 import importlib
+import operator
 import sys
-import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -45,8 +56,9 @@ class _Modules:
     @staticmethod
     def import_module(name: str, package: str | None = None) -> types.ModuleType:
         """``importlib.import_module(name, package)``; a module imported already is taken
-        from ``sys.modules`` as ``importlib._bootstrap._find_and_load`` takes it."""
-        if package is None and type(name) is str:
+        from ``sys.modules`` as ``importlib._bootstrap._find_and_load`` takes it (a
+        relative or empty name goes to ``importlib``, which refuses it)."""
+        if package is None and type(name) is str and name[:1] not in ("", "."):
             module = sys.modules.get(name)
             if module is not None and not getattr(
                 getattr(module, "__spec__", None), "_initializing", False
@@ -57,20 +69,18 @@ class _Modules:
 
 MODULES = _Modules()
 
-_make: Callable[[Any], ExtHook] | None = None
-_AVAILABLE: bool
-_make_lock = threading.Lock()
-
 
 def _hook_code() -> types.CodeType | None:
-    """The code of the hook LangGraph's factory makes, when it reads ``importlib`` as a
-    global (the name this module rebinds)."""
+    """The code of the hook LangGraph's factory makes, when its bytecode reads
+    ``importlib`` as a global (the name this module rebinds)."""
     factory = getattr(jsonplus, "_create_msgpack_ext_hook", None)
     if not isinstance(factory, types.FunctionType):
         return None
     for code in factory.__code__.co_consts:
         if isinstance(code, types.CodeType) and code.co_name == "ext_hook":
-            return code if "importlib" in code.co_names else None
+            # read as a global (not ``from importlib import ...``, not a local)
+            reads = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+            return code if "importlib" in reads else None
     return None
 
 
@@ -81,39 +91,84 @@ def available() -> bool:
 
 _HOOK_CODE = _hook_code()
 _AVAILABLE = _HOOK_CODE is not None
+# the globals the hook's body reads (its other names are attributes and builtins)
+_NAMES: tuple[str, ...] = tuple(
+    sorted(
+        {"importlib"}
+        | {n for n in (_HOOK_CODE.co_names if _HOOK_CODE else ()) if n in vars(jsonplus)}
+    )
+)
+_read_names = operator.itemgetter(*_NAMES) if _AVAILABLE else None
+_NAMESPACE = vars(jsonplus)
+_IMPORTLIB = _NAMES.index("importlib")
 
 
-def _factory() -> Callable[[Any], ExtHook]:
-    """``_create_msgpack_ext_hook`` over jsonplus' globals with ``importlib`` rebound
-    (built once: the globals are read when jsonplus is fully imported)."""
-    global _make
-    if _make is None:
-        with _make_lock:
-            if _make is None:
-                original = jsonplus._create_msgpack_ext_hook
-                scope = dict(vars(jsonplus))
-                scope["importlib"] = MODULES
-                _make = types.FunctionType(
-                    original.__code__, scope, original.__name__, original.__defaults__
-                )
-    return _make
+class _Scope:
+    """jsonplus' globals as the rebuilt hooks read them: ``values`` (the hook's names,
+    as they were in jsonplus) and ``globals`` (the copy with ``importlib`` rebound)."""
+
+    __slots__ = ("globals", "values")
+
+    def __init__(self, values: tuple[Any, ...], scope: dict[str, Any]) -> None:
+        self.values, self.globals = values, scope
+
+
+_scope: _Scope | None = None  # replaced whole (one assignment: no lock needed)
+
+
+def _current_scope(values: tuple[Any, ...]) -> _Scope | None:
+    """The scope for jsonplus' globals as they are now (``values``: the hook's names read
+    from jsonplus); None when the hook cannot be rebuilt over them (jsonplus'
+    ``importlib`` replaced by someone: their ``import_module`` is theirs to run)."""
+    global _scope
+    scope = _scope
+    if scope is not None and values == scope.values:
+        return scope
+    if values[_IMPORTLIB] is not importlib:
+        return None
+    copied = dict(_NAMESPACE)
+    copied["importlib"] = MODULES
+    scope = _scope = _Scope(values, copied)
+    return scope
+
+
+def _rebuilt(hook: Any, scope: _Scope) -> ExtHook:
+    """``hook`` (an ``ext_hook`` of LangGraph's factory) over ``scope``'s globals: its own
+    closure cells (the stock checks and, through them, the allowlist it captured), but a
+    new one for the name it recurses through, so nested objects are revived by it too."""
+    code: types.CodeType = hook.__code__
+    cells = list(hook.__closure__)
+    own = code.co_freevars.index("ext_hook") if "ext_hook" in code.co_freevars else -1
+    if own >= 0:
+        cells[own] = types.CellType()
+    fast = types.FunctionType(code, scope.globals, hook.__name__, hook.__defaults__, tuple(cells))
+    if own >= 0:
+        cells[own].cell_contents = fast
+    return fast
 
 
 def fast_hook(serde: Any) -> ExtHook:
     """The reviver to unpack ``serde``'s msgpack values with: its own hook when that is
-    a custom one (``__unpack_ext_hook__``), else LangGraph's hook for its allowlist with
-    the shorter module lookup. Cached on the serializer, rebuilt whenever its hook or
-    allowlist was replaced (``with_msgpack_allowlist`` makes a copy with both new)."""
+    a custom one (``__unpack_ext_hook__``, or one set by hand), else that hook rebuilt
+    with the shorter module lookup. Cached on the serializer, rebuilt whenever its hook
+    was replaced (``with_msgpack_allowlist`` makes a copy with a new one) or a global of
+    jsonplus the hook reads was rebound since (compared on every call, ~0.2 µs)."""
     hook: ExtHook = serde._unpack_ext_hook
-    if serde._custom_unpack_ext_hook or not _AVAILABLE:
+    if serde._custom_unpack_ext_hook or _read_names is None:
         return hook
-    allowed = serde._allowed_msgpack_modules
+    try:
+        values: tuple[Any, ...] = _read_names(_NAMESPACE)
+    except KeyError:  # a name gone from jsonplus: its own hook, as it is now
+        return hook
     cached = serde.__dict__.get("_idem_fast_hook")
-    if cached is not None and cached[0] is hook and cached[1] is allowed:
-        fast: ExtHook = cached[2]
+    if cached is not None and cached[0] is hook and values == cached[1]:
+        fast: ExtHook = cached[2]  # (a tuple compare: ints, classes, functions, modules)
         return fast
     if getattr(hook, "__code__", None) is not _HOOK_CODE:
         return hook  # not one LangGraph's factory made (set by hand): used as it is
-    fast = _factory()(allowed)
-    serde.__dict__["_idem_fast_hook"] = (hook, allowed, fast)
+    scope = _current_scope(values)
+    if scope is None:
+        return hook
+    fast = _rebuilt(hook, scope)
+    serde.__dict__["_idem_fast_hook"] = (hook, values, fast)
     return fast

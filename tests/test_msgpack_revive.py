@@ -9,15 +9,23 @@ import datetime
 import decimal
 import enum
 import importlib
+import logging
 import sys
 import types
 import uuid
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+import numpy
+import ormsgpack
+import pydantic.v1
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.serde import _msgpack as _lg_msgpack
+from langgraph.checkpoint.serde import jsonplus
+from langgraph.checkpoint.serde.event_hooks import register_serde_event_listener
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.types import Send
 from pydantic import BaseModel
 
@@ -163,3 +171,168 @@ def test_a_hook_set_by_hand_is_used_as_it_is() -> None:
 
     serde._unpack_ext_hook = by_hand  # a private attribute, replaced without the flag
     assert serde.loads_typed(stored) == ["by hand"]
+
+
+# --- the rebuilt hook decides as the serializer's own, whatever was rebound since ----------
+
+
+class Unregistered(BaseModel):  # in no allowlist: allowed with an event by default
+    v: int
+
+
+class OldStyle(pydantic.v1.BaseModel):  # pydantic v1 (EXT_PYDANTIC_V1)
+    v: int
+
+
+def _ext(code: int, *parts: Any) -> bytes:
+    """A stored msgpack value that is one extension object (as a crafted row would be)."""
+    return ormsgpack.packb(ormsgpack.Ext(code, ormsgpack.packb(parts)))
+
+
+EXTS: dict[str, tuple[str, bytes]] = {
+    "constructor": JsonPlusSerializer().dumps_typed(uuid.UUID(int=9)),
+    "pos args": JsonPlusSerializer().dumps_typed(Pair(1, "p")),
+    "kw args": JsonPlusSerializer().dumps_typed(Point(1, [2])),
+    "method": JsonPlusSerializer().dumps_typed(datetime.datetime(2026, 11, 27)),
+    "pydantic v1": JsonPlusSerializer().dumps_typed(OldStyle(v=1)),
+    "pydantic v2": JsonPlusSerializer().dumps_typed(Invoice(number=1, lines=[])),
+    "unregistered": JsonPlusSerializer().dumps_typed([Unregistered(v=2)]),
+    "numpy": JsonPlusSerializer().dumps_typed(numpy.arange(4, dtype="int16")),
+    "delta snapshot": JsonPlusSerializer().dumps_typed(_DeltaSnapshot([AIMessage("d", id="d")])),
+    "blocked method": ("msgpack", _ext(3, "builtins", "eval", "1 + 1", "__call__")),
+    "no such module": ("msgpack", _ext(0, "idem_no_such_module", "X", 1)),
+    "no such name": ("msgpack", _ext(2, "uuid", "NoSuchName", {"a": 1})),
+    "failing constructor": ("msgpack", _ext(0, "uuid", "UUID", "not a uuid")),
+    "unknown code": ("msgpack", _ext(42, "uuid", "UUID", "x")),
+}
+ALLOWLISTS: dict[str, Any] = {
+    "default": {},
+    "strict": {"allowed_msgpack_modules": None},
+    "listed": {"allowed_msgpack_modules": [Invoice, Unregistered, OldStyle, Point]},
+}
+
+
+def _observed(
+    serde: JsonPlusSerializer, stored: tuple[str, bytes], caplog: pytest.LogCaptureFixture
+) -> tuple[str, list[Any], list[str]]:
+    """What reading ``stored`` gives: the value (its repr: types all the way down), the
+    serde events, the warnings (the warn-once sets emptied first, for both readers)."""
+    for seen in (
+        jsonplus._warned_unregistered_types,
+        jsonplus._warned_blocked_types,
+        jsonplus._warned_unreconstructable_types,
+    ):
+        seen.clear()
+    events: list[Any] = []
+    unregister = register_serde_event_listener(events.append)
+    caplog.clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=jsonplus.logger.name):
+            value = serde.loads_typed(stored)
+    finally:
+        unregister()
+    return repr(value), events, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("allowlist", ALLOWLISTS)
+@pytest.mark.parametrize("ext", EXTS)
+def test_every_extension_reads_as_langgraphs_with_its_events_and_warnings(
+    ext: str, allowlist: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    stock = JsonPlusSerializer(**ALLOWLISTS[allowlist])
+    ours = _lossless(JsonPlusSerializer(**ALLOWLISTS[allowlist]))
+    stored = EXTS[ext]
+    assert _observed(ours, stored, caplog) == _observed(stock, stored, caplog)
+
+
+def test_strict_mode_from_the_environment_reads_as_langgraphs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # what LANGGRAPH_STRICT_MSGPACK=true sets when LangGraph's _msgpack is imported
+    monkeypatch.setattr(_lg_msgpack, "STRICT_MSGPACK_ENABLED", True)
+    stock, ours = JsonPlusSerializer(), _lossless(JsonPlusSerializer())
+    assert stock._allowed_msgpack_modules is None  # the control: strict indeed
+    for stored in EXTS.values():
+        assert _observed(ours, stored, caplog) == _observed(stock, stored, caplog)
+
+
+def test_names_rebound_in_jsonplus_after_a_read_are_used_by_the_next(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ours = _lossless(JsonPlusSerializer())
+    stock = JsonPlusSerializer()
+    stored = EXTS["failing constructor"]
+    assert ours.loads_typed(stored) == "not a uuid"  # the fast hook built, its scope taken
+    # a fallback and an event function patched in jsonplus (as tests and tracing do)
+    fallbacks: list[str] = []
+
+    def fallback(tup: Any, exc: Exception) -> str:
+        fallbacks.append(tup[1])
+        return "fb"
+
+    monkeypatch.setattr(jsonplus, "_reconstruction_fallback", fallback)
+    assert stock.loads_typed(stored) == "fb" and fallbacks == ["UUID"]  # the control
+    assert ours.loads_typed(stored) == "fb" and fallbacks == ["UUID", "UUID"]
+    events: list[Any] = []
+    monkeypatch.setattr(jsonplus, "emit_serde_event", events.append)
+    monkeypatch.setattr(jsonplus, "_warned_unregistered_types", set())
+    unregistered = EXTS["unregistered"]
+    assert _observed(ours, unregistered, caplog) == _observed(stock, unregistered, caplog)
+    assert len(events) == 2  # one each: the patched function was called by both
+    # someone's own importlib in jsonplus: called for every revival, as by LangGraph's
+    imported: list[str] = []
+
+    def import_module(name: str, package: str | None = None) -> types.ModuleType:
+        imported.append(name)
+        return importlib.import_module(name, package)
+
+    monkeypatch.setattr(jsonplus, "importlib", types.SimpleNamespace(import_module=import_module))
+    assert ours.loads_typed(EXTS["constructor"]) == uuid.UUID(int=9)
+    assert imported == ["uuid"]
+
+
+def test_an_allowlist_replaced_on_the_serializer_decides_as_its_hook_does() -> None:
+    stored = EXTS["pydantic v2"]
+    ours = _lossless(JsonPlusSerializer(allowed_msgpack_modules=None))
+    assert ours.loads_typed(stored) == {"number": 1, "lines": []}  # blocked
+    # the private attribute replaced, the hook (which holds the allowlist) kept: LangGraph
+    # reads with the hook's, and so do we
+    ours._allowed_msgpack_modules = {(Invoice.__module__, "Invoice")}
+    assert JsonPlusSerializer.loads_typed(ours, stored) == {"number": 1, "lines": []}
+    assert ours.loads_typed(stored) == {"number": 1, "lines": []}
+
+
+def test_relative_or_empty_names_are_refused_as_importlib_refuses_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    odd = types.ModuleType("odd")
+    for name, error in ((".idem_dotted", TypeError), ("", ValueError)):
+        monkeypatch.setitem(sys.modules, name, odd)
+        with pytest.raises(error):
+            importlib.import_module(name)  # the control
+        with pytest.raises(error):
+            msgpack_revive.MODULES.import_module(name)
+
+
+def test_a_changed_upstream_hook_fails_the_contract_and_is_used_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import test_upstream_contracts
+
+    test_upstream_contracts.test_the_reviver_reads_importlib_as_a_jsonplus_global()  # as is
+
+    def changed_factory(allowed_modules: Any) -> Any:
+        def ext_hook(code: int, data: bytes) -> Any:  # imports without the global
+            from importlib import import_module
+
+            return import_module("uuid").UUID(int=code)
+
+        return ext_hook
+
+    monkeypatch.setattr(jsonplus, "_create_msgpack_ext_hook", changed_factory)
+    assert not msgpack_revive.available()
+    with pytest.raises(AssertionError, match=r"msgpack_revive\.py"):
+        test_upstream_contracts.test_the_reviver_reads_importlib_as_a_jsonplus_global()
+    serde = _lossless(JsonPlusSerializer())  # its hook from the changed factory
+    assert msgpack_revive.fast_hook(serde) is serde._unpack_ext_hook
+    assert serde.loads_typed(EXTS["constructor"]) == uuid.UUID(int=0)
