@@ -177,3 +177,23 @@ async def test_a_lock_timeout_inside_the_users_transaction_says_to_roll_it_back(
             await other.rollback()
         await put(saver, "a", "outside", 1)
         assert await value(saver, "a") == "outside"
+
+
+async def test_setup_inside_the_users_transaction_holds_no_other_savers_setup_back(
+    pg_dsn: str,
+) -> None:
+    """``setup()`` inside a transaction of the user's on a schema already current takes
+    no migration lock: that lock (``pg_advisory_xact_lock``) would be held until the user
+    ends their transaction, and every other saver's ``setup()`` - a worker starting -
+    would wait for it (here: refused on its ``lock_timeout``)."""
+    options = conninfo_to_dict(pg_dsn).get("options") or ""
+    impatient = make_conninfo(pg_dsn, options=f"{options} -c lock_timeout=500ms")
+    async with user_connection(pg_dsn) as conn:
+        await AsyncPostgresSaver(conn).setup()  # the schema is current
+        saver = AsyncPostgresSaver(conn)
+        async with conn.transaction():
+            await saver.setup()  # inside the user's transaction, still open below
+            async with user_connection(impatient) as other_conn:
+                other = AsyncPostgresSaver(other_conn)
+                await other.setup()  # a worker starting meanwhile
+                assert other.is_setup

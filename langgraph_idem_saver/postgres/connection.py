@@ -497,17 +497,29 @@ async def _in_transaction(
         return await fn(cur)
 
 
+async def _schema_version(cur: Cursor) -> int:
+    """The schema version the database holds (-1: none)."""
+    await cur.execute(sql.SELECT_MIGRATIONS_TABLE)
+    row = await cur.fetchone()
+    if row is None or not row[0]:
+        return -1
+    await cur.execute(sql.SELECT_SCHEMA_VERSION)
+    version_row = await cur.fetchone()
+    return -1 if version_row is None or version_row[0] is None else int(version_row[0])
+
+
+async def migrate_unless_current(cur: Cursor) -> None:
+    """:func:`migrate`, without taking its lock when the schema is already current. For
+    ``setup()`` inside a transaction of the user's: the transaction-scoped lock would be
+    held until the user ends it, and every other saver's ``setup()`` would wait."""
+    if await _schema_version(cur) != sql.SCHEMA_VERSION:
+        await migrate(cur)
+
+
 async def migrate(cur: Cursor) -> None:
     """Bring the schema up to date; the caller runs this in one transaction."""
     await cur.execute(sql.TAKE_MIGRATION_LOCK, (sql.MIGRATION_LOCK_KEY,))
-    await cur.execute(sql.SELECT_MIGRATIONS_TABLE)
-    row = await cur.fetchone()
-    found = -1
-    if row is not None and row[0]:
-        await cur.execute(sql.SELECT_SCHEMA_VERSION)
-        version_row = await cur.fetchone()
-        if version_row is not None and version_row[0] is not None:
-            found = int(version_row[0])
+    found = await _schema_version(cur)
     if found > sql.SCHEMA_VERSION:
         raise SchemaVersionError(found, sql.SCHEMA_VERSION, "this PostgreSQL database")
     for version in range(found + 1, len(sql.MIGRATIONS)):

@@ -81,6 +81,7 @@ from langgraph_idem_saver.postgres.connection import (
     Statement,
     Steps,
     migrate,
+    migrate_unless_current,
     single,
 )
 from langgraph_idem_saver.postgres.delta_history import PostgresDeltaHistory
@@ -223,13 +224,17 @@ class AsyncPostgresSaver(
         Inside a transaction of yours open on your own ``AsyncConnection``, the
         migrations join it (a savepoint, committed with it) and the saver does *not*
         count itself set up: your transaction may still roll back, taking the tables with
-        it. Each later call then checks the schema again (three statements) until a
-        ``setup()`` runs outside a transaction of yours, as every call's does on first
-        use.
+        it. Each later call then checks the schema again until a ``setup()`` runs
+        outside a transaction of yours, as every call's does on first use. On a schema
+        already current it takes no migration lock, which would be held until your
+        transaction ends and hold every other saver's ``setup()`` back; one that
+        migrates does hold it until then.
         """
         if not self.is_setup and self._users_transaction_open():
             self._remember_loop()
-            await self._execute(migrate, tx=True)  # joined, so not remembered
+            # joined, so not remembered; no migration lock held for the user's
+            # transaction when there is nothing to migrate
+            await self._execute(migrate_unless_current, tx=True)
             return
         await super().setup()
 
