@@ -6,8 +6,11 @@ row is handed, so which rows find a drain pending does not depend on timing."""
 
 from __future__ import annotations
 
+import contextlib
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,3 +112,139 @@ def test_rows_handed_while_the_loop_is_busy_go_as_one_drain_and_one_write(
             "SELECT status, COUNT(*) FROM idem_tool_calls WHERE thread_id = 't' GROUP BY 1"
         ).fetchall()
     assert statuses == [("completed", CALLS)]
+
+
+# --- many short sync tools finishing in a random order: no outcome left behind ---------
+
+STEPS, WIDTH = 8, 24
+
+
+def _statuses(db: Path, thread_id: str) -> dict[str, str]:
+    """Each call's ledger status, read by another connection (what is committed)."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute(
+            "SELECT tool_call_id, status FROM idem_tool_calls WHERE thread_id = ?", (thread_id,)
+        ).fetchall()
+    return dict(rows)
+
+
+class Observed:
+    """Every step's writes, and the rows each handed and drained (a lost wake-up leaves a
+    row handed and never drained, its call ``issued`` when the node returned)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, hand: Any = None) -> None:
+        self.lock = threading.Lock()
+        self.handed = self.drained = 0
+        self.steps: list[SyncStepWrites] = []
+        real_hand = hand or SyncStepWrites.hand
+        real_take, real_close = SyncStepWrites.take, SyncStepWrites.close
+
+        def counted_hand(writes: SyncStepWrites, plan: Any, result: Any) -> bool:
+            taken: bool = real_hand(writes, plan, result)
+            with self.lock:
+                self.handed += taken
+            return taken
+
+        def counted_take(writes: SyncStepWrites, plan: Any, row: Any) -> None:
+            self.drained += 1  # on the ledger's loop only (drain's rows, one by one)
+            real_take(writes, plan, row)
+
+        def recorded_close(writes: SyncStepWrites) -> int:
+            self.steps.append(writes)
+            return real_close(writes)
+
+        monkeypatch.setattr(SyncStepWrites, "hand", counted_hand)
+        monkeypatch.setattr(SyncStepWrites, "take", counted_take)
+        monkeypatch.setattr(SyncStepWrites, "close", recorded_close)
+
+
+def _stress_tools(
+    db: Path, thread: dict[str, str], failing: set[int], returned: set[int]
+) -> list[Any]:
+    rng = random.Random(41)
+    pauses = [rng.choice((0.0, 0.0, 0.0, 0.0003, 0.001, 0.003)) for _ in range(STEPS * WIDTH)]
+
+    @tool
+    def work(i: int) -> str:
+        """A short sync tool: its claim and its siblings' are committed before it runs
+        (siblings may have finished already)."""
+        statuses = _statuses(db, thread["id"])
+        assert len(statuses) == WIDTH and statuses[f"c{i}"] == "issued", statuses
+        time.sleep(pauses[i])  # the finishing order: random, fixed by the seed
+        if i in failing:
+            raise RuntimeError(f"tool {i} failed")
+        returned.add(i)
+        return f"done {i}"
+
+    return [work]
+
+
+def test_many_short_sync_tools_every_outcome_committed_before_the_node_returns(
+    saver: SqliteSaver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "drain.db"
+    observed = Observed(monkeypatch)
+    thread: dict[str, str] = {}
+    failing = {3 * WIDTH + 5}  # one step raises from one call: its siblings still recorded
+    returned: set[int] = set()  # calls whose tool returned (a raise cancels those not begun)
+    tools = _stress_tools(db, thread, failing, returned)
+    graph = tool_graph(IdempotentToolNode(tools), saver)
+    for step in range(STEPS):
+        thread["id"] = f"stress-{step}"
+        numbers = range(step * WIDTH, (step + 1) * WIDTH)
+        message = ai_calls(*[("work", {"i": i}, f"c{i}") for i in numbers])
+        if failing & set(numbers):
+            with pytest.raises(RuntimeError, match="failed"):
+                graph.invoke({"messages": [message]}, cfg(thread["id"]))
+        else:
+            graph.invoke({"messages": [message]}, cfg(thread["id"]))
+        statuses = _statuses(db, thread["id"])  # read as the node returned
+        expected = {f"c{i}": "completed" for i in numbers if i in returned}
+        assert {c: statuses.get(c) for c in expected} == expected, (step, statuses)
+        if failing & set(numbers):  # the raise cancels the calls not begun (released)
+            assert statuses[f"c{min(failing)}"] == "issued"  # raised: abandoned
+            assert len(statuses) == len(expected) + 1, statuses
+        else:
+            assert len(expected) == WIDTH
+    assert len(observed.steps) == STEPS
+    assert observed.handed == len(returned) == observed.drained
+    assert all(not writes.waiting for writes in observed.steps)
+
+
+def test_the_stress_check_sees_a_lost_wake_up(
+    saver: SqliteSaver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: a ``hand`` that wakes the loop for a step's first row only (a flag
+    never reset) leaves the later rows undrained, and the checks above see it."""
+    db = tmp_path / "drain.db"
+    first_drained = threading.Event()
+
+    def hand_waking_once(writes: SyncStepWrites, plan: Any, result: Any) -> bool:
+        row = writes.row_of(plan, result)
+        with writes.lock:
+            if writes.closed:
+                return False
+            writes.handed += 1
+            writes.waiting.append((plan, row))
+            if writes.handed == 1:  # the bug: not "the list was empty"
+                writes.loop.call_soon_threadsafe(writes.drain)
+                writes.loop.call_soon_threadsafe(first_drained.set)
+        return True
+
+    observed = Observed(monkeypatch, hand_waking_once)
+
+    @tool
+    def late(i: int) -> str:
+        """The first call returns at once, the others once the first row was drained."""
+        if i:
+            assert first_drained.wait(30)
+        return f"done {i}"
+
+    graph = tool_graph(IdempotentToolNode([late]), saver)
+    message = ai_calls(*[("late", {"i": i}, f"c{i}") for i in range(WIDTH)])
+    graph.invoke({"messages": [message]}, cfg("lost"))
+    statuses = _statuses(db, "lost")
+    assert statuses["c0"] == "completed"
+    assert sum(s == "issued" for s in statuses.values()) == WIDTH - 1  # seen: left issued
+    assert observed.handed == WIDTH and observed.drained == 1
+    assert len(observed.steps[0].waiting) == WIDTH - 1
