@@ -55,6 +55,7 @@ from langgraph_idem_saver import (
     StatementTimeoutError,
 )
 from langgraph_idem_saver.ledger import CallStatus
+from langgraph_idem_saver.owners import make_owner
 from langgraph_idem_saver.postgres import PostgresSaver
 
 OWNER = "host:1:contention"
@@ -360,3 +361,47 @@ async def test_a_claim_chosen_to_break_a_real_deadlock_is_typed_and_writes_nothi
         assert count(pg_dsn, "idem_tool_calls WHERE scope = 't'") == 0
         first, second = await saver.aclaim([k1, k2], owner=OWNER, lease_seconds=300)
         assert first.claimed and second.claimed  # retryable, as the error says
+
+
+# --- an outcome still held when the sync saver closes ------------------------------------
+
+
+async def recorded(saver: PostgresSaver, owner: str, outcome: Outcome) -> None:
+    await saver.record_outcome("t", "k", owner=owner, outcome=outcome)
+
+
+@pytest.mark.parametrize("lock_released", [True, False])
+def test_an_outcome_still_held_when_the_sync_saver_closes_is_written_or_given_up(
+    pg_dsn: str, lock_released: bool
+) -> None:
+    """guarantees.md, "No wait on yourself": an outcome refused on a lock past its retries
+    is held until the saver's next statement; if the saver is closed first, its close
+    writes it (the lock gone) or gives it up (this process then reads the call as an
+    unknown outcome at once) - it is never dropped leaving a live claim of this process
+    for the lease, on which the same process's retry would wait and raise
+    ``ToolCallInProgress`` naming itself."""
+    owner = make_owner()
+    dsn = with_setting(pg_dsn, "lock_timeout", "100ms")
+    with ConnectionPool(dsn, kwargs=KWARGS, min_size=1, max_size=2) as pool:
+        saver = PostgresSaver(pool)
+        try:
+            saver.setup()
+            saver.saver.outcome_retry_seconds = 0.3
+            asyncio.run(saver.aclaim([charge_intent("k")], owner=owner, lease_seconds=300))
+            type_, data = saver.serde.dumps_typed("charged")
+            outcome = Outcome.completed(type_, data)
+            with table_locked(pg_dsn, "idem_tool_calls") as other:
+                with pytest.raises(DatabaseLockedError, match="kept by the saver"):
+                    asyncio.run(recorded(saver, owner, outcome))
+                if lock_released:
+                    other.rollback()
+                saver.close()  # before any next statement of the saver
+        finally:
+            saver.close()
+        with PostgresSaver(pool) as again:
+            entry = asyncio.run(again.aget_entry("t", "k"))
+    assert entry is not None
+    if lock_released:
+        assert entry.status is CallStatus.COMPLETED  # written by the close
+    else:
+        assert entry.status is CallStatus.ISSUED and entry.is_unknown()  # given up: no wait

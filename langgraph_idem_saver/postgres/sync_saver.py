@@ -206,16 +206,23 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
         having run nothing. Then what the saver opened (a pipelined session) is closed and
         its loop thread stopped. Your connection or pool stays open. Idempotent.
 
+        Before that, what the saver still holds (an outcome, or the undo of a claim, that
+        the database refused or could not take and no later statement has written yet:
+        ``held_writes.py``) gets its last chance: written now, or, if the database still
+        refuses it (it waits for a connection up to your pool's ``timeout``), given up -
+        this process then reads those calls as unknown outcomes at once.
+
         Why not a bounded wait: a bound can only end in an error while a statement of
         yours is still running on your connection; the saver has nothing of its own to
         abandon there, so it waits as the statement's caller does."""
         direct, runtime = self._direct_path, self._runtime
-        if (
-            direct is not None
-            and not runtime.closed
-            and threading.get_ident() != runtime.thread.ident
-        ):
-            direct.close()
+        if not runtime.closed and threading.get_ident() != runtime.thread.ident:
+            if self.saver._held:  # outcomes or undos no statement has taken since
+                # their last chance: written now, else given up (read as unknown at
+                # once by this process, never a live claim it would wait on)
+                self._call(self.saver._write_held_at_close())
+            if direct is not None:
+                direct.close()
         super().close()
 
     def setup(self) -> None:
