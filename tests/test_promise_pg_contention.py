@@ -11,7 +11,8 @@
   statement, the node raising the same typed error saying so": a real
   ``IdempotentToolNode`` step whose outcome meets a lock held past the retries raises
   ``DatabaseLockedError`` ("kept by the saver"), the tool ran once, the next statement
-  writes the outcome, and the resumed run replays it.
+  writes the outcome, and the resumed run replays it (``lock_timeout`` and
+  ``statement_timeout``: the README says it of ``StatementTimeoutError`` too).
 
 Real PostgreSQL, another session holding ``LOCK TABLE ... IN EXCLUSIVE MODE``.
 """
@@ -47,6 +48,7 @@ from langgraph_idem_saver.ledger import CallStatus
 
 OWNER = "host:1:promise"
 KWARGS: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+TIMEOUTS = {"lock_timeout": DatabaseLockedError, "statement_timeout": StatementTimeoutError}
 
 
 def with_setting(dsn: str, name: str, value: str) -> str:
@@ -130,8 +132,9 @@ async def test_an_abandon_refused_on_a_lock_is_run_again_before_the_next_stateme
     assert "the tool raised" in (entry.error or "")
 
 
+@pytest.mark.parametrize("setting", sorted(TIMEOUTS))
 async def test_a_nodes_outcome_refused_past_its_retries_raises_the_typed_error_and_is_kept(
-    pg_dsn: str,
+    pg_dsn: str, setting: str
 ) -> None:
     fx = Counter()
     other: psycopg.Connection[Any] = psycopg.connect(pg_dsn)
@@ -149,7 +152,7 @@ async def test_a_nodes_outcome_refused_past_its_retries_raises_the_typed_error_a
         fx.bump(amount)
         return f"charged {amount}"
 
-    dsn = with_setting(pg_dsn, "lock_timeout", "100ms")
+    dsn = with_setting(pg_dsn, setting, "100ms")
     model = scripted_model(ai_calls(("charge", {"amount": 5}, "k1")), AIMessage("ok", id="ai-ok"))
     try:
         async with AsyncConnectionPool(dsn, min_size=1, max_size=2, kwargs=KWARGS) as pool:
@@ -157,7 +160,7 @@ async def test_a_nodes_outcome_refused_past_its_retries_raises_the_typed_error_a
             await saver.setup()
             saver.outcome_retry_seconds = 0.3
             graph = create_react_agent(model, IdempotentToolNode([charge]), checkpointer=saver)
-            with pytest.raises(DatabaseLockedError, match="kept by the saver"):
+            with pytest.raises(TIMEOUTS[setting], match="kept by the saver"):
                 await graph.ainvoke({"messages": [("user", "pay")]}, cfg("t"))
             assert count(pg_dsn, "WHERE status = 'issued'") == 1  # not written yet
             assert await asyncio.to_thread(released.wait, 10)
