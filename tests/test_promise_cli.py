@@ -48,3 +48,15 @@ def test_demo_refuses_json_before_running_anything(
         main(["demo", "--json"])
     assert exited.value.code == 2
     assert list(tmp_path.iterdir()) == []  # no idem-demo.db made
+
+
+def test_the_read_side_helpers_the_readme_lists_are_on_both_async_savers() -> None:
+    """ "public methods of both async savers": each name the paragraph lists, on each."""
+    from langgraph_idem_saver import AsyncPostgresSaver, AsyncSqliteSaver
+
+    text = (ROOT / "README.md").read_text()
+    paragraph = text.split("The command line holds no SQL", 1)[1].split("\n\n", 1)[0]
+    names = set(re.findall(r"`(a[a-z_]+)\(?", paragraph))
+    assert len(names) >= 8, names
+    for saver in (AsyncSqliteSaver, AsyncPostgresSaver):
+        assert [n for n in sorted(names) if not callable(getattr(saver, n, None))] == [], saver
