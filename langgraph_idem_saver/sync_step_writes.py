@@ -52,7 +52,8 @@ class SyncStepWrites(StepWrites):
     def hand(self, plan: Plan, result: Any) -> bool:
         """In a call's thread: serialize ``result`` (raising the ``SerializationError``
         of that call when the serializer refuses it) and hand its row to the loop.
-        False when the step's end already began: the caller records it itself.
+        False when the step's end already began, or the ledger's loop closed: the caller
+        records it itself (through the loop: a closed one is ``on_loop``'s typed error).
 
         The first row of a burst schedules the loop's :meth:`drain` (under the lock,
         so before any :meth:`close` returns); the rows handed before it runs join it,
@@ -62,11 +63,14 @@ class SyncStepWrites(StepWrites):
         with self.lock:
             if self.closed or self.loop.is_closed():
                 return False
-            self.handed += 1
             waiting = self.waiting
+            if not waiting:
+                try:
+                    self.loop.call_soon_threadsafe(self.drain)
+                except RuntimeError:  # the loop closed since is_closed(): not taken
+                    return False
             waiting.append((plan, row))
-            if len(waiting) == 1:
-                self.loop.call_soon_threadsafe(self.drain)
+            self.handed += 1
         return True
 
     def drain(self) -> None:

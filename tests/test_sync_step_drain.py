@@ -248,3 +248,36 @@ def test_the_stress_check_sees_a_lost_wake_up(
     assert sum(s == "issued" for s in statuses.values()) == WIDTH - 1  # seen: left issued
     assert observed.handed == WIDTH and observed.drained == 1
     assert len(observed.steps[0].waiting) == WIDTH - 1
+
+
+def test_a_loop_closing_as_a_row_is_handed_leaves_the_row_to_its_call(
+    saver: SqliteSaver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's loop closing between ``hand``'s check and its wakeup (simulated: the
+    wakeup refused once, as a closed loop refuses it) is not a raw ``RuntimeError`` and
+    no stranded row: the call records its outcome itself, through the loop."""
+    loop = saver._runtime.loop
+    real_wake = loop.call_soon_threadsafe
+    refused: list[str] = []
+
+    def wake(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(callback, "__name__", "") == "drain" and not refused:
+            refused.append("drain")
+            raise RuntimeError("Event loop is closed")
+        return real_wake(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", wake)
+    observed = Observed(monkeypatch)
+
+    @tool
+    def charge(amount: int) -> str:
+        """Charge the customer (a sync tool)."""
+        return f"charged {amount}"
+
+    graph = tool_graph(IdempotentToolNode([charge]), saver)
+    calls = [("charge", {"amount": i}, f"c{i}") for i in range(4)]
+    graph.invoke({"messages": [ai_calls(*calls)]}, cfg("closing"))
+    assert refused == ["drain"]
+    assert observed.handed == observed.drained == 3  # one left to its call
+    assert all(not writes.waiting for writes in observed.steps)
+    assert set(_statuses(tmp_path / "drain.db", "closing").values()) == {"completed"}
