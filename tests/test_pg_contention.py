@@ -405,3 +405,46 @@ def test_an_outcome_still_held_when_the_sync_saver_closes_is_written_or_given_up
         assert entry.status is CallStatus.COMPLETED  # written by the close
     else:
         assert entry.status is CallStatus.ISSUED and entry.is_unknown()  # given up: no wait
+
+
+def refused(dsn: str, application_name: str) -> None:
+    """Return once no backend named ``application_name`` waits on a lock (10 s at most)."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND application_name = %s"
+    )
+    deadline = time.monotonic() + 10
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while conn.execute(query, (application_name,)).fetchone() != (0,):
+            assert time.monotonic() < deadline, "the saver's write never stopped waiting"
+            time.sleep(0.005)
+
+
+async def test_an_outcome_retried_on_a_lock_gives_up_at_once_when_the_users_connection_dies(
+    pg_dsn: str,
+) -> None:
+    """An outcome refused on a lock is retried on the user's own connection (still good
+    after a lock); if that connection is then lost, the saver can never write it (the
+    connection is not its to replace), so it gives the outcome up at once - it does not
+    go on retrying a dead connection for the rest of ``outcome_retry_seconds``."""
+    name = f"contention-dies-{uuid.uuid4().hex[:8]}"
+    dsn = make_conninfo(with_setting(pg_dsn, "lock_timeout", "100ms"), application_name=name)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as single:
+        saver = AsyncPostgresSaver(single)
+        await saver.setup()
+        saver.outcome_retry_seconds = 20.0
+        await saver.aclaim([charge_intent("k")], owner=OWNER, lease_seconds=300)
+        with table_locked(pg_dsn, "idem_tool_calls"):
+            writing = asyncio.create_task(record(saver))
+            await asyncio.to_thread(blocked, pg_dsn, name)  # the first try, on the lock
+            await asyncio.to_thread(refused, pg_dsn, name)  # ... refused: now retrying
+            with psycopg.connect(pg_dsn, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    (name,),
+                )
+            started = time.monotonic()
+            with pytest.raises(IdemSaverError, match="could not be recorded"):
+                await asyncio.wait_for(writing, 30)
+            assert time.monotonic() - started < 5  # not the 20 s of retries

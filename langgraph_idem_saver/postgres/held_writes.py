@@ -126,6 +126,8 @@ class PostgresHeldWrites:
             except _RETRIED_OR_LATE as exc:
                 # (a StatementTimeoutError is a TimeoutError too: asked by what it is)
                 lost = exc if isinstance(exc, _RETRIED) else lost
+                if isinstance(exc, ConnectionClosedError) and not self._reconnects():
+                    break  # a connection not ours to replace, now lost: no more tries
                 continue
             return await self._answers_after_loss(
                 batch, answers, functools.partial(self._run, ledger=True)
