@@ -11,6 +11,7 @@ import enum
 import importlib
 import logging
 import sys
+import threading
 import types
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.serde import _msgpack as _lg_msgpack
 from langgraph.checkpoint.serde import jsonplus
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.event_hooks import register_serde_event_listener
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
@@ -336,3 +338,60 @@ def test_a_changed_upstream_hook_fails_the_contract_and_is_used_as_it_is(
     serde = _lossless(JsonPlusSerializer())  # its hook from the changed factory
     assert msgpack_revive.fast_hook(serde) is serde._unpack_ext_hook
     assert serde.loads_typed(EXTS["constructor"]) == uuid.UUID(int=0)
+
+
+def test_an_encrypted_serializers_inner_one_revives_through_the_fast_hook(
+    import_calls: list[str],
+) -> None:
+    key = b"k" * 16
+    stock = EncryptedSerializer.from_pycryptodome_aes(key=key)
+    ours = lossless(EncryptedSerializer.from_pycryptodome_aes(key=key))
+    assert isinstance(ours, EncryptedSerializer)
+    assert type(ours.serde) is LosslessJsonPlusSerializer
+    stored = stock.dumps_typed(VALUES[0])
+    assert stored[0] == "msgpack+aes"  # encrypted
+    assert stock.loads_typed(stored) == VALUES[0]
+    assert len(import_calls) == 3  # the control: LangGraph's hook imports each message's
+    import_calls.clear()
+    assert ours.loads_typed(stored) == VALUES[0]
+    assert import_calls == []
+
+
+def test_threads_reading_while_a_jsonplus_name_is_rebound_read_either_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Readers in eight threads while another rebinds ``_reconstruction_fallback`` back
+    and forth: each read is the stock answer of one of the two (never an error, never a
+    hook half-built)."""
+    stored = EXTS["failing constructor"]
+    ours = _lossless(JsonPlusSerializer())
+    original = jsonplus._reconstruction_fallback
+
+    def other(tup: Any, exc: Exception) -> str:
+        return "other"
+
+    answers: list[Any] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                answers.append(ours.loads_typed(stored))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    readers = [threading.Thread(target=read) for _ in range(8)]
+    for reader in readers:
+        reader.start()
+    try:
+        for flip in range(400):
+            monkeypatch.setattr(
+                jsonplus, "_reconstruction_fallback", other if flip % 2 else original
+            )
+    finally:
+        done.set()
+        for reader in readers:
+            reader.join(30)
+    assert errors == [] and answers
+    assert set(answers) <= {"not a uuid", "other"}
