@@ -15,6 +15,7 @@ import threading
 import types
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy
@@ -395,3 +396,55 @@ def test_threads_reading_while_a_jsonplus_name_is_rebound_read_either_function(
             reader.join(30)
     assert errors == [] and answers
     assert set(answers) <= {"not a uuid", "other"}
+
+
+def test_a_module_without_a_spec_is_taken_as_importlib_takes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bare = types.ModuleType("idem_no_spec")  # as ``__main__`` run as a script: no spec
+    bare.__spec__ = None
+    monkeypatch.setitem(sys.modules, "idem_no_spec", bare)
+    assert importlib.import_module("idem_no_spec") is bare  # the control
+    assert msgpack_revive.MODULES.import_module("idem_no_spec") is bare
+
+
+def test_a_class_read_while_another_thread_imports_its_module_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread is still running the module's body (the module is in
+    ``sys.modules``, its class not defined yet): the read waits for that import, as
+    CPython's import makes it wait, and revives the class - not the half module's
+    missing name (the raw payload)."""
+    gate = types.ModuleType("idem_import_gate")
+    gate.started, gate.release = threading.Event(), threading.Event()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "idem_import_gate", gate)
+    (tmp_path / "idem_slow_module.py").write_text(
+        "import sys\n"
+        "gate = sys.modules['idem_import_gate']\n"
+        "gate.started.set()\n"
+        "assert gate.release.wait(30)\n"
+        "class Thing:\n"
+        "    def __init__(self, value):\n"
+        "        self.value = value\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "idem_slow_module", raising=False)
+    stored = ("msgpack", _ext(0, "idem_slow_module", "Thing", 7))
+    ours = _lossless(JsonPlusSerializer())
+    importer = threading.Thread(target=importlib.import_module, args=("idem_slow_module",))
+    importer.start()
+    read: list[Any] = []
+    reader = threading.Thread(target=lambda: read.append(ours.loads_typed(stored)))
+    try:
+        assert gate.started.wait(30)  # type: ignore[attr-defined]
+        assert "idem_slow_module" in sys.modules  # half imported
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive() and read == []  # waiting for the import
+    finally:
+        gate.release.set()  # type: ignore[attr-defined]
+        importer.join(30)
+        if reader.ident is not None:
+            reader.join(30)
+    monkeypatch.delitem(sys.modules, "idem_slow_module")
+    assert len(read) == 1 and type(read[0]).__name__ == "Thing" and read[0].value == 7
