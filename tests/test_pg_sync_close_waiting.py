@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import empty_checkpoint
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -141,3 +142,30 @@ def test_a_call_handed_its_connection_after_close_began_runs_nothing(
         finally:
             saver.close()
     assert isinstance(waiting.error, ConnectionClosedError), (waiting.error, waiting.result)
+
+
+@pytest.mark.parametrize("call", ["read", "write"])
+def test_an_exhausted_pool_fails_a_call_after_one_pool_timeout_not_two(
+    pg_dsn: str, call: str
+) -> None:
+    """A call that got no pooled connection within the pool's ``timeout`` lost nothing in
+    transit, so it is not run once more as a call on a lost connection is (that doubled
+    the wait: a second full ``timeout``): ``ConnectionClosedError`` after one."""
+    timeout = 1.5
+    with (
+        ConnectionPool(pg_dsn, kwargs=KWARGS, min_size=1, max_size=1, timeout=timeout) as pool,
+        PostgresSaver(pool) as saver,
+    ):
+        saver.setup()
+        held = pool.getconn()  # the pool is now exhausted
+        try:
+            started = time.monotonic()
+            with pytest.raises(ConnectionClosedError, match="pool's timeout"):
+                if call == "read":
+                    saver.get_tuple(CONFIG)
+                else:
+                    saver.put(CONFIG, empty_checkpoint(), {}, {})
+            waited = time.monotonic() - started
+        finally:
+            pool.putconn(held)
+    assert timeout <= waited < 2 * timeout, waited

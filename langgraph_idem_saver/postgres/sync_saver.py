@@ -84,7 +84,7 @@ from langgraph.checkpoint.base import CheckpointTuple, DeltaChannelHistory
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg import AsyncConnection, Capabilities, Connection, Pipeline
 from psycopg.rows import dict_row, tuple_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from langgraph_idem_saver.backend import CheckpointPut
 from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
@@ -277,8 +277,11 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
     def _again_on_lost(self, make_steps: Callable[[], Steps[T]]) -> T:
         try:
             return self._run_steps(make_steps())
-        except ConnectionClosedError:
-            if not isinstance(self.conn, ConnectionPool):
+        except ConnectionClosedError as exc:
+            # a connection lost under the call; not one never had (the pool's timeout
+            # passed, or it is closed): that lost nothing, and a second try waits again
+            never_had = isinstance(exc.__cause__, (PoolTimeout, PoolClosed))
+            if not isinstance(self.conn, ConnectionPool) or never_had:
                 raise
             return self._run_steps(make_steps())
 
