@@ -136,6 +136,8 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
         """What ``aput`` stores, read from its arguments."""
         thread_id = thread_id_of(config)
         ns = checkpoint_ns_of(config)
+        # the checkpoint's own id, by the rule its config will be read with (NUL, size)
+        checkpoint_id_of({"configurable": {"checkpoint_id": checkpoint["id"]}})
         full_metadata = get_checkpoint_metadata(config, metadata)
         return CheckpointPut(
             thread_id, ns, checkpoint_id_of(config), checkpoint, full_metadata, new_versions
