@@ -43,7 +43,7 @@ from langgraph.checkpoint.serde import jsonplus
 
 ExtHook = Callable[[int, bytes], Any]
 
-__all__ = ["MODULES", "available", "fast_hook"]
+__all__ = ["MODULES", "REVIVES", "available", "fast_hook"]
 
 
 class _Modules:
@@ -84,13 +84,28 @@ def _hook_code() -> types.CodeType | None:
     return None
 
 
+def _serializer_holds(code: types.CodeType | None) -> bool:
+    """Whether a ``JsonPlusSerializer`` keeps its reviver where :func:`fast_hook` reads
+    it (``_unpack_ext_hook``, made by the factory; ``_custom_unpack_ext_hook``)."""
+    try:
+        serde = jsonplus.JsonPlusSerializer()
+        hook = serde._unpack_ext_hook
+        return serde._custom_unpack_ext_hook is False and hook.__code__ is code is not None
+    except Exception:  # another LangGraph: the serializer's own reading
+        return False
+
+
 def available() -> bool:
-    """Whether LangGraph's jsonplus has the factory this module rebuilds, as it was."""
-    return _hook_code() is not None
+    """Whether LangGraph's jsonplus has the factory this module rebuilds, as it was, and
+    its serializer holds the hook it makes."""
+    return _serializer_holds(_hook_code())
 
 
 _HOOK_CODE = _hook_code()
-_AVAILABLE = _HOOK_CODE is not None
+# checked once here: else ``LosslessJsonPlusSerializer`` reads msgpack as LangGraph does,
+# and no attribute of the serializer is read on each call (an upgrade without them
+# would otherwise fail every read)
+REVIVES = _AVAILABLE = _serializer_holds(_HOOK_CODE)
 # the globals the hook's body reads (its other names are attributes and builtins)
 _NAMES: tuple[str, ...] = tuple(
     sorted(
@@ -148,7 +163,8 @@ def _rebuilt(hook: Any, scope: _Scope) -> ExtHook:
 
 
 def fast_hook(serde: Any) -> ExtHook:
-    """The reviver to unpack ``serde``'s msgpack values with: its own hook when that is
+    """(Only when :data:`REVIVES`.) The reviver to unpack ``serde``'s msgpack values with:
+    its own hook when that is
     a custom one (``__unpack_ext_hook__``, or one set by hand), else that hook rebuilt
     with the shorter module lookup. Cached on the serializer, rebuilt whenever its hook
     was replaced (``with_msgpack_allowlist`` makes a copy with a new one) or a global of

@@ -35,7 +35,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.errors import SerializationError
-from langgraph_idem_saver.msgpack_revive import fast_hook
+from langgraph_idem_saver.msgpack_revive import REVIVES, fast_hook
 
 __all__ = [
     "EXT_DICT",
@@ -202,7 +202,7 @@ class LosslessJsonPlusSerializer(JsonPlusSerializer):
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
         type_, payload = data
-        if type_ == "msgpack":  # JsonPlusSerializer's branch, its reviver shortened
+        if type_ == "msgpack" and REVIVES:  # JsonPlusSerializer's branch, reviver shortened
             hook = fast_hook(self)  # (msgpack_revive.py: the same objects revived)
             return ormsgpack.unpackb(payload, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS)
         if type_ != LOSSLESS_TYPE:

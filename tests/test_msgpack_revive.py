@@ -10,6 +10,7 @@ import decimal
 import enum
 import importlib
 import logging
+import subprocess
 import sys
 import threading
 import types
@@ -448,3 +449,35 @@ def test_a_class_read_while_another_thread_imports_its_module_waits_for_it(
             reader.join(30)
     monkeypatch.delitem(sys.modules, "idem_slow_module")
     assert len(read) == 1 and type(read[0]).__name__ == "Thing" and read[0].value == 7
+
+
+UPGRADED = """
+import sys
+from langchain_core.messages import AIMessage
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+real_init = JsonPlusSerializer.__init__
+
+def init(self, *args, **kwargs):  # a LangGraph keeping no '_custom_unpack_ext_hook'
+    real_init(self, *args, **kwargs)
+    del self._custom_unpack_ext_hook
+
+JsonPlusSerializer.__init__ = init
+from langgraph_idem_saver import msgpack_revive
+from langgraph_idem_saver.surrogates import lossless
+
+stored = JsonPlusSerializer().dumps_typed([AIMessage("kept", id="k")])
+print(msgpack_revive.REVIVES, msgpack_revive.available())
+print(lossless(JsonPlusSerializer()).loads_typed(stored)[0].content)
+"""
+
+
+def test_a_langgraph_whose_serializer_keeps_its_hook_elsewhere_reads_as_langgraph() -> None:
+    """Checked once at import (no attribute read a call): a serializer without the
+    attributes ``fast_hook`` reads leaves the reading to LangGraph's ``loads_typed``,
+    instead of an ``AttributeError`` on every read after an upgrade."""
+    done = subprocess.run(
+        [sys.executable, "-c", UPGRADED], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "kept"]

@@ -177,6 +177,15 @@ def test_the_reviver_reads_importlib_as_a_jsonplus_global() -> None:
     assert jsonplus.importlib is importlib, changed(
         LANGGRAPH_SERDE, "its importlib global", "msgpack_revive.py"
     )
+    # LosslessJsonPlusSerializer.loads_typed repeats this msgpack branch with the rebuilt hook
+    source = " ".join(inspect.getsource(JsonPlusSerializer.loads_typed).split())
+    branch = (
+        'elif type_ == "msgpack": return ormsgpack.unpackb( data_, '
+        "ext_hook=self._unpack_ext_hook, option=ormsgpack.OPT_NON_STR_KEYS )"
+    )
+    assert branch in source, changed(
+        LANGGRAPH_SERDE, "JsonPlusSerializer.loads_typed's msgpack branch", "surrogates.py"
+    )
 
 
 def test_the_private_encoder_copy_writes_langgraphs_very_bytes() -> None:
