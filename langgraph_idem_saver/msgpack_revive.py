@@ -127,6 +127,12 @@ class _Scope:
     def __init__(self, values: tuple[Any, ...], scope: dict[str, Any]) -> None:
         self.values, self.globals = values, scope
 
+    def __copy__(self) -> _Scope:
+        return self  # shared, never changed (a new scope replaces it)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Scope:
+        return self  # (a deep copy of the serializer: modules cannot be copied)
+
 
 _scope: _Scope | None = None  # replaced whole (one assignment: no lock needed)
 
@@ -177,7 +183,7 @@ def fast_hook(serde: Any) -> ExtHook:
     except KeyError:  # a name gone from jsonplus: its own hook, as it is now
         return hook
     cached = serde.__dict__.get("_idem_fast_hook")
-    if cached is not None and cached[0] is hook and values == cached[1]:
+    if cached is not None and cached[0] is hook and values == cached[1].values:
         fast: ExtHook = cached[2]  # (a tuple compare: ints, classes, functions, modules)
         return fast
     if getattr(hook, "__code__", None) is not _HOOK_CODE:
@@ -186,5 +192,5 @@ def fast_hook(serde: Any) -> ExtHook:
     if scope is None:
         return hook
     fast = _rebuilt(hook, scope)
-    serde.__dict__["_idem_fast_hook"] = (hook, values, fast)
+    serde.__dict__["_idem_fast_hook"] = (hook, scope, fast)
     return fast

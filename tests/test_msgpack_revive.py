@@ -4,6 +4,7 @@ the same allowlist, and CPython's import for a module not (fully) imported."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import decimal
@@ -481,3 +482,11 @@ def test_a_langgraph_whose_serializer_keeps_its_hook_elsewhere_reads_as_langgrap
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False", "kept"]
+
+
+def test_a_serializer_that_has_read_can_still_be_deep_copied() -> None:
+    stored = EXTS["pydantic v2"]
+    stock, ours = JsonPlusSerializer(), _lossless(JsonPlusSerializer())
+    assert ours.loads_typed(stored) == stock.loads_typed(stored)  # the fast hook cached
+    assert copy.deepcopy(stock).loads_typed(stored) == stock.loads_typed(stored)  # control
+    assert copy.deepcopy(ours).loads_typed(stored) == stock.loads_typed(stored)
