@@ -279,8 +279,12 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
             return self._run_steps(make_steps())
         except ConnectionClosedError as exc:
             # a connection lost under the call; not one never had (the pool's timeout
-            # passed, or it is closed): that lost nothing, and a second try waits again
-            never_had = isinstance(exc.__cause__, (PoolTimeout, PoolClosed))
+            # passed, or it is closed; or the saver closed while the call waited): that
+            # lost nothing, and a second try would wait again, or say less
+            direct = self._direct_path
+            never_had = isinstance(exc.__cause__, (PoolTimeout, PoolClosed)) or (
+                direct is not None and direct.closed
+            )
             if not isinstance(self.conn, ConnectionPool) or never_had:
                 raise
             return self._run_steps(make_steps())
