@@ -11,6 +11,7 @@ import decimal
 import enum
 import importlib
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -490,3 +491,35 @@ def test_a_serializer_that_has_read_can_still_be_deep_copied() -> None:
     assert ours.loads_typed(stored) == stock.loads_typed(stored)  # the fast hook cached
     assert copy.deepcopy(stock).loads_typed(stored) == stock.loads_typed(stored)  # control
     assert copy.deepcopy(ours).loads_typed(stored) == stock.loads_typed(stored)
+
+
+STRICT_FROM_ENV = """
+from pydantic import BaseModel
+from langgraph.checkpoint.serde.event_hooks import register_serde_event_listener
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph_idem_saver.surrogates import lossless
+
+class Invoice(BaseModel):  # in __main__, a module without a spec
+    number: int
+
+stored = JsonPlusSerializer(allowed_msgpack_modules=True).dumps_typed({"v": Invoice(number=1)})
+for serde in (JsonPlusSerializer(), lossless(JsonPlusSerializer())):
+    events = []
+    unregister = register_serde_event_listener(events.append)
+    print(type(serde).__name__, serde._allowed_msgpack_modules, serde.loads_typed(stored), events)
+    unregister()
+"""
+
+
+def test_strict_mode_set_in_the_environment_blocks_as_langgraph_does() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", STRICT_FROM_ENV],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LANGGRAPH_STRICT_MSGPACK": "true"},
+    )
+    assert done.returncode == 0, done.stderr
+    stock, ours = done.stdout.splitlines()
+    assert stock.startswith("JsonPlusSerializer None {'v': {'number': 1}} [{'kind': 'msgpack_b")
+    assert ours == stock.replace("JsonPlusSerializer", "LosslessJsonPlusSerializer", 1)
