@@ -1,6 +1,6 @@
 """docs/guarantees.md, "When the database server restarts": an outcome's write "is retried
-on a fresh connection ... with pauses doubling from about 50 ms to about 1 s (
-±20% jitter), for up to ``outcome_retry_seconds`` (20 s; an attribute of the saver)".
+on a fresh connection ... with pauses doubling from about 50 ms to about 1 s (±20%
+jitter), for up to ``outcome_retry_seconds`` (20 s; an attribute of the saver)".
 The pauses are :func:`held_outcomes.retry_delays`'s (the retry loop sleeps each); the
 default is the saver's attribute."""
 
