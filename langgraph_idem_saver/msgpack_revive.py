@@ -20,9 +20,12 @@ Why it stays the stock hook in every decision:
   functions reading jsonplus' live globals;
 * the globals the hook's own body reads are a snapshot of jsonplus' taken when it was
   built, compared with jsonplus' current ones on every :func:`fast_hook` call (one tuple
-  of its ~13 names, ~0.2 µs): a name rebound since (a monkeypatched
+  of its ~13 names, ~4 bytecodes): a name rebound since (a monkeypatched
   ``_reconstruction_fallback``, an ``importlib`` replaced in jsonplus) makes a new
-  snapshot, and a jsonplus whose ``importlib`` is not the real module gets its own hook.
+  snapshot, and a jsonplus whose ``importlib`` is not the real module gets its own hook
+  (a rebinding made while a value is being read is seen from the next read on);
+* it is used only when a ``JsonPlusSerializer`` was seen at import to hold the factory's
+  hook where it is read (:data:`REVIVES`); else LangGraph's ``loads_typed`` reads.
 
 Pinned in ``tests/test_upstream_contracts.py`` (the hook reads ``importlib`` as a global
 of jsonplus) and ``tests/test_msgpack_revive.py`` (the same values, the allowlist's
@@ -174,7 +177,7 @@ def fast_hook(serde: Any) -> ExtHook:
     a custom one (``__unpack_ext_hook__``, or one set by hand), else that hook rebuilt
     with the shorter module lookup. Cached on the serializer, rebuilt whenever its hook
     was replaced (``with_msgpack_allowlist`` makes a copy with a new one) or a global of
-    jsonplus the hook reads was rebound since (compared on every call, ~0.2 µs)."""
+    jsonplus the hook reads was rebound since (compared on every call, in C)."""
     hook: ExtHook = serde._unpack_ext_hook
     if serde._custom_unpack_ext_hook or _read_names is None:
         return hook
