@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,24 @@ def test_demo_refuses_json_before_running_anything(
         main(["demo", "--json"])
     assert exited.value.code == 2
     assert list(tmp_path.iterdir()) == []  # no idem-demo.db made
+
+
+@pytest.mark.parametrize(
+    "argv", [["--db", "mine.db", "demo"], ["--json", "demo"], ["--db", "mine.db", "--json", "demo"]]
+)
+def test_options_before_demo_are_refused_naming_its_own_form(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """The demo overwrites its database, so a ``--db`` meant for the other commands (or
+    ``$IDEM_SAVER_DB``) never reaches it: usage error, nothing created or overwritten."""
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "mine.db"
+    mine.write_bytes(b"the user's data")
+    monkeypatch.setenv("IDEM_SAVER_DB", str(mine))
+    assert main(argv) == 2
+    assert "idem-saver demo [--db PATH]" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.db"]
+    assert mine.read_bytes() == b"the user's data"
 
 
 def test_the_read_side_helpers_the_readme_lists_are_on_both_async_savers() -> None:

@@ -148,6 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE if args_list else EXIT_OK
+        if args.command == "demo":  # options before it: the demo's own come after it
+            raise CliError(
+                "demo takes no option before it: run `idem-saver demo [--db PATH]` (it "
+                "overwrites PATH, so it never takes --db or $IDEM_SAVER_DB from the other "
+                "commands; and it prints its story, not --json)",
+                EXIT_USAGE,
+            )
         # import-langgraph also takes it as its argument (as setup()'s warning names it)
         named = getattr(args, "database", None)
         if named and args.db and named != args.db:
