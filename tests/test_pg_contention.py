@@ -48,6 +48,7 @@ from tool_node_helpers import Counter, ai_calls, cfg, scripted_model, tool_messa
 
 from langgraph_idem_saver import (
     AsyncPostgresSaver,
+    ConnectionClosedError,
     DatabaseLockedError,
     IdempotentToolNode,
     IdemSaverError,
@@ -448,3 +449,44 @@ async def test_an_outcome_retried_on_a_lock_gives_up_at_once_when_the_users_conn
             with pytest.raises(IdemSaverError, match="could not be recorded"):
                 await asyncio.wait_for(writing, 30)
             assert time.monotonic() - started < 5  # not the 20 s of retries
+
+
+# --- an exhausted pool is not a lost connection ------------------------------------------
+
+
+async def test_an_exhausted_async_pool_is_waited_for_never_bypassed(pg_dsn: str) -> None:
+    """guarantees.md, "Reconnecting": the saver runs a call on a connection of its own
+    only for a minute after a *lost* connection. A pool whose connections are all in use
+    (its ``max_size`` reached) lost none: a call that gets none within the pool's
+    ``timeout`` raises ``ConnectionClosedError`` after that one timeout, and neither it
+    nor the calls after it open connections beyond the pool's ``max_size`` (they did: a
+    pool timeout armed the after-a-loss bridge, and the call's retry ran on its own)."""
+    name = f"contention-exhausted-{uuid.uuid4().hex[:8]}"
+    kwargs = {**KWARGS, "application_name": name}
+    async with AsyncConnectionPool(
+        pg_dsn, kwargs=kwargs, min_size=1, max_size=1, timeout=1.0
+    ) as pool:
+        saver = AsyncPostgresSaver(pool)
+        await saver.setup()
+        held = await pool.getconn()
+        try:
+            started = time.monotonic()
+            with pytest.raises(ConnectionClosedError, match="pool's timeout"):
+                await saver.aput(CONFIG, empty_checkpoint(), {}, {})
+            assert time.monotonic() - started < 1.9  # one timeout, not a retry's
+            with pytest.raises(ConnectionClosedError, match="pool's timeout"):
+                await saver.aget_tuple(CONFIG)  # no bridge armed for the next call
+            assert count_backends(pg_dsn, name) == 1  # the pool's one alone
+        finally:
+            await pool.putconn(held)
+        assert await saver.aget_tuple(CONFIG) is None  # the pool's connection, back
+
+
+def count_backends(dsn: str, application_name: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            (application_name,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])

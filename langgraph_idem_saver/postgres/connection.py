@@ -263,7 +263,11 @@ class PostgresConnection:
             error = self._typed_error(exc, used)
             if error is None:
                 raise
-            if isinstance(error, ConnectionClosedError):
+            # a connection lost; not a pool that had none to give (all in use, or closed):
+            # that lost nothing, and bridging it would open connections past its max_size
+            if isinstance(error, ConnectionClosedError) and not isinstance(
+                exc, (PoolTimeout, PoolClosed)
+            ):
                 await self._discard_dead_connections()
             raise error from exc
         except BaseException:  # a cancellation (or any other exit) amid a command
@@ -343,8 +347,10 @@ class PostgresConnection:
     async def _again_on_lost(self, make_steps: Callable[[], Steps[T]]) -> T:
         try:
             return await self._run_steps(make_steps())
-        except ConnectionClosedError:
-            if not self._reconnects():
+        except ConnectionClosedError as exc:
+            # not a pool that had no connection to give: nothing was lost in transit
+            never_had = isinstance(exc.__cause__, (PoolTimeout, PoolClosed))
+            if never_had or not self._reconnects():
                 raise
             return await self._run_steps(make_steps())
 
