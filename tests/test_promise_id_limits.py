@@ -10,6 +10,8 @@ SQLite, and then could not be read by that config)."""
 
 from __future__ import annotations
 
+import random
+import string
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from langgraph_idem_saver import ConfigError
 
 AT_LIMIT = "é" * 512  # 1,024 UTF-8 bytes, 512 characters
 OVER = AT_LIMIT + "x"  # 1,025 bytes
+ALNUM = string.ascii_letters + string.digits
 
 
 def config(thread: str, ns: str = "") -> dict[str, Any]:
@@ -56,3 +59,23 @@ async def test_a_checkpoint_id_with_nul_is_refused_writing_nothing(saver: Any) -
     with pytest.raises(ConfigError, match="NUL"):
         await saver.aput(config("t"), checkpoint, {}, {})
     assert [c async for c in saver.alist(None)] == []
+
+
+async def test_three_incompressible_ids_at_the_limit_on_each_backend(saver: Any) -> None:
+    """guarantees.md: on PostgreSQL a thread id, namespace and checkpoint id together must
+    also fit its key index (a row of at most 2,704 bytes, values compressed first):
+    three incompressible ids of 1,024 bytes are refused there with ConfigError, nothing
+    written; SQLite stores them. (The tests above use repetitive ids, which PostgreSQL
+    compresses under the index limit.)"""
+    rng = random.Random(7)
+    thread, ns, cid = ("".join(rng.choices(ALNUM, k=1024)) for _ in range(3))
+    checkpoint = empty_checkpoint()
+    checkpoint["id"] = cid
+    if "postgres" in type(saver).__module__:
+        with pytest.raises(ConfigError, match="too large for PostgreSQL to index"):
+            await saver.aput(config(thread, ns), checkpoint, {}, {})
+        assert [c async for c in saver.alist(None)] == []  # nothing written
+        return
+    stored = await saver.aput(config(thread, ns), checkpoint, {}, {})
+    got = await saver.aget_tuple(stored)
+    assert got is not None and got.checkpoint["id"] == cid
