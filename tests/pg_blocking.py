@@ -9,11 +9,12 @@ terminating its backend then is the "connection lost mid-call" the saver must su
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from langgraph_idem_saver.ledger import CallIntent
@@ -63,3 +64,22 @@ def charge_intent(key: str) -> CallIntent:
         args=b'{"amount":1}',
         tool_call_id=f"call-{key}",
     )
+
+
+def with_setting(dsn: str, name: str, value: str) -> str:
+    """``dsn`` with ``-c name=value`` added to its ``options``, as a user would set it
+    (``lock_timeout``, ``statement_timeout``)."""
+    options = conninfo_to_dict(dsn).get("options") or ""
+    return make_conninfo(dsn, options=f"{options} -c {name}={value}".strip())
+
+
+@contextmanager
+def table_locked(dsn: str, table: str) -> Iterator[psycopg.Connection[Any]]:
+    """Another session holding ``table`` in EXCLUSIVE mode (reads pass, writes wait) until
+    the block ends, then rolling back."""
+    with psycopg.connect(dsn) as other:
+        other.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+        try:
+            yield other
+        finally:
+            other.rollback()

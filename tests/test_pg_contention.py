@@ -29,8 +29,8 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -40,8 +40,8 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.prebuilt import create_react_agent
-from pg_blocking import charge_intent
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pg_blocking import charge_intent, table_locked, with_setting
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from tool_node_helpers import Counter, ai_calls, cfg, scripted_model, tool_messages
@@ -63,24 +63,6 @@ OWNER = "host:1:contention"
 KWARGS: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
 CONFIG: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
 TIMEOUTS = {"lock_timeout": DatabaseLockedError, "statement_timeout": StatementTimeoutError}
-
-
-def with_setting(dsn: str, name: str, value: str) -> str:
-    """``dsn`` with ``-c name=value`` added to its ``options``, as a user would set it."""
-    options = conninfo_to_dict(dsn).get("options") or ""
-    return make_conninfo(dsn, options=f"{options} -c {name}={value}".strip())
-
-
-@contextmanager
-def table_locked(dsn: str, table: str) -> Iterator[psycopg.Connection[Any]]:
-    """Another session holding ``table`` in EXCLUSIVE mode (reads pass, writes wait) until
-    the block ends, then rolling back."""
-    with psycopg.connect(dsn) as other:
-        other.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
-        try:
-            yield other
-        finally:
-            other.rollback()
 
 
 def count(dsn: str, table: str) -> int:

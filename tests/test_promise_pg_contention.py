@@ -23,8 +23,6 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -32,8 +30,8 @@ import pytest
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langgraph.prebuilt import create_react_agent
-from pg_blocking import charge_intent
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pg_blocking import charge_intent, table_locked, with_setting
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from tool_node_helpers import Counter, ai_calls, cfg, scripted_model, tool_messages
@@ -49,22 +47,6 @@ from langgraph_idem_saver.ledger import CallStatus
 OWNER = "host:1:promise"
 KWARGS: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
 TIMEOUTS = {"lock_timeout": DatabaseLockedError, "statement_timeout": StatementTimeoutError}
-
-
-def with_setting(dsn: str, name: str, value: str) -> str:
-    options = conninfo_to_dict(dsn).get("options") or ""
-    return make_conninfo(dsn, options=f"{options} -c {name}={value}".strip())
-
-
-@contextmanager
-def table_locked(dsn: str, table: str) -> Iterator[psycopg.Connection[Any]]:
-    """Another session holding ``table`` against writes until the block ends."""
-    with psycopg.connect(dsn) as other:
-        other.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
-        try:
-            yield other
-        finally:
-            other.rollback()
 
 
 def waiting_backend(dsn: str, application_name: str) -> int:
