@@ -50,6 +50,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import CorruptRecordError
 from langgraph_idem_saver.saver_codec import decode_typed
+from langgraph_idem_saver.value_copies import Loads, ValueCopies
 
 MAX_CHAIN = 16
 CACHE_SIZE = 512
@@ -138,13 +139,16 @@ class ListDeltaEncoder:
     """Encodes channel values for ``aput``, remembering recent list versions per channel.
 
     Shared by shallow copies of a saver (``with_allowlist``). Bounded (LRU) so a server
-    with many threads does not hold every conversation in memory.
+    with many threads does not hold every conversation in memory. ``copies``: the saver's
+    copies of values its reads decoded (``value_copies.py``), which live as long as this
+    memory and are dropped with it after a deletion.
     """
 
     def __init__(self, max_entries: int = CACHE_SIZE) -> None:
         self._recent: OrderedDict[ChannelKey, _Written] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
+        self.copies = ValueCopies()
 
     def encode(
         self,
@@ -283,7 +287,9 @@ class ListDeltaEncoder:
                 del self._recent[key]
 
     def forget(self, thread_ids: Any = None) -> None:
-        """Drop remembered versions (all, or of these threads) after deletions."""
+        """Drop remembered versions (all, or of these threads) after deletions, and every
+        copy of a decoded value (a deleted value is not kept in memory)."""
+        self.copies.clear()
         with self._lock:
             if thread_ids is None:
                 self._recent.clear()
@@ -294,7 +300,7 @@ class ListDeltaEncoder:
 
 
 def resolve_value(
-    serde: SerializerProtocol,
+    serde: Loads,
     type_: str,
     data: bytes | None,
     base_version: str | None,
@@ -302,6 +308,9 @@ def resolve_value(
     **where: Any,
 ) -> tuple[Any, int]:
     """Decode a stored channel value, following delta rows back to a whole one.
+
+    ``serde``: the saver's serializer, or its ``ValueCopies.reader`` (each stored row,
+    base or delta, decoded or copied on its own: a base many versions share is copied).
 
     ``fetch_base(version)`` returns ``(type, data, base_version)`` of that version's row,
     or None when it is missing - a corrupt chain, reported as such. Returns the value and
@@ -312,7 +321,7 @@ def resolve_value(
 
 
 def resolve_delta(
-    serde: SerializerProtocol,
+    serde: Loads,
     type_: str,
     data: bytes | None,
     base_version: str | None,

@@ -6,14 +6,16 @@ stored value that does not decode is a :class:`CorruptRecordError` naming where 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langgraph.checkpoint.base import ChannelVersions, CheckpointMetadata
-from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.errors import CorruptRecordError, SerializationError
 from langgraph_idem_saver.json_text import encoder_of
 from langgraph_idem_saver.surrogates import escape_surrogates, has_split_pair
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.value_copies import Loads
 
 # ``json.dumps`` with any argument builds a new encoder on every call; these are the very
 # encoders it builds (the same text, byte for byte: tests/test_saver_codec.py), made once,
@@ -77,10 +79,9 @@ def encode_versions(versions: ChannelVersions) -> str:
     return _COMPACT({k: str(v) for k, v in versions.items()})
 
 
-def decode_typed(
-    serde: SerializerProtocol, type_: str, data: bytes | None, what: str, **location: Any
-) -> Any:
-    """``serde.loads_typed`` that turns any decoding failure into :class:`CorruptRecordError`."""
+def decode_typed(serde: Loads, type_: str, data: bytes | None, what: str, **location: Any) -> Any:
+    """``serde.loads_typed`` that turns any decoding failure into :class:`CorruptRecordError`.
+    ``serde``: a serializer, or a ``ValueCopies.reader`` of one."""
     try:
         return serde.loads_typed((type_, data if data is not None else b""))
     except Exception as exc:
@@ -88,7 +89,7 @@ def decode_typed(
 
 
 def decode_checkpoint(
-    serde: SerializerProtocol, type_: str, data: bytes | None, **location: Any
+    serde: Loads, type_: str, data: bytes | None, **location: Any
 ) -> dict[str, Any]:
     """Decode a stored checkpoint, insisting it decodes to a checkpoint-shaped dict."""
     value = decode_typed(serde, type_, data, "checkpoint", **location)

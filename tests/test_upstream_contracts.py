@@ -30,6 +30,9 @@ upgrade that changes one fails here, naming it, instead of somewhere deep in a s
   ``engine/upstream.py`` is the one module that imports it) read by ``engine/forks.py``,
   and ``CONFIG_KEY_CHECKPOINTER``, public in ``langgraph.constants`` but kept there only
   "for backwards compatibility": read by the engine, adoption and ``model_record.py``.
+* ``langgraph.checkpoint.serde._msgpack.SAFE_MSGPACK_TYPES``, which the msgpack reviver
+  reads as that module's global at each check: ``value_copies.py`` copies only messages it
+  lists, and drops its copies when it is rebound.
 """
 
 from __future__ import annotations
@@ -504,3 +507,19 @@ def test_the_dev_server_queue_waits_half_a_second_in_runs_next() -> None:
     assert "if wait:\n            await asyncio.sleep(0.5)" in source
     assert list(inspect.signature(upstream.__func__).parameters) == ["wait", "limit"]
     assert "ops.Runs.next(\n                        wait=wait" in inspect.getsource(queue)
+
+
+def test_the_reviver_reads_safe_msgpack_types_from_its_module_at_each_check() -> None:
+    from langgraph.checkpoint.serde import _msgpack
+
+    assert isinstance(_msgpack.SAFE_MSGPACK_TYPES, frozenset), changed(
+        LANGGRAPH_SERDE, "_msgpack.SAFE_MSGPACK_TYPES", "value_copies.py"
+    )
+    assert ("langchain_core.messages.ai", "AIMessage") in _msgpack.SAFE_MSGPACK_TYPES
+    assert getattr(jsonplus, "_lg_msgpack", None) is _msgpack, changed(
+        LANGGRAPH_SERDE, "how it reaches _msgpack (a module global)", "value_copies.py"
+    )
+    source = inspect.getsource(jsonplus._create_msgpack_ext_hook)
+    assert "_lg_msgpack.SAFE_MSGPACK_TYPES" in source, changed(
+        LANGGRAPH_SERDE, "where the reviver reads its safe types", "value_copies.py"
+    )

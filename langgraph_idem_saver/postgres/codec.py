@@ -1,6 +1,8 @@
 """Values as :class:`AsyncPostgresSaver` stores them: serialized with ``serde``,
 zlib-compressed when that pays, and rows read back into ``CheckpointTuple`` s (list
 deltas resolved). Mixed into the saver; the SQL that returns the rows is in ``sql.py``.
+Every stored value read is decompressed (``inflate``), then decoded through the saver's
+``ValueCopies`` (``value_copies.py``: bytes decoded twice before are rebuilt from a copy).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from langgraph.checkpoint.serde.base import SerializerProtocol
 
     from langgraph_idem_saver.list_deltas import ListDeltaEncoder
+    from langgraph_idem_saver.value_copies import Loads
 
 # Values whose serialized form reaches this size are compressed by the client (zlib level
 # 1) before they are sent. PostgreSQL would otherwise compress them itself (TOAST, pglz,
@@ -101,10 +104,14 @@ class PostgresCodec:
             type_ = type_[len(ZLIB_PREFIX) :]
         return type_, data
 
+    def _reader(self) -> Loads:
+        """What stored values are decoded with: the serializer, through the saver's copies."""
+        return self._deltas.copies.reader(self.serde)
+
     def _load(self, type_: str, data: bytes | None, what: str, **location: Any) -> Any:
         """Decode a stored value (decompressing it first if it was compressed)."""
         return decode_typed(
-            self.serde, *self._unpack(type_, data, what, **location), what, **location
+            self._reader(), *self._unpack(type_, data, what, **location), what, **location
         )
 
     def _row_to_tuple(self, row: Sequence[Any], *, loading: bool = False) -> CheckpointTuple:
@@ -124,7 +131,7 @@ class PostgresCodec:
         ) = row
         where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
         checkpoint = decode_checkpoint(
-            self.serde, *self._unpack(type_, data, "checkpoint", **where), **where
+            self._reader(), *self._unpack(type_, data, "checkpoint", **where), **where
         )
         values: dict[str, Any] = {}
         blobs = blobs or ()
@@ -208,4 +215,4 @@ class PostgresCodec:
 
         type_, blob, _, base_version = chain[0]
         type_, data = self._unpack(type_, blob, "channel value (delta)", **where)
-        return resolve_delta(self.serde, type_, data, base_version, fetch_base, **where)
+        return resolve_delta(self._reader(), type_, data, base_version, fetch_base, **where)

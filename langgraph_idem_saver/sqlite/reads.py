@@ -15,7 +15,11 @@ read transaction (a snapshot: ``connection.read_tx``).
 **Decoding without wrappers.** A read decodes four values where LangGraph's saver
 decodes one (the checkpoint, each channel's blob, a delta's base), so the Python around
 each decode counts: values are decoded by the serializer's ``loads_typed`` directly, and
-where a row is only built when something fails to decode. Every stored value that does
+where a row is only built when something fails to decode. Given the saver's
+:class:`~langgraph_idem_saver.value_copies.ValueCopies`, each stored value (a checkpoint, a
+channel's blob, a delta's base, a write) is decoded through it: bytes decoded twice before
+are rebuilt from a copy (``pickle.loads``), fresh objects for every tuple; the serializer
+decodes the rest. Every stored value that does
 not decode is still a :class:`CorruptRecordError` naming its row, and so is a delta whose
 base is not stored, a delta of a non-list, or a row whose ``channel_versions`` column
 names other versions than its checkpoint does.
@@ -45,6 +49,7 @@ from langgraph_idem_saver.list_deltas import ListDeltaEncoder, resolve_delta
 from langgraph_idem_saver.saver_codec import check_versions
 from langgraph_idem_saver.saver_config import stored_tuple
 from langgraph_idem_saver.sqlite import sql
+from langgraph_idem_saver.value_copies import ValueCopies
 
 # a stored value, (type, data, base_version), by (channel, version)
 Blobs = dict[tuple[str, str], tuple[str, bytes | None, str | None]]
@@ -155,17 +160,24 @@ def _fetch_bases(conn: sqlite3.Connection, thread_id: str, ns: str, blobs: Blobs
 
 
 def decode_tuple(
-    fetched: Fetched, serde: SerializerProtocol, deltas: ListDeltaEncoder | None = None
+    fetched: Fetched,
+    serde: SerializerProtocol,
+    deltas: ListDeltaEncoder | None = None,
+    copies: ValueCopies | None = None,
 ) -> CheckpointTuple:
     """The tuple ``fetched`` holds. ``deltas``: the encoder to tell what a resuming graph
-    loaded (``aget_tuple``). Run after the read transaction: SQLite's own work runs
-    first, before the decoding of the values (most of a read) evicts it from the CPU's
-    caches."""
+    loaded (``aget_tuple``), whose ``copies`` then decode; ``copies``: the saver's copies
+    of decoded values, for a read that tells nothing (a page). Run after the read
+    transaction: SQLite's own work runs first, before the decoding of the values (most of
+    a read) evicts it from the CPU's caches."""
     row, versions, whole, blobs, writes = fetched
     if isinstance(versions, CorruptRecordError):
         raise versions
     (thread_id, ns, checkpoint_id, parent_id, type_, data, metadata, _) = row
-    loads = serde.loads_typed
+    if copies is None and deltas is not None:
+        copies = deltas.copies
+    reader = serde if copies is None else copies.reader(serde)
+    loads = reader.loads_typed
     try:
         checkpoint = loads((type_, data if data is not None else b""))
     except Exception as exc:
@@ -206,7 +218,7 @@ def decode_tuple(
         depth, own = 0, None
         if base is not None:  # a delta: resolved through its bases
             value, depth, own = resolve_delta(
-                serde,
+                reader,
                 btype,
                 blob,
                 base,
@@ -227,14 +239,17 @@ def decode_tuple(
     return stored_tuple(thread_id, ns, checkpoint_id, parent_id, checkpoint, values, meta, pending)
 
 
-def decode_page(rows: Sequence[Fetched], serde: SerializerProtocol) -> Iterable[CheckpointTuple]:
+def decode_page(
+    rows: Sequence[Fetched], serde: SerializerProtocol, copies: ValueCopies | None = None
+) -> Iterable[CheckpointTuple]:
     """The tuples of a page of ``alist``, decoded here (on the worker, after the read
-    transaction). A row that does not decode ends the page: the tuples before it are
-    yielded, then its :class:`CorruptRecordError` is raised (as a row-by-row read would)."""
+    transaction), through the saver's ``copies`` when given. A row that does not decode
+    ends the page: the tuples before it are yielded, then its :class:`CorruptRecordError`
+    is raised (as a row-by-row read would)."""
     tuples: list[CheckpointTuple] = []
     for fetched in rows:
         try:
-            tuples.append(decode_tuple(fetched, serde))
+            tuples.append(decode_tuple(fetched, serde, None, copies))
         except CorruptRecordError as exc:
             return _then_raise(tuples, exc)
     return tuples

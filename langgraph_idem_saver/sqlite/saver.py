@@ -271,7 +271,7 @@ class AsyncSqliteSaver(
         ) -> Callable[[sqlite3.Connection], ListPage]:
             def body(conn: sqlite3.Connection) -> ListPage:
                 fetched, last, rows = read_tx(conn, partial(read, after=after, size=size))
-                return ListPage(fetched, last, decode_page(rows, self.serde))
+                return ListPage(fetched, last, decode_page(rows, self.serde, self._deltas.copies))
 
             return body
 

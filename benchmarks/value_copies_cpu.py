@@ -1,0 +1,200 @@
+"""The reads ``value_copies.py`` changes, on the process's CPU clock, every stack interleaved
+in one process: LangGraph's savers (``official``), this package (``ours``) and, with
+``--base DIR``, another copy of the package importable from ``DIR`` as ``lis_base`` (the
+package before the change: see ``sync_sqlite_cpu.py``'s docstring for how to make one).
+
+Why the CPU clock: on a host shared with other work, wall-clock read rows move by 10-20%
+between runs; ``time.process_time_ns`` (this process's CPU, every thread of it: aiosqlite's
+worker decodes SQLite's values) barely does. PostgreSQL's own CPU is another process and
+not counted: these rows are the client's share, where the decoding is.
+
+Rows (each sample ``--batch`` calls, rounds rotating the stacks' order):
+
+* ``alist_sqlite`` / ``alist_pg``: ``alist(limit=10)`` of the newest page of a
+  1,000-checkpoint thread whose 20-message list is re-versioned at every checkpoint
+  without growing (``bench.py``'s read thread, ``db_states.populate_same_list``) - the
+  same page again and again, as ``bench.py`` reads it.
+* ``cold_get_tuple`` / ``cold_alist``: a thread whose 20-message list slides by one
+  message a checkpoint (every version stored whole, every value different); each call
+  reads checkpoints no call read before (``aget_tuple`` by id; a page of ``alist`` before
+  an id), so every value is decoded once: what the copies must not make slower.
+
+    python benchmarks/value_copies_cpu.py --base /tmp/base [--pg]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+from _harness import WITH_MSGS
+from bench import Sim, new_schema, start_server
+from db_states import populate_same_list
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as OfficialPostgres
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver as OfficialSqlite
+
+cpu_ns = time.process_time_ns
+WINDOW, MSG_BYTES = 20, 256  # bench.py's read thread
+
+
+def cfg(thread: str, checkpoint_id: str | None = None) -> Any:
+    configurable = {"thread_id": thread, "checkpoint_ns": ""}
+    if checkpoint_id is not None:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+def classes(backend: str, base: str | None) -> dict[str, Any]:
+    """label -> saver class of ``backend`` (``sqlite``/``pg``)."""
+    module = "sqlite" if backend == "sqlite" else "postgres"
+    found = {
+        "official": OfficialSqlite if backend == "sqlite" else OfficialPostgres,
+        "ours": getattr(importlib.import_module(f"langgraph_idem_saver.{module}"), _name(backend)),
+    }
+    if base is not None:
+        if base not in sys.path:
+            sys.path.insert(0, base)
+        found["base"] = getattr(importlib.import_module(f"lis_base.{module}"), _name(backend))
+    return found
+
+
+def _name(backend: str) -> str:
+    return "AsyncSqliteSaver" if backend == "sqlite" else "AsyncPostgresSaver"
+
+
+async def open_savers(
+    stack: AsyncExitStack, backend: str, base: str | None, tmp: str, pg: str | None
+) -> dict[str, Any]:
+    savers = {}
+    for label, cls in classes(backend, base).items():
+        where = os.path.join(tmp, f"{label}.db") if backend == "sqlite" else new_schema(pg, label)  # type: ignore[arg-type]
+        saver = await stack.enter_async_context(cls.from_conn_string(where))
+        await saver.setup()
+        savers[label] = saver
+    return savers
+
+
+async def sliding_thread(saver: Any, thread: str, n: int) -> list[str]:
+    """``n`` checkpoints of a sliding 20-message window (each stored whole); their ids."""
+    sim, ids = Sim(saver, thread, WINDOW, MSG_BYTES, 11), []
+    for _ in range(n):
+        config = await sim.put(WITH_MSGS)
+        ids.append(config["configurable"]["checkpoint_id"])
+    return ids
+
+
+Call = Callable[[], Awaitable[Any]]
+
+
+async def interleaved(
+    calls: dict[str, Callable[[int], Call]], rounds: int, batch: int
+) -> dict[str, list[float]]:
+    """µs a call of each label, one sample a round, the labels' order rotating."""
+    labels = list(calls)
+    samples: dict[str, list[float]] = {lab: [] for lab in labels}
+    n = 0
+    for r in range(rounds):
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]
+        for lab in order:
+            work = [calls[lab](n + i) for i in range(batch)]
+            start = cpu_ns()
+            for call in work:
+                await call()
+            samples[lab].append((cpu_ns() - start) / batch / 1000)
+        n += batch
+    return samples
+
+
+def report(title: str, samples: dict[str, list[float]]) -> None:
+    official = statistics.median(samples["official"])
+    for lab, values in samples.items():
+        q = statistics.quantiles(values, n=4)
+        med = statistics.median(values)
+        print(f"{title:16} {lab:9} {med:9.1f} ({q[0]:.1f}-{q[2]:.1f})  {official / med:.3f}x")
+
+
+async def run_backend(backend: str, args: argparse.Namespace, pg: str | None) -> None:
+    async with AsyncExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        savers = await open_savers(stack, backend, args.base, tmp, pg)
+        for saver in savers.values():
+            await populate_same_list(saver, "long", args.checkpoints, WINDOW, MSG_BYTES)
+        offset = args.rounds * args.batch // 10 + 1  # cold_alist's pages: older ids
+        cold = 10 * (args.rounds * args.batch + offset + 2)
+        ids = {lab: await sliding_thread(s, "cold", cold) for lab, s in savers.items()}
+
+        def page(lab: str) -> Callable[[int], Call]:
+            async def call() -> None:
+                got = [t async for t in savers[lab].alist(cfg("long"), limit=10)]
+                assert len(got) == 10
+
+            return lambda _: call
+
+        def cold_get(lab: str) -> Callable[[int], Call]:
+            # newest first, each id once
+            return lambda i: lambda: savers[lab].aget_tuple(cfg("cold", ids[lab][-1 - i]))
+
+        def cold_page(lab: str) -> Callable[[int], Call]:
+            def call(i: int) -> Call:
+                async def run() -> None:
+                    before = cfg("cold", ids[lab][-1 - 10 * i])
+                    got = [t async for t in savers[lab].alist(cfg("cold"), before=before, limit=10)]
+                    assert len(got) == 10
+
+                return run
+
+            return call
+
+        # cold first: the page row's copies are made in its own warm-up
+        for title, make, rounds in (
+            ("cold_get_tuple", cold_get, args.rounds),
+            ("cold_alist", cold_page, args.rounds),
+            (f"alist_{backend}", page, args.rounds),
+        ):
+            if title == "cold_alist":  # pages before the ids cold_get_tuple read
+                make = _shifted(make, offset)
+            for lab in savers:  # warm-up: imports, statement caches, the page's copies
+                for _ in range(3):
+                    await page(lab)(0)()
+            samples = await interleaved({lab: make(lab) for lab in savers}, rounds, args.batch)
+            report(title, samples)
+
+
+def _shifted(
+    make: Callable[[str], Callable[[int], Call]], offset: int
+) -> Callable[[str], Callable[[int], Call]]:
+    return lambda lab: lambda i: make(lab)(i + offset)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", help="a folder holding another copy of the package as lis_base")
+    parser.add_argument("--pg", action="store_true", help="also PostgreSQL (pgserver)")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=5)
+    parser.add_argument("--checkpoints", type=int, default=1000)
+    args = parser.parse_args()
+    print(
+        f"load average {os.getloadavg()[0]:.1f}; CPU µs a call (median, quartiles), official / each"
+    )
+
+    async def both() -> None:
+        await run_backend("sqlite", args, None)
+        if args.pg:
+            async with AsyncExitStack() as stack:
+                await run_backend("pg", args, start_server(stack))
+
+    asyncio.run(both())
+
+
+if __name__ == "__main__":
+    main()

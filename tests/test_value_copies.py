@@ -1,0 +1,391 @@
+"""Copies of decoded values (``value_copies.py``), on their own: a copy equals a fresh
+decode of the same bytes in value and in type at every level, shares no object with any
+other read, is made only of plain data and LangChain's messages, only on a second sight,
+only after the serializer decoded the value without an event, and the copies stay within
+their bounds and work from many threads."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import pickle
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langgraph.checkpoint.serde import _msgpack as lg_msgpack
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.event_hooks import register_serde_event_listener
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.types import Send
+from pydantic import BaseModel
+
+from langgraph_idem_saver import value_copies
+from langgraph_idem_saver.saver_base import IdemSaverBase
+from langgraph_idem_saver.value_copies import MIN_BYTES, ValueCopies, copyable
+
+SERDE = IdemSaverBase.serde  # the saver's default: LangGraph's, lossless
+PAD = HumanMessage(content="p" * MIN_BYTES, id="pad")  # every value through the copies
+
+
+def shape(value: Any) -> Any:
+    """``value``'s types and contents at every level (messages: their fields, which were
+    set, and each field's shape), as comparable data."""
+    if isinstance(value, BaseModel):
+        fields = {name: shape(getattr(value, name)) for name in type(value).model_fields}
+        return (type(value), sorted(value.model_fields_set), fields)
+    if type(value) is dict:
+        return (dict, [(shape(k), shape(v)) for k, v in value.items()])
+    if type(value) in (list, tuple):
+        return (type(value), [shape(v) for v in value])
+    if type(value) in (set, frozenset):
+        return (type(value), sorted(repr(v) for v in value))
+    return (type(value), repr(value))
+
+
+def objects(value: Any, found: set[int] | None = None) -> set[int]:
+    """The ids of every mutable object (container, message) ``value`` holds."""
+    found = set() if found is None else found
+    if isinstance(value, BaseModel):
+        found.add(id(value))
+        for name in type(value).model_fields:
+            objects(getattr(value, name), found)
+    elif type(value) is dict:
+        found.add(id(value))
+        for v in value.values():
+            objects(v, found)
+    elif type(value) in (list, set, bytearray):
+        found.add(id(value))
+        for v in value if type(value) is not bytearray else ():
+            objects(v, found)
+    elif type(value) is tuple:
+        for v in value:
+            objects(v, found)
+    return found
+
+
+def read_three_times(copies: ValueCopies, serde: Any, stored: tuple[str, bytes]) -> list[Any]:
+    reader = copies.reader(serde)
+    return [reader.loads_typed(stored) for _ in range(3)]
+
+
+def read_four_times(copies: ValueCopies, serde: Any, stored: tuple[str, bytes]) -> list[Any]:
+    return [*read_three_times(copies, serde, stored), copies.reader(serde).loads_typed(stored)]
+
+
+# --- values -----------------------------------------------------------------------------
+
+LONE = st.sampled_from(["", "\ud800", "a\udfffb", "é😀", "\x00"])
+TEXT = st.builds(lambda a, b: a + b, st.text(max_size=12), LONE)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | TEXT
+    | st.binary(max_size=8)
+)
+JSONISH = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+ARGS = st.dictionaries(st.text(min_size=1, max_size=6), JSONISH, max_size=3)
+CONTENT = TEXT | st.lists(
+    st.builds(lambda t: {"type": "text", "text": t}, TEXT) | st.just("plain"), max_size=3
+)
+IDS = st.text(min_size=1, max_size=8)
+TOOL_CALLS = st.lists(
+    st.builds(lambda n, a, i: {"name": n, "args": a, "id": i, "type": "tool_call"}, IDS, ARGS, IDS),
+    max_size=2,
+)
+USAGE = st.none() | st.builds(
+    lambda i, o: {"input_tokens": i, "output_tokens": o, "total_tokens": i + o},
+    st.integers(0, 10**6),
+    st.integers(0, 10**6),
+)
+MESSAGES = st.one_of(
+    st.builds(
+        lambda c, i, t, u, a, r: AIMessage(
+            content=c,
+            id=i,
+            tool_calls=t,
+            usage_metadata=u,
+            additional_kwargs=a,
+            response_metadata=r,
+        ),
+        CONTENT,
+        IDS,
+        TOOL_CALLS,
+        USAGE,
+        ARGS,
+        ARGS,
+    ),
+    st.builds(
+        lambda c, i, n: HumanMessage(content=c, id=i, name=n),
+        CONTENT,
+        st.none() | IDS,
+        st.none() | TEXT,
+    ),
+    st.builds(
+        lambda c, i, a, s: ToolMessage(content=c, tool_call_id=i, artifact=a, status=s),
+        CONTENT,
+        IDS,
+        JSONISH,
+        st.sampled_from(["success", "error"]),
+    ),
+    st.builds(lambda c: SystemMessage(content=c), CONTENT),
+    st.builds(lambda c, i: AIMessageChunk(content=c, id=i), TEXT, IDS),
+    st.builds(lambda i: RemoveMessage(id=i), IDS),
+)
+VALUES = st.one_of(
+    st.lists(MESSAGES, max_size=5).map(lambda m: [*m, PAD]),
+    st.dictionaries(TEXT, JSONISH | MESSAGES, max_size=4).map(lambda d: {**d, "pad": PAD}),
+    st.tuples(JSONISH, MESSAGES).map(lambda t: [*t, "p" * MIN_BYTES]),
+)
+
+
+@given(VALUES)
+def test_a_copy_is_a_fresh_decode_in_value_and_type_and_shares_nothing(value: Any) -> None:
+    stored = SERDE.dumps_typed(value)
+    fresh = SERDE.loads_typed(stored)
+    copies = ValueCopies()
+    reads = read_four_times(copies, SERDE, stored)
+    assert copies.counts["first"] == 1 and copies.counts["copied"] == 1
+    assert copies.counts["hits"] == 2  # the third and fourth reads: copies
+    for got in reads:
+        assert got == fresh
+        assert shape(got) == shape(fresh)
+    seen = [objects(got) for got in [fresh, *reads]]
+    for i, mine in enumerate(seen):
+        for other in seen[i + 1 :]:
+            assert not mine & other, "two reads share an object"
+
+
+def test_reducer_override_sees_only_messages_and_their_classes() -> None:
+    """Why the check costs little: CPython's pickler asks ``reducer_override`` about
+    objects that are not exact builtins only - a message, and its class once a pickle."""
+    seen: list[Any] = []
+
+    class Recording(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            seen.append(obj)
+            return NotImplemented
+
+    a = AIMessage(content="x", tool_calls=[{"name": "t", "args": {"q": [1]}, "id": "c"}])
+    b = AIMessage(content=[{"type": "text", "text": "y"}], id="b")
+    value = {"m": [a, b], "n": (1, 2.0, None, True, b"x", "s", {3}, frozenset({4}))}
+    Recording(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    assert [type(o) if not isinstance(o, type) else o for o in seen] == [
+        AIMessage,
+        AIMessage,  # the class, saved once (then memoized)
+        AIMessage,
+    ]
+    assert seen[1] is AIMessage
+
+
+@pytest.mark.parametrize(
+    "outside",
+    [
+        datetime.datetime(2026, 11, 28, tzinfo=datetime.timezone.utc),
+        uuid.UUID(int=7),
+        Send("node", {"x": 1}),
+    ],
+    ids=["datetime", "uuid", "send"],
+)
+def test_values_outside_plain_data_and_messages_are_never_copied(
+    outside: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pickled = count_pickling(monkeypatch)
+    stored = SERDE.dumps_typed([PAD, {"inside": [outside]}])
+    copies = ValueCopies()
+    reader = copies.reader(SERDE)
+    reads = [reader.loads_typed(stored) for _ in range(6)]
+    assert all(r == SERDE.loads_typed(stored) for r in reads)
+    assert copies.counts["copied"] == copies.counts["hits"] == 0
+    assert copies.counts["refused"] == 1  # tried once, on the second sight, never again
+    assert pickled == [1]
+    assert copyable(outside) is None
+    assert copyable(AIMessage("m")) is not None
+
+
+class Custom(BaseModel):
+    name: str
+
+
+def test_a_value_whose_decode_emits_an_event_goes_through_the_serializer_every_time() -> None:
+    """A type strict mode blocks decodes to its raw data (plain data) with an event; every
+    read keeps its event: such a value is never copied."""
+    events: list[Any] = []
+    unregister = register_serde_event_listener(events.append)
+    try:
+        strict = JsonPlusSerializer(allowed_msgpack_modules=None)
+        stored = strict.dumps_typed([Custom(name="n" * MIN_BYTES)])
+        copies = ValueCopies()
+        reader = copies.reader(strict)
+        reads = [reader.loads_typed(stored) for _ in range(4)]
+    finally:
+        unregister()
+    assert reads == [[{"name": "n" * MIN_BYTES}]] * 4
+    assert [e["kind"] for e in events] == ["msgpack_blocked"] * 4
+    assert copies.counts["copied"] == copies.counts["hits"] == 0
+
+
+def count_pickling(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    original = value_copies.copyable
+
+    def counted(value: Any) -> bytes | None:
+        calls[0] += 1
+        return original(value)
+
+    monkeypatch.setattr(value_copies, "copyable", counted)
+    return calls
+
+
+def test_a_read_once_pattern_pickles_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    pickled = count_pickling(monkeypatch)
+    copies = ValueCopies()
+    reader = copies.reader(SERDE)
+    for i in range(50):
+        stored = SERDE.dumps_typed([PAD, AIMessage(content=f"only once {i}", id=str(i))])
+        reader.loads_typed(stored)
+    assert pickled == [0]
+    assert copies.counts["first"] == 50 and copies.size == (0, 0)
+
+
+def test_copies_stay_within_their_bounds() -> None:
+    copies = ValueCopies(entries=4, total_bytes=40_000, entry_bytes=20_000, seen=8)
+    reader = copies.reader(SERDE)
+    for i in range(20):
+        stored = SERDE.dumps_typed([PAD, AIMessage(content=f"value {i} " * 50)])
+        for _ in range(3):
+            reader.loads_typed(stored)
+        held, size = copies.size
+        assert held <= 4 and size <= 40_000
+        assert copies.seen_size[0] <= 8
+    assert copies.counts["copied"] == 20
+    big = SERDE.dumps_typed([AIMessage(content="x" * 30_000)])
+    assert [reader.loads_typed(big) for _ in range(3)] == [SERDE.loads_typed(big)] * 3
+    assert copies.counts["copied"] == 20  # over entry_bytes: never kept
+    copies.clear()
+    assert copies.size == (0, 0)
+
+
+def test_the_bytes_are_compared_in_full_not_only_the_fingerprint() -> None:
+    """Two values whose fingerprints match (same length and samples) are told apart."""
+    one = SERDE.dumps_typed(["x" * 2000])
+    n = len(one[1])
+    sampled = {i for q in range(0, n, n >> 2) for i in range(q, q + 32)} | set(range(n - 32, n))
+    j = next(i for i in range(n) if i not in sampled)
+    other = (one[0], one[1][:j] + b"y" + one[1][j + 1 :])
+    assert value_copies._fingerprint(*one) == value_copies._fingerprint(*other)
+    assert SERDE.loads_typed(other) != SERDE.loads_typed(one)
+    copies = ValueCopies()
+    reader = copies.reader(SERDE)
+    assert read_three_times(copies, SERDE, one) == [SERDE.loads_typed(one)] * 3
+    assert [reader.loads_typed(other) for _ in range(3)] == [SERDE.loads_typed(other)] * 3
+    assert [reader.loads_typed(one) for _ in range(3)] == [SERDE.loads_typed(one)] * 3
+    # each value got its copy in turn (its second sight replaced the other's)
+    assert copies.counts["copied"] == 3 and copies.counts["hits"] == 3
+
+
+def test_copies_answer_only_the_serializer_object_that_decoded_them() -> None:
+    """An encrypting serializer: its ciphertext is the key, and a serializer swapped in
+    (another key) starts with no copies - it decodes, and here refuses, on its own."""
+    sealed = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+    other = EncryptedSerializer.from_pycryptodome_aes(key=b"fedcba9876543210")
+    value = [PAD, AIMessage(content="secret", id="s")]
+    stored = sealed.dumps_typed(value)
+    assert "+" in stored[0]
+    copies = ValueCopies()
+    assert read_three_times(copies, sealed, stored) == [value] * 3
+    assert copies.counts["hits"] == 1
+    with pytest.raises(ValueError):  # not a copy of what the other key decoded
+        copies.reader(other).loads_typed(stored)
+    assert copies.counts["hits"] == 1
+
+
+def test_only_langgraphs_serializer_and_its_msgpack_formats_are_copied() -> None:
+    class Own:
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            return "own", pickle.dumps(obj)
+
+        def loads_typed(self, data: tuple[str, bytes]) -> Any:
+            return pickle.loads(data[1])
+
+    copies = ValueCopies()
+    own = Own()
+    assert copies.reader(own) is own
+    json_typed = ("json", b'{"a": "' + b"x" * MIN_BYTES + b'"}')
+    reads = read_three_times(copies, JsonPlusSerializer(), json_typed)
+    assert reads == [{"a": "x" * MIN_BYTES}] * 3 and copies.counts["first"] == 0
+
+
+def test_a_rebinding_of_langgraphs_safe_types_drops_every_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stored = SERDE.dumps_typed([PAD, AIMessage(content="m", id="m")])
+    copies = ValueCopies()
+    read_three_times(copies, SERDE, stored)
+    assert copies.counts["hits"] == 1
+    without = frozenset(k for k in lg_msgpack.SAFE_MSGPACK_TYPES if k[1] != "AIMessage")
+    monkeypatch.setattr(lg_msgpack, "SAFE_MSGPACK_TYPES", without)
+    events: list[Any] = []
+    unregister = register_serde_event_listener(events.append)
+    try:
+        read_three_times(copies, SERDE, stored)
+    finally:
+        unregister()
+    assert copies.counts["hits"] == 1  # the serializer decoded each read again
+    assert len(events) == 3  # its event on each (AIMessage no longer listed as safe)
+
+
+def test_many_threads_read_through_one_copies() -> None:
+    values = [[PAD, AIMessage(content=f"thread value {i}", id=str(i))] for i in range(6)]
+    stored = [SERDE.dumps_typed(v) for v in values]
+    copies = ValueCopies(entries=4)  # fewer than the values: evictions while reading
+    reader = copies.reader(SERDE)
+    failures: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def work(seed: int) -> None:
+        try:
+            start.wait()
+            kept: list[Any] = []
+            for n in range(300):
+                i = (seed + n) % len(values)
+                got = reader.loads_typed(stored[i])
+                assert got == values[i]
+                assert all(got[1] is not k[1] for k in kept)
+                kept = [*kept[-3:], got]
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert copies.counts["hits"] > 0
+    assert copies.size[0] <= 4
+
+
+def test_the_message_classes_are_langchain_cores_safe_ones() -> None:
+    allowed = value_copies._current().messages
+    assert {AIMessage, HumanMessage, ToolMessage, SystemMessage, RemoveMessage} <= allowed
+    assert all(issubclass(c, BaseMessage) for c in allowed)
+    assert all(c.__module__.startswith("langchain_core.messages.") for c in allowed)
