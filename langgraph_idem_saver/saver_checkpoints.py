@@ -174,16 +174,20 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
         checkpoint_id = checkpoint_id_of(config)
         if checkpoint_id is None:
             raise ConfigError("put_writes needs config['configurable']['checkpoint_id']")
-        storable_text(task_id, "task_id")
-        storable_text(task_path, "task_path")
-        by_idx: dict[int, tuple[str, str, bytes]] = {}
-        for idx, (channel, value) in enumerate(writes):
-            by_idx[WRITES_IDX_MAP.get(channel, idx)] = (
-                storable_text(channel, "channel"),
-                *self._dump(value),
-            )
+        # storable_text's own test inline (every put_writes of a graph comes through here)
+        if not task_id.isascii():
+            storable_text(task_id, "task_id")
+        if not task_path.isascii():
+            storable_text(task_path, "task_path")
         where = (thread_id, ns, checkpoint_id, task_id, task_path)
-        return [(*where, idx, *row) for idx, row in by_idx.items()]
+        dump, idx_of = self._dump, WRITES_IDX_MAP.get
+        by_idx: dict[int, tuple[Any, ...]] = {}
+        for idx, (channel, value) in enumerate(writes):
+            if not channel.isascii():
+                storable_text(channel, "channel")
+            at = idx_of(channel, idx)
+            by_idx[at] = (*where, at, channel, *dump(value))
+        return list(by_idx.values())
 
     async def alist(
         self,

@@ -291,8 +291,9 @@ class AsyncSqliteSaver(
             storable_text(channel, "channel")
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
-        blobs = self._deltas.encode(self.serde, thread_id, ns, values, put.new_versions)
-        type_, data = self.serde.dumps_typed(stored)
+        serde = self.serde
+        blobs = self._deltas.encode(serde, thread_id, ns, values, put.new_versions)
+        type_, data = serde.dumps_typed(stored)
         run_id = put.metadata.get("run_id")
         row = (
             thread_id,
@@ -305,26 +306,27 @@ class AsyncSqliteSaver(
             encode_metadata(put.metadata),
             encode_versions(checkpoint["channel_versions"]),
         )
+        # the statement's rows built here, before the lock; only a delta's base is probed
+        params = [
+            (thread_id, ns, b.channel, b.version, b.type, b.data, b.base_version) for b in blobs
+        ]
+        deltas = [
+            (i, (thread_id, ns, b.channel, b.base_version))
+            for i, b in enumerate(blobs)
+            if b.base_version is not None
+        ]
 
         def write(conn: sqlite3.Connection) -> list[EncodedBlob]:
-            rows = [
-                self._deltas.whole(self.serde, b)
-                if b.base_version is not None
-                and conn.execute(
-                    sql.BLOB_EXISTS, (thread_id, ns, b.channel, b.base_version)
-                ).fetchone()
-                is None
-                else b
-                for b in blobs
-            ]
-            if rows:
-                conn.executemany(
-                    sql.UPSERT_BLOB,
-                    [
-                        (thread_id, ns, b.channel, b.version, b.type, b.data, b.base_version)
-                        for b in rows
-                    ],
-                )
+            rows, args = blobs, params
+            for i, key in deltas:
+                if conn.execute(sql.BLOB_EXISTS, key).fetchone() is None:
+                    # its base is gone (pruned, deleted): the value is stored whole
+                    if rows is blobs:
+                        rows, args = list(blobs), list(params)
+                    b = rows[i] = self._deltas.whole(self.serde, blobs[i])
+                    args[i] = (thread_id, ns, b.channel, b.version, b.type, b.data, None)
+            if args:
+                conn.executemany(sql.UPSERT_BLOB, args)
             conn.execute(sql.UPSERT_CHECKPOINT, row)
             return rows
 
