@@ -55,8 +55,11 @@ class CallInfo:
     ledger_key: str
 
 
-# the running call (its ``in_call``; the CallInfo is made when first asked for)
-_CURRENT: contextvars.ContextVar[in_call | None] = contextvars.ContextVar(
+# the running call, as (its run's batch, its plan): set by ``in_call``, or directly by a
+# front door's path that opens no span (``IdempotentToolNode``'s untraced step: a tuple,
+# not an object with methods, a call of a 50-call step). The CallInfo is made when first
+# asked for, and kept on the plan.
+RUNNING_CALL: contextvars.ContextVar[tuple[Batch, Plan] | None] = contextvars.ContextVar(
     "langgraph_idem_saver_current_call", default=None
 )
 
@@ -69,18 +72,26 @@ def vendor_key(scope: str, ledger_key: str) -> str:
 
 def current_call() -> CallInfo:
     """The ledgered call running here; :class:`NotInLedgeredCall` outside one."""
-    running = _CURRENT.get()
+    running = RUNNING_CALL.get()
     if running is None:
         raise NotInLedgeredCall(
             "current_call() is only available inside a tool run through the ledger "
             "(IdempotentToolNode, IdempotencyMiddleware, idempotent_task) and not for a "
             "read-only tool: there is no ledger key here"
         )
-    return running.info
+    return info_of(*running)
 
 
 def info_of(batch: Batch, plan: Plan) -> CallInfo:
-    """The :class:`CallInfo` of a planned ``RUN`` call (its entry is the row it acts on)."""
+    """The :class:`CallInfo` of a planned ``RUN`` call (its entry is the row it acts on),
+    made once a plan: a plan is run once, and what it acts on is settled by then."""
+    info = plan.call_info
+    if info is None:
+        info = plan.call_info = _made_info(batch, plan)
+    return info
+
+
+def _made_info(batch: Batch, plan: Plan) -> CallInfo:
     entry = plan.entry
     intent = plan.intent
     ledger_key = plan.ledger_key or (entry.key if entry is not None else "")
@@ -98,30 +109,25 @@ def info_of(batch: Batch, plan: Plan) -> CallInfo:
 class in_call:  # a context manager, named as one
     """Around the run of a planned ``RUN`` call's tool: :func:`current_call` answers it,
     and its ``execute_tool`` span is open (when the run is traced: ``Batch.traced``). A
-    class with slots, not a generator: entered once per call of a 50-call step (the
-    engine's ``Running`` is one, entered from its ``__aenter__``/``__aexit__``). Only
-    what a call needs is set: the :class:`CallInfo` (a digest, a dataclass) is made
-    only when asked for - most tools never call :func:`current_call` - and the span and
-    the context variable's token when it is entered."""
+    class with slots, not a generator: entered once per call (the engine's ``Running``
+    is one, entered from its ``__aenter__``/``__aexit__``). Only what a call needs is
+    set: the :class:`CallInfo` (a digest, a dataclass) is made only when asked for -
+    most tools never call :func:`current_call` - and the span and the context
+    variable's token when it is entered."""
 
-    __slots__ = ("_info", "batch", "plan", "span", "token")
-    _info: CallInfo
+    __slots__ = ("batch", "plan", "span", "token")
     span: telemetry.ToolSpan | None
-    token: contextvars.Token[in_call | None]
+    token: contextvars.Token[tuple[Batch, Plan] | None]
 
     def __init__(self, batch: Batch, plan: Plan) -> None:
         self.batch, self.plan = batch, plan
 
     @property
     def info(self) -> CallInfo:
-        try:
-            return self._info
-        except AttributeError:  # not made yet
-            info = self._info = info_of(self.batch, self.plan)
-            return info
+        return info_of(self.batch, self.plan)
 
     def __enter__(self) -> in_call:
-        self.token = _CURRENT.set(self)
+        self.token = RUNNING_CALL.set((self.batch, self.plan))
         self.span = telemetry.tool_span(self.batch, self.plan) if self.batch.traced else None
         return self
 
@@ -130,4 +136,4 @@ class in_call:  # a context manager, named as one
         if span is not None:
             self.span = None
             span.end(exc)
-        _CURRENT.reset(self.token)
+        RUNNING_CALL.reset(self.token)

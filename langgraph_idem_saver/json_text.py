@@ -13,6 +13,7 @@ the C encoder is missing (another Python implementation) it is ``encode`` itself
 
 from __future__ import annotations
 
+import itertools
 import json
 import json.encoder
 from collections.abc import Callable, Iterable
@@ -82,9 +83,9 @@ def many_encoder_of(**options: Any) -> Callable[[Iterable[Any]], list[str]]:
         None, encoder.default, string, None, encoder.key_separator, encoder.item_separator,
         encoder.sort_keys, encoder.skipkeys, encoder.allow_nan,
     )  # fmt: skip
-    join = "".join
+    join, zero = "".join, itertools.repeat(0)
 
     def encode_many(values: Iterable[Any]) -> list[str]:
-        return [join(stateless(value, 0)) for value in values]
+        return list(map(join, map(stateless, values, zero)))
 
     return encode_many

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import json.encoder
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Literal, Union
 
 from langgraph_idem_saver.errors import ConfigError, SerializationError
@@ -75,6 +77,9 @@ _CANONICAL_MANY = many_encoder_of(
 )
 # one JSON string, as _PARTS writes each part (its ``encode_basestring``, C)
 _STRING: Callable[[str], str] = json.encoder.encode_basestring
+# a step's columns through ``map`` (C, no Python frame a call): ``step_texts``
+_ID, _ARGS = operator.itemgetter("id"), operator.itemgetter("args")
+_HEX = operator.methodcaller("hexdigest")
 
 KeyFn = Callable[[Mapping[str, Any], KeyContext], str]
 """``key_fn(tool_call, ctx) -> str``: a stable identity for the call (any string)."""
@@ -279,8 +284,8 @@ def step_texts(calls: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]
     """Each call's id (:func:`storable_call_id`) and canonical arguments
     (:func:`canonical_args`), in call order."""
     try:
-        ids = [str(call["id"]) for call in calls]
-        texts = _CANONICAL_MANY([call["args"] for call in calls])
+        ids = list(map(str, map(_ID, calls)))
+        texts = _CANONICAL_MANY(map(_ARGS, calls))
     except (TypeError, ValueError, RecursionError):
         ids = texts = []
     ids_text = "".join(ids)
@@ -295,8 +300,7 @@ def step_texts(calls: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]
 
 def step_hashes(texts: Sequence[str]) -> list[str]:
     """:func:`args_hash` of each canonical text."""
-    sha256 = hashlib.sha256
-    return [sha256(text.encode("utf-8")).hexdigest() for text in texts]
+    return list(map(_HEX, map(hashlib.sha256, map(str.encode, texts))))
 
 
 def step_tool_call_keys(agent_path: str, ids: Sequence[str], origins: Sequence[str]) -> list[str]:
@@ -304,11 +308,16 @@ def step_tool_call_keys(agent_path: str, ids: Sequence[str], origins: Sequence[s
     (``origins``: each call's message id, "" when not known)."""
     string = _STRING
     head = f'["tool_call",{string(agent_path)},'
-    texts = [
-        f"{head}{string(i)},{string(o)}]" if o else f"{head}{string(i)}]"
-        for i, o in zip(ids, origins, strict=True)
-    ]
+    if len(ids) != len(origins):
+        raise ValueError("one message id a call id")
+    if all(origins):  # each in its message (a ToolNode step): the texts through ``map``
+        quoted = zip(map(string, ids), repeat(","), map(string, origins), repeat("]"))
+        texts = list(map(head.__add__, map("".join, quoted)))
+    else:
+        texts = [
+            f"{head}{string(i)},{string(o)}]" if o else f"{head}{string(i)}]"
+            for i, o in zip(ids, origins, strict=True)
+        ]
     if not utf8_ok("".join(texts)):
         texts = [_as_serialized(text) for text in texts]
-    sha256 = hashlib.sha256
-    return [sha256(text.encode("utf-8")).hexdigest() for text in texts]
+    return step_hashes(texts)

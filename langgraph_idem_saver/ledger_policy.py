@@ -130,7 +130,7 @@ class LedgerPolicy(ToolCallLedger):
 
     def _claims(self, intents: Sequence[CallIntent], owner: str, lease_seconds: float) -> Claims:
         now = time.time()
-        rows = [_INTENT_ROW(i) for i in intents]
+        rows = list(map(_INTENT_ROW, intents))
         if not self._encrypts():
             return Claims(rows, owner, now, now + lease_seconds)
         sealed = [(*r[:_ARGS], self.seal_args(r[_ARGS]), *r[_ARGS + 1 :]) for r in rows]

@@ -57,7 +57,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from langchain_core.messages import AnyMessage, ToolCall
 from langchain_core.runnables import RunnableConfig
@@ -73,7 +73,7 @@ from langgraph.runtime import Runtime
 from pydantic import BaseModel
 from typing_extensions import Unpack
 
-from langgraph_idem_saver.call_context import in_call
+from langgraph_idem_saver.call_context import RUNNING_CALL, in_call
 from langgraph_idem_saver.engine import (
     NOT_APPLIED,
     Batch,
@@ -92,6 +92,7 @@ from langgraph_idem_saver.engine import (
 )
 from langgraph_idem_saver.engine.loops import run_private
 from langgraph_idem_saver.engine.options import LedgerKwargs
+from langgraph_idem_saver.engine.outcomes import ended
 from langgraph_idem_saver.engine.results import calls_in_messages
 from langgraph_idem_saver.engine.types import READ_ONLY_METADATA_KEY, Plan, UnknownOutcomeResume
 from langgraph_idem_saver.errors import SerializationError
@@ -193,6 +194,11 @@ class IdempotentToolNode(ToolNode):
         poll_seconds: polling interval while waiting.
     """
 
+    # False: every call of an async step runs inside ``LedgerEngine.running`` (what a
+    # traced step's calls do); True: an untraced step's ``Running`` is inlined in
+    # ``_arun_one``. The same claims and rows either way (tests/test_ledger_wide_step_fast.py)
+    _inline_runs: ClassVar[bool] = True
+
     def __init__(
         self,
         tools: Sequence[BaseTool | Callable[..., Any]],
@@ -272,22 +278,40 @@ class IdempotentToolNode(ToolNode):
             wait_on(writes.loop, self.engine.aoutcomes(writes, raising=raising))
 
     async def _arun_one(self, call: ToolCall, input_type: InputType, runtime: ToolRuntime) -> Any:
-        taken = self._take(call)
-        if taken is None:
+        step = _BATCH.get()
+        if step is None or step[0] is not self:
             return await ToolNode._arun_one(self, call, input_type, runtime)
-        batch, engine, current = taken
+        batch = step[1]
+        current = batch.plans.pop(str(call["id"]), None)
+        if batch.repeats:
+            current = self._repeated(batch, call, current)
+        if current is None or current.kind is Kind.SKIP:
+            return await ToolNode._arun_one(self, call, input_type, runtime)
+        engine = self.engine
         if current.kind is Kind.RUN and current.outcome is None:
             # the usual call: nothing of the step follows it (no result to publish)
-            async with engine.running(batch, current):
-                result = await ToolNode._arun_one(self, call, input_type, runtime)
+            if batch.traced or batch.outcomes is None or not self._inline_runs:
+                async with engine.running(batch, current):  # its span, its own outcome
+                    result = await ToolNode._arun_one(self, call, input_type, runtime)
+            else:  # ``Running`` inline (no span to open): no object, no coroutine a call
+                current.started = True
+                token = RUNNING_CALL.set((batch, current))
+                try:
+                    result = await ToolNode._arun_one(self, call, input_type, runtime)
+                except BaseException as exc:
+                    RUNNING_CALL.reset(token)
+                    await ended(engine, batch, current, exc)
+                    raise
+                RUNNING_CALL.reset(token)
+            writes = batch.outcomes  # None once the step's end began: its own outcome
+            if writes is None:
+                return await engine.afinish(batch, current, result)
             try:
-                in_step = engine.finish_in_step(batch, current, result)
+                writes.finish(current, result)
             except SerializationError as exc:  # the tool ran: abandoned, as afinish does
                 await engine.araised(batch, current, exc)
                 raise
-            if in_step:
-                return result
-            return await engine.afinish(batch, current, result)
+            return result
         with Settling(current) as settle:
             if current.kind is Kind.RUN:
                 async with engine.running(batch, current):
@@ -360,13 +384,21 @@ class IdempotentToolNode(ToolNode):
         if current is None or current[0] is not self:
             return None
         node, batch = current
-        queue = batch.plans.get(str(call["id"]))
-        if not queue:
-            return None
-        plan = queue.popleft()
-        if plan.kind is Kind.SKIP:
+        plan = batch.take(str(call["id"]))
+        if plan is None or plan.kind is Kind.SKIP:
             return None
         return batch, node.engine, plan
+
+    @staticmethod
+    def _repeated(batch: Batch, call: ToolCall, taken: Plan | None) -> Plan | None:
+        """``_arun_one``'s ``Batch.take`` for a step that repeats a call id: the next
+        plan of the id takes its place once ``taken`` is."""
+        if taken is not None:
+            call_id = str(call["id"])
+            queue = batch.repeats.get(call_id)
+            if queue:
+                batch.plans[call_id] = queue.popleft()
+        return taken
 
     def _calls_in_state(
         self, input: NodeInput, config: RunnableConfig

@@ -14,6 +14,8 @@ import operator
 import os
 import threading
 from collections import OrderedDict
+from itertools import compress, repeat
+from operator import is_not
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
@@ -64,6 +66,8 @@ _POSITION = operator.attrgetter("position")
 _FIRST = operator.itemgetter(0)
 _INTENT = operator.attrgetter("intent")
 _TOOL_CALL_ID = operator.attrgetter("tool_call_id")
+_POLICY = operator.attrgetter("policy")
+_SECOND = operator.itemgetter(1)
 
 
 def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
@@ -72,7 +76,12 @@ def step_lookup(batch: Batch, leaders: list[Plan]) -> StepLookup | None:
     they adopt, and only they have fork slots)."""
     if batch.known_ids is None:
         return None
-    intents = [p.intent for p in leaders if p.policy == "tool_call" and p.intent is not None]
+    intents = list(map(_INTENT, leaders))  # a ToolNode step's: every one (no frame a call)
+    every = len(leaders)
+    if list(map(_POLICY, leaders)).count("tool_call") != every or not all(
+        map(is_not, intents, repeat(None))
+    ):
+        intents = [p.intent for p in leaders if p.policy == "tool_call" and p.intent is not None]
     if not intents:
         return None
     agent_path = intents[0].agent_path
@@ -96,6 +105,10 @@ def sibling_keys(batch: Batch, ids: set[str], agent_path: str) -> frozenset[str]
     messages = set(map(batch.origins.get, ids)) - {None}
     if not messages:
         return frozenset()
+    pairs = batch.pairs  # the state's calls of those messages, not of ``ids`` (C: ``map``)
+    others = set(compress(map(_FIRST, pairs), map(messages.__contains__, map(_SECOND, pairs))))
+    if not others - ids - batch.reused_ids:
+        return frozenset()  # every call of the messages is a leader (a ToolNode step)
     keys: set[str] = set()
     for call_id, message_id in batch.pairs:
         if message_id in messages and call_id not in ids and call_id not in batch.reused_ids:

@@ -29,9 +29,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import operator
 import threading
 import time
-from collections import deque
+from itertools import compress
 from typing import Any, cast
 
 from langchain_core.callbacks.manager import adispatch_custom_event
@@ -76,6 +77,7 @@ from langgraph_idem_saver.engine.types import (
     of_kind,
 )
 from langgraph_idem_saver.engine.unknown import aapply, adecide
+from langgraph_idem_saver.engine.wide_step import all_claimed, plan_distinct, plan_each
 from langgraph_idem_saver.errors import SerializationError
 from langgraph_idem_saver.ledger import (
     CallIntent,
@@ -86,6 +88,10 @@ from langgraph_idem_saver.ledger import (
     ToolCallLedger,
 )
 from langgraph_idem_saver.owners import make_owner, minted_here
+
+_NAME = operator.itemgetter("name")
+_ID = operator.itemgetter("id")
+_OWNED, _STARTED = operator.attrgetter("owned"), operator.attrgetter("started")
 
 REPLAY_EVENT = "idem_saver_replay"
 """Name of the custom callback event sent for every replayed call (see
@@ -208,27 +214,17 @@ class LedgerEngine:
 
     def add_calls(self, batch: Batch, calls: list[ToolCall], tools: dict[str, Any]) -> None:
         """:meth:`add_call` for every call of a step, ``tools`` by name (a name not in it
-        is unknown): one loop, no frame a call, the kind asked once a tool."""
-        kinds: dict[str, Kind] = {}
-        plans, all_plans, pending = batch.plans, batch.all_plans, Kind.PENDING
-        for call in calls:
-            plan = Plan(call)
-            name = call["name"]
-            kind = kinds.get(name)
-            if kind is None:
-                tool = tools.get(name)
-                ledgered = tool is not None and not self._read_only(batch, name, tool)
-                kind = kinds[name] = pending if ledgered else Kind.SKIP
-            if kind is pending:
-                plan.kind = pending
-            elif name in tools:
-                self.counters.bump("read_only")
-            queue = plans.get(call_id := str(call["id"]))
-            if queue is None:
-                plans[call_id] = deque((plan,))
-            else:
-                queue.append(plan)
-            all_plans.append(plan)
+        is unknown): the kind asked once a tool; a step of ledgered calls with ids of
+        their own planned at once (``wide_step``), any other call by call."""
+        kinds = {
+            name: Kind.PENDING
+            if (tool := tools.get(name)) is not None and not self._read_only(batch, name, tool)
+            else Kind.SKIP
+            for name in dict.fromkeys(map(_NAME, calls))
+        }
+        ids = list(map(str, map(_ID, calls)))
+        if not plan_distinct(batch, calls, ids, kinds):
+            plan_each(batch, calls, ids, kinds, tools, self.counters)
 
     def _read_only(self, batch: Batch, name: str, tool: Any) -> bool:
         """``options.is_read_only`` for a tool not asked about yet this step, kept for the
@@ -317,6 +313,8 @@ class LedgerEngine:
     async def aclaimed(self, batch: Batch, plans: list[Plan], outcomes: list[ClaimOutcome]) -> None:
         """Take the claim's outcome for each plan; claim again the calls a sibling's fork
         slot refused (at their next occurrence)."""
+        if all_claimed(plans, outcomes):  # a fresh step: every plan at once
+            return
         refused = False
         for plan, outcome in zip(plans, outcomes, strict=True):
             plan.entry = outcome.entry
@@ -587,6 +585,6 @@ class LedgerEngine:
 
     async def arelease_unstarted(self, batch: Batch) -> None:
         """Drop claims of calls that never reached their tool (the step was aborted)."""
-        for plan in batch.all_plans:
-            if plan.owned and not plan.started:
-                await self.arelease(batch, plan)
+        plans = batch.all_plans  # owned > started: owned and not started (C, a wide step)
+        for plan in compress(plans, map(operator.gt, map(_OWNED, plans), map(_STARTED, plans))):
+            await self.arelease(batch, plan)

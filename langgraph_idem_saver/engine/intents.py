@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import operator
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
 from langgraph_idem_saver.engine.forks import fork_point
 from langgraph_idem_saver.engine.types import IdempotencyConflict, IdempotencyCounters, Kind, Plan
+from langgraph_idem_saver.engine.wide_step import distinct_calls
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.keys import (
     KeyContext,
@@ -32,6 +35,7 @@ from langgraph_idem_saver.keys import (
 from langgraph_idem_saver.ledger import CallIntent
 
 INTENT_FIELDS = frozenset(f.name for f in dataclasses.fields(CallIntent))
+_NAME, _CALL = operator.itemgetter("name"), operator.attrgetter("call")
 
 
 def intent_of(values: dict[str, Any]) -> CallIntent:
@@ -86,19 +90,24 @@ def key_calls(
     (``keys.step_texts``: the same values as call by call, ~40% of the ledger's Python on
     a wide step otherwise); a ``key_fn`` or ``"args"`` policy is asked call by call."""
     scope, thread_id, agent_path, run_id = site.scope, site.thread_id, site.agent_path, site.run_id
-    calls = [plan.call for plan in pending]
+    calls = list(map(_CALL, pending))
     ids, texts = step_texts(calls)
     digests = step_hashes(texts)
-    policies: dict[str, KeyPolicy] = {}  # per tool, asked once a step
-    for call in calls:
-        name = call["name"]
-        if name not in policies:
-            policies[name] = policy_for(name)
-    message_ids = [origins.get(call_id, "") for call_id in ids]
+    # per tool, asked once a step (in call order)
+    policies: dict[str, KeyPolicy] = {
+        name: policy_for(name) for name in dict.fromkeys(map(_NAME, calls))
+    }
+    message_ids = list(map(origins.get, ids, repeat("")))
     default_keys: list[str] | None = None
     if all(p == "tool_call" for p in policies.values()):
         default_keys = step_tool_call_keys(agent_path, ids, message_ids)
     point = fork_point(config, thread_id)
+    if default_keys is not None:  # each call its own key and slot: at once (wide_step)
+        position, branch = (None, None) if point is None else (point.position, point.branch)
+        columns = (ids, texts, digests, default_keys)
+        fresh = distinct_calls(pending, site, position, branch, columns)
+        if fresh is not None:
+            return fresh
     seen: dict[tuple[str, str], int] = {}  # fork slots: identical leaders so far
     leaders: dict[str, Plan] = {}
     new_intent = CallIntent._of

@@ -54,12 +54,18 @@ class Running(in_call):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
     ) -> None:  # the exception, if any, propagates
         self.__exit__(exc_type, exc, tb)
-        if exc is None:
-            return
-        if isinstance(exc, Exception):
-            await self.engine.araised(self.batch, self.plan, exc)
-        elif isinstance(exc, asyncio.CancelledError):
-            await self.engine.acancelled(self.batch, self.plan)
+        if exc is not None:
+            await ended(self.engine, self.batch, self.plan, exc)
+
+
+async def ended(engine: EndsCalls, batch: Batch, plan: Plan, exc: BaseException) -> None:
+    """A started call's run ended with ``exc``: an exception settles its claim
+    (``araised``), a cancellation ends its lease (``acancelled``); anything else (a
+    ``KeyboardInterrupt``) leaves it to its lease. The caller re-raises ``exc``."""
+    if isinstance(exc, Exception):
+        await engine.araised(batch, plan, exc)
+    elif isinstance(exc, asyncio.CancelledError):
+        await engine.acancelled(batch, plan)
 
 
 class StepOutcomes:

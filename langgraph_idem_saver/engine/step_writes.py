@@ -25,6 +25,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from langgraph_idem_saver.engine.results import text_of, unserializable
 from langgraph_idem_saver.engine.types import Batch, IdempotencyCounters, Plan
+from langgraph_idem_saver.engine.wide_step import all_recorded
 from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import CallStatus, ToolCallLedger, raising
 
@@ -50,8 +51,15 @@ class StepWrites:
 
     def finish(self, plan: Plan, result: Any) -> None:
         """``plan``'s call returned ``result`` (an error ``ToolMessage``: a ``failed``
-        call): its outcome row, sent with the others of this loop iteration."""
-        self.take(plan, self.row_of(plan, result))
+        call): its outcome row, sent with the others of this loop iteration (``take``,
+        inline: once a call of a wide step)."""
+        row = self.row_of(plan, result)
+        rows = self.rows
+        if rows is None:
+            rows = self.rows = []
+            self.loop.call_soon(self.send)
+        self.plans.append(plan)
+        rows.append(row)
 
     def row_of(self, plan: Plan, result: Any) -> OutcomeParams:
         """The outcome row of ``plan``'s call - what ``LedgerPolicy.record_outcome`` builds
@@ -122,6 +130,9 @@ async def await_step_writes(
                 for _, left in sent[at + 1 :]:
                     forget(left)
                 raise
+            if all_recorded(plans, errors):  # the usual answer: the whole batch at once
+                executed += len(plans)
+                continue
             for plan, error in zip(plans, errors, strict=True):
                 if error is None:
                     plan.owned = False  # as ``LedgerEngine.recorded``

@@ -37,6 +37,7 @@ from langgraph_idem_saver.ledger import (
 )
 
 if TYPE_CHECKING:
+    from langgraph_idem_saver.call_context import CallInfo
     from langgraph_idem_saver.engine.step_writes import StepWrites
 
 # what the engine package exports (engine/__init__.py re-exports exactly these)
@@ -210,8 +211,8 @@ class Plan:
     and a dataclass ``__init__`` setting all twelve fields was ~35 bytecodes a call,
     more than the slots it replaced saved on reads."""
 
-    def __init__(self, call: ToolCall) -> None:
-        self.call = call
+    def __init__(self, call: ToolCall, kind: Kind = Kind.SKIP) -> None:
+        self.call, self.kind = call, kind
 
     call: ToolCall
     kind: Kind = Kind.SKIP
@@ -229,29 +230,43 @@ class Plan:
     # published to calls of the step that share this call's key (``Kind.FOLLOW``); made
     # while planning, only for a call that has such followers (most have none)
     outcome: concurrent.futures.Future[Any] | None = None
+    # what ``current_call()`` answers while it runs, made when first asked for
+    call_info: CallInfo | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class Batch:
     """The tool calls of one front-door run (a ToolNode step, or one middleware call)
-    and what they share: the ledger, its loop and serializer, the scope, the state."""
+    and what they share: the ledger, its loop and serializer, the scope, the state.
+
+    Built with ``sync`` alone: the fields with an immutable default keep the class's
+    until the run sets them (as :class:`Plan`'s; a front door makes one a run, and the
+    dataclass ``__init__`` of its seventeen fields was most of a lone call's planning)."""
+
+    def __init__(self, sync: bool) -> None:
+        self.sync = sync
+        self.plans, self.repeats, self.all_plans = {}, {}, []
+        self.origins, self.reused_ids, self.pairs, self.read_only = {}, set(), [], {}
 
     sync: bool
-    plans: dict[str, deque[Plan]] = field(default_factory=dict)
-    all_plans: list[Plan] = field(default_factory=list)
+    # the plan each call id is answered with next (``take``): its first call's, then,
+    # for an id the step repeats, the next of ``repeats`` once that one is taken
+    plans: dict[str, Plan]
+    repeats: dict[str, deque[Plan]]
+    all_plans: list[Plan]
+    # the id of the newest message of the visible state carrying each tool call id
+    origins: dict[str, str]
+    reused_ids: set[str]  # ids found in several messages
+    pairs: list[tuple[str, str]]  # (call id, message id)
+    read_only: dict[str, bool]  # per tool name, this run
     ledger: ToolCallLedger | None = None
     ledger_loop: asyncio.AbstractEventLoop | None = None
     serde: SerializerProtocol | None = None
     scope: str = ""
-    # tool call ids of every AIMessage in the visible state (None: no state visible), and
-    # the id of the newest message carrying each
+    # tool call ids of every AIMessage in the visible state (None: no state visible)
     known_ids: set[str] | None = None
-    origins: dict[str, str] = field(default_factory=dict)
-    reused_ids: set[str] = field(default_factory=set)  # ids found in several messages
-    pairs: list[tuple[str, str]] = field(default_factory=list)  # (call id, message id)
     # the engine's owner id, read once when the run is prepared (``LedgerEngine.owner``)
     owner: str = ""
-    read_only: dict[str, bool] = field(default_factory=dict)  # per tool name, this run
     # outcomes handed over and not yet awaited (``LedgerEngine.outcomes_at_end``); None:
     # each call awaits its own
     outcomes: StepWrites | None = None
@@ -260,11 +275,26 @@ class Batch:
     traced: bool = False
 
     def add(self, plan: Plan) -> None:
-        self.plans.setdefault(str(plan.call["id"]), deque()).append(plan)
+        call_id = str(plan.call["id"])
+        if call_id in self.plans:
+            self.repeats.setdefault(call_id, deque()).append(plan)
+        else:
+            self.plans[call_id] = plan
         self.all_plans.append(plan)
+
+    def take(self, call_id: str) -> Plan | None:
+        """The plan of the next call of ``call_id`` (taken: each plan answers one call,
+        in call order), None when the step planned no (more) call of that id."""
+        plan = self.plans.pop(call_id, None)
+        if plan is not None and self.repeats:
+            queue = self.repeats.get(call_id)
+            if queue:
+                self.plans[call_id] = queue.popleft()
+        return plan
 
 
 _KIND = operator.attrgetter("kind")
+_INTENT = operator.attrgetter("intent")
 
 
 def of_kind(plans: list[Plan], kind: Kind) -> list[Plan]:
@@ -276,7 +306,7 @@ def of_kind(plans: list[Plan], kind: Kind) -> list[Plan]:
 def intents_of(plans: list[Plan]) -> list[CallIntent]:
     """The intents of planned calls (``LedgerEngine.aprepare`` sets one on every plan
     it claims; no ``cast()`` per plan: a wide step builds this list for 50)."""
-    return [p.intent for p in plans]  # type: ignore[misc]
+    return list(map(_INTENT, plans))
 
 
 def live(entry: LedgerEntry) -> bool:
