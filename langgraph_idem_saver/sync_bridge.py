@@ -55,7 +55,7 @@ import logging
 import threading
 import weakref
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, Generic, TypeVar, cast
 
@@ -66,6 +66,7 @@ from langgraph_idem_saver.answer_records import AnswerRecords
 from langgraph_idem_saver.engine.loops import awaiting, on_loop, running_loop
 from langgraph_idem_saver.errors import ConnectionClosedError
 from langgraph_idem_saver.forwarding import blocking, hopping, paging, relaying
+from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import Outcome, ToolCallLedger
 from langgraph_idem_saver.saver_base import IdemSaverBase, SyncCallOnEventLoopError
 
@@ -245,6 +246,16 @@ class ForwardedLedger(ToolCallLedger):
             return record(scope, key, owner=owner, outcome=outcome)
         started = awaiting(record, scope, key, owner=owner, outcome=outcome)
         return asyncio.ensure_future(self._run_hopping(started))
+
+    def record_outcome_rows(
+        self, rows: Sequence[OutcomeParams]
+    ) -> Awaitable[list[Exception | None]]:
+        """The saver's own (one write for all the rows) on its loop; from another loop,
+        started now in a task that hops there."""
+        record = self._bridge_target().record_outcome_rows
+        if running_loop() is self.loop:
+            return record(rows)
+        return asyncio.ensure_future(self._run_hopping(awaiting(record, rows)))
 
 
 class SyncSaverBase(BaseCheckpointSaver[str], ForwardedLedger, Generic[S]):
