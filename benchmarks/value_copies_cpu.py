@@ -19,7 +19,13 @@ Rows (each sample ``--batch`` calls, rounds rotating the stacks' order):
   reads checkpoints no call read before (``aget_tuple`` by id; a page of ``alist`` before
   an id), so every value is decoded once: what the copies must not make slower.
 
-    python benchmarks/value_copies_cpu.py --base /tmp/base [--pg]
+* ``--micro``: the copies alone (no database, the bench's 20-message list): a first page
+  of ten rows sharing one base through fresh copies (the second-sight rule, and the
+  page's multiplicity: the base pickled at its first sight, simulated) against ten
+  decodes; and the first sight's cost, ``reader.loads_typed`` of a value never seen
+  against ``serde.loads_typed``.
+
+    python benchmarks/value_copies_cpu.py --base /tmp/base [--pg] [--micro]
 """
 
 from __future__ import annotations
@@ -175,6 +181,60 @@ def _shifted(
     return lambda lab: lambda i: make(lab)(i + offset)
 
 
+def micro(rounds: int) -> None:
+    """The copies' own costs (see the module docstring)."""
+    import pickle
+    import random
+
+    from langgraph_idem_saver import value_copies
+    from langgraph_idem_saver.saver_base import IdemSaverBase
+
+    serde = IdemSaverBase.serde
+    rng = random.Random(5)
+    p = Sim.payloads
+    window = [p.human(rng, MSG_BYTES) if i % 2 else p.ai(rng, MSG_BYTES) for i in range(WINDOW)]
+    base = serde.dumps_typed(window)
+
+    def second_sight() -> None:
+        reader = value_copies.ValueCopies().reader(serde)
+        for _ in range(10):
+            reader.loads_typed(base)
+
+    def multiplicity() -> None:  # pickled at first sight, as a page's count would
+        pickled = value_copies.copyable(serde.loads_typed(base))
+        assert pickled is not None
+        for _ in range(9):
+            pickle.loads(pickled)
+
+    def decodes() -> None:
+        for _ in range(10):
+            serde.loads_typed(base)
+
+    distinct = [serde.dumps_typed([*window[1:], p.ai(rng, MSG_BYTES)]) for _ in range(rounds * 20)]
+    copies = value_copies.ValueCopies()
+    reader = copies.reader(serde)
+    firsts = iter(distinct)
+    plain = iter(distinct[::-1])
+    cases = {
+        "page, no copies": decodes,
+        "page, 2nd sight": second_sight,
+        "page, multiplic.": multiplicity,
+        "first sight": lambda: reader.loads_typed(next(firsts)),
+        "serializer": lambda: serde.loads_typed(next(plain)),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, case in cases.items():
+            n = 10 if name in ("first sight", "serializer") else 1
+            start = time.thread_time_ns()
+            for _ in range(n):
+                case()
+            samples[name].append((time.thread_time_ns() - start) / n / 1000)
+    assert copies.counts["copied"] == 0, copies.counts
+    for name, values in samples.items():
+        print(f"micro {name:18} {statistics.median(values):9.1f} µs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", help="a folder holding another copy of the package as lis_base")
@@ -182,7 +242,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--batch", type=int, default=5)
     parser.add_argument("--checkpoints", type=int, default=1000)
+    parser.add_argument("--micro", action="store_true", help="only the copies' own costs")
     args = parser.parse_args()
+    if args.micro:
+        micro(args.rounds)
+        return
     print(
         f"load average {os.getloadavg()[0]:.1f}; CPU µs a call (median, quartiles), official / each"
     )

@@ -34,6 +34,7 @@ from pydantic import BaseModel
 
 from langgraph_idem_saver import value_copies
 from langgraph_idem_saver.saver_base import IdemSaverBase
+from langgraph_idem_saver.surrogates import LosslessJsonPlusSerializer, lossless
 from langgraph_idem_saver.value_copies import MIN_BYTES, ValueCopies, copyable
 
 SERDE = IdemSaverBase.serde  # the saver's default: LangGraph's, lossless
@@ -225,13 +226,20 @@ class Custom(BaseModel):
     name: str
 
 
-def test_a_value_whose_decode_emits_an_event_goes_through_the_serializer_every_time() -> None:
+@pytest.mark.parametrize("variant", ["langgraph", "lossless"])
+def test_a_value_whose_decode_emits_an_event_goes_through_the_serializer_every_time(
+    variant: str,
+) -> None:
     """A type strict mode blocks decodes to its raw data (plain data) with an event; every
-    read keeps its event: such a value is never copied."""
+    read keeps its event: such a value is never copied (LangGraph's serializer, and the
+    saver's lossless variant of it, whose reviver is rebuilt from LangGraph's hook)."""
     events: list[Any] = []
     unregister = register_serde_event_listener(events.append)
     try:
-        strict = JsonPlusSerializer(allowed_msgpack_modules=None)
+        strict: Any = JsonPlusSerializer(allowed_msgpack_modules=None)
+        if variant == "lossless":
+            strict = lossless(strict)
+            assert type(strict) is LosslessJsonPlusSerializer
         stored = strict.dumps_typed([Custom(name="n" * MIN_BYTES)])
         copies = ValueCopies()
         reader = copies.reader(strict)
@@ -288,7 +296,8 @@ def test_the_bytes_are_compared_in_full_not_only_the_fingerprint() -> None:
     """Two values whose fingerprints match (same length and samples) are told apart."""
     one = SERDE.dumps_typed(["x" * 2000])
     n = len(one[1])
-    sampled = {i for q in range(0, n, n >> 2) for i in range(q, q + 32)} | set(range(n - 32, n))
+    sample = value_copies._SAMPLE
+    sampled = set(range(n >> 1, (n >> 1) + sample)) | set(range(n - sample, n))
     j = next(i for i in range(n) if i not in sampled)
     other = (one[0], one[1][:j] + b"y" + one[1][j + 1 :])
     assert value_copies._fingerprint(*one) == value_copies._fingerprint(*other)
