@@ -6,12 +6,26 @@ outcome's commit, each call is a hop to that loop and a wakeup back, and the ste
 calls reach the group commit one by one. Here, as in an async step
 (``LedgerEngine.outcomes_at_end``), each call's thread serializes its result (a result
 the serializer refuses fails that call only), hands the row to the step's
-:class:`StepWrites` on the ledger's loop (its state is only touched there; the rows of
-calls finishing together wake the loop once, ``SyncStepWrites.drain``) and returns; the
-rows that reach the loop in one iteration go as one write. ``IdempotentToolNode._func``
-then awaits every outcome of the step with one hop (``LedgerEngine.aoutcomes`` on the
-ledger's loop), so the node still returns only once every outcome is committed
-(``docs/guarantees.md``).
+:class:`SyncStepWrites` and returns. ``IdempotentToolNode._func`` then awaits every
+outcome of the step with one hop (``LedgerEngine.aoutcomes`` on the ledger's loop), so
+the node still returns only once every outcome is committed (``docs/guarantees.md``).
+
+**One write a step.** The rows wait, in the tools' threads' hands, until the step's last
+ledgered call has handed its own (:attr:`SyncStepWrites.expected`) or
+:attr:`SyncStepWrites.WINDOW` (50 ms) has passed since the first row waiting, whichever
+comes first, and then go as one write (one statement and one synced commit on
+PostgreSQL). A step's sync calls finish one by one (each is ~1 ms of LangChain's
+Python under the GIL: ten no-op calls end over 10-25 ms), so sending each burst at once
+made 2-3 writes a step, each a synced commit taken in turn on the user's connection.
+The cost: an outcome's commit starts up to 50 ms after its call returned while a
+sibling still runs (before: at once, or after the write in flight); a crash in that
+time leaves the call ``issued``, an unknown outcome (asked, never re-run), as a crash
+just before its commit always did. The step's end (:meth:`SyncStepWrites.close`, then
+``aoutcomes``) sends whatever still waits at once.
+
+Wakeups of the ledger's loop: one to start a step's window (:meth:`SyncStepWrites.arm`,
+which sends at once if the step's rows all came before it ran), one to send when the
+last row comes after it; the rows between wake nothing.
 
 Once the step's end began collecting stops: a call that finishes later (the step left by
 an exception while siblings still run) records its own outcome, as before.
@@ -21,12 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from langgraph_idem_saver.engine.loops import on_loop, run_private
 from langgraph_idem_saver.engine.step_writes import StepWrites
-from langgraph_idem_saver.engine.types import Batch, Plan
+from langgraph_idem_saver.engine.types import Batch, Kind, Plan
 from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import CallStatus
 
@@ -38,16 +52,24 @@ T = TypeVar("T")
 class SyncStepWrites(StepWrites):
     """:class:`StepWrites` fed from other threads (see the module)."""
 
-    __slots__ = ("closed", "handed", "lock", "waiting")
+    __slots__ = ("arming", "closed", "expected", "handed", "lock", "timer", "waiting")
 
-    def __init__(self, batch: Batch, loop: asyncio.AbstractEventLoop, name: str) -> None:
+    # how long the first row waiting may wait for the step's other ledgered calls
+    WINDOW = 0.05
+
+    def __init__(
+        self, batch: Batch, loop: asyncio.AbstractEventLoop, name: str, expected: int
+    ) -> None:
         super().__init__(batch, loop, name)
         self.lock = threading.Lock()
         self.closed = False  # the step's end began: no more rows taken
         self.handed = 0  # rows handed to the loop (read by the node's thread)
-        # rows handed, not yet taken on the loop; a drain is scheduled while it is not
-        # empty (one wakeup of the loop for the rows of calls finishing together)
+        self.expected = expected  # rows the step's calls hand when each returns
+        # rows handed, not sent yet; while it is not empty, an ``arm`` is scheduled
+        # (``arming``), the window's timer runs, or a ``send`` is scheduled
         self.waiting: list[tuple[Plan, OutcomeParams]] = []
+        self.arming = False
+        self.timer: asyncio.TimerHandle | None = None  # set and cancelled on the loop
 
     def hand(self, plan: Plan, result: Any) -> bool:
         """In a call's thread: serialize ``result`` (raising the ``SerializationError``
@@ -55,34 +77,62 @@ class SyncStepWrites(StepWrites):
         False when the step's end already began, or the ledger's loop closed: the caller
         records it itself (through the loop: a closed one is ``on_loop``'s typed error).
 
-        The first row of a burst schedules the loop's :meth:`drain` (under the lock,
-        so before any :meth:`close` returns); the rows handed before it runs join it,
-        without waking the loop again (each wakeup is a write to its self-pipe, made
-        while the other calls' threads wait for this lock)."""
+        The step's last row sends the rows at once (unless an ``arm`` still to run will);
+        the first of others starts the window (``arm``); the rest wait with it. Each
+        wakeup is scheduled under the lock, so before any :meth:`close` returns."""
         row = self.row_of(plan, result)
         with self.lock:
             if self.closed or self.loop.is_closed():
                 return False
-            waiting = self.waiting
-            if not waiting:
+            wake: Callable[[], None] | None = None
+            arming = False
+            if self.arming:
+                pass  # ``arm`` runs soon and sees these rows
+            elif self.handed + 1 >= self.expected:  # the step's last row
+                wake = self.send
+            elif not self.waiting and self.timer is None:
+                wake, arming = self.arm, True
+            if wake is not None:
                 try:
-                    self.loop.call_soon_threadsafe(self.drain)
+                    self.loop.call_soon_threadsafe(wake)
                 except RuntimeError:  # the loop closed since is_closed(): not taken
                     return False
-            waiting.append((plan, row))
+                self.arming = arming
+            self.waiting.append((plan, row))
             self.handed += 1
         return True
 
-    def drain(self) -> None:
-        """On the loop: take every row handed so far (one write for them, ``take``)."""
+    def arm(self) -> None:
+        """On the loop: send at once if the step's rows are all in; else start the
+        window, at whose end what waits is sent."""
+        with self.lock:
+            self.arming = False
+            if not self.waiting:
+                return
+            if self.handed < self.expected and not self.closed:
+                self.timer = self.loop.call_later(self.WINDOW, self.send)
+                return
+        self.send()
+
+    def send(self) -> None:
+        """On the loop: the rows waiting (and any taken since the last send) as one
+        write; the window's timer, if it runs, is stopped."""
         with self.lock:
             rows, self.waiting = self.waiting, []
-        for plan, row in rows:
-            self.take(plan, row)
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+        if rows:
+            if self.rows is None:
+                self.rows = []
+            for plan, row in rows:
+                self.plans.append(plan)
+                self.rows.append(row)
+        super().send()
 
     def close(self) -> int:
         """In the node's thread, at the step's end: stop taking rows; how many were
-        handed (every one is queued on the loop before anything scheduled after this)."""
+        handed (what still waits is sent by ``aoutcomes``, whose first act is a send)."""
         with self.lock:
             self.closed = True
             return self.handed
@@ -91,13 +141,17 @@ class SyncStepWrites(StepWrites):
 def sync_writes(batch: Batch, name: str) -> SyncStepWrites | None:
     """The step's writes when its outcomes can go to the ledger's loop from the calls'
     threads: a ledger on a running loop, and a call of the step to run; else None (each
-    call awaits its own outcome, on a private loop)."""
+    call awaits its own outcome, on a private loop). ``expected``: the calls that will
+    hand a row - each ledgered call that runs its tool and publishes to no follower
+    (``IdempotentToolNode._run_one``); one that raises hands none, and the window ends
+    the wait for it."""
     loop = batch.ledger_loop
     if batch.ledger is None or loop is None or loop.is_closed() or not loop.is_running():
         return None
     if not batch.all_plans:
         return None
-    return SyncStepWrites(batch, loop, name)
+    expected = sum(p.kind is Kind.RUN and p.outcome is None for p in batch.all_plans)
+    return SyncStepWrites(batch, loop, name, expected)
 
 
 def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
