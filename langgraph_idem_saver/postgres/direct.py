@@ -62,56 +62,48 @@ class DirectPath:
     def call(self, saver: AsyncPostgresSaver, body: Callable[[Connection[Any]], T]) -> T:
         """``body`` on a connection for one call (the user's under the lock, or a pooled
         one), psycopg's errors typed by ``saver``: what :meth:`run` and the borrowed
-        saver's calls (:mod:`~langgraph_idem_saver.postgres.borrowed`) share."""
-        with self._running_call():
-            used: Connection[Any] | None = None
-            try:
-                with self._connection() as conn:
-                    used = conn
-                    return body(conn)
-            except (psycopg.Error, PoolClosed, UnicodeEncodeError) as exc:
-                error = saver._typed_error(exc, used)
-                if error is None:
-                    raise
-                if isinstance(error, ConnectionClosedError):
-                    self._discard_dead_connections()
-                raise error from exc
+        saver's calls (:mod:`~langgraph_idem_saver.postgres.borrowed`) share.
 
-    @contextmanager
-    def _running_call(self) -> Iterator[None]:
-        """Count a call in progress (for :meth:`close`); refused once closed."""
-        with self._calls:
+        The call is counted in progress (for :meth:`close`; refused once closed) and the
+        connection taken without a generator-based context manager each: every
+        ``put`` and ``put_writes`` of a sync ``graph.invoke`` comes through here."""
+        calls = self._calls
+        with calls:
             if self.closed:
                 raise ConnectionClosedError(
                     "the saver is closed (close() was called or its `with` block ended); "
                     "open a new one"
                 )
             self._running += 1
+        used: Connection[Any] | None = None
         try:
-            yield
+            conn = self.conn
+            if isinstance(conn, ConnectionPool):
+                with self._pooled(conn) as pooled:
+                    used = pooled
+                    return body(pooled)
+            with self.lock:
+                if conn.closed:
+                    raise ConnectionClosedError(
+                        "the psycopg connection given to PostgresSaver is closed; open a new "
+                        "connection and create a new saver (e.g. `with PostgresSaver."
+                        "from_conn_string(dsn)`), or pass a ConnectionPool, which replaces "
+                        "lost connections"
+                    )
+                used = conn
+                return body(conn)
+        except (psycopg.Error, PoolClosed, UnicodeEncodeError) as exc:
+            error = saver._typed_error(exc, used)
+            if error is None:
+                raise
+            if isinstance(error, ConnectionClosedError):
+                self._discard_dead_connections()
+            raise error from exc
         finally:
-            with self._calls:
+            with calls:
                 self._running -= 1
                 if not self._running:
-                    self._calls.notify_all()
-
-    @contextmanager
-    def _connection(self) -> Iterator[Connection[Any]]:
-        """A connection for one call: the pool's next one, or the user's under the lock."""
-        conn = self.conn
-        if isinstance(conn, ConnectionPool):
-            with self._pooled(conn) as pooled:
-                yield pooled
-            return
-        with self.lock:
-            if conn.closed:
-                raise ConnectionClosedError(
-                    "the psycopg connection given to PostgresSaver is closed; open a new "
-                    "connection and create a new saver (e.g. `with PostgresSaver."
-                    "from_conn_string(dsn)`), or pass a ConnectionPool, which replaces "
-                    "lost connections"
-                )
-            yield conn
+                    calls.notify_all()
 
     @contextmanager
     def _pooled(self, pool: ConnectionPool[Any]) -> Iterator[Connection[Any]]:
