@@ -1,8 +1,9 @@
 """What a lost connection leaves undone in the ledger, kept and written when PostgreSQL is
 back (mixed into :class:`PostgresLedgerStore`; the why: :mod:`..held_outcomes`).
 
-* :meth:`_finish_all` - a batch of outcomes, retried on a fresh connection with growing
-  pauses for up to ``outcome_retry_seconds`` before the node returns, then held;
+* :meth:`_finish_all` - a batch of outcomes (the group commit's: single outcomes, and
+  a step's rows gathered already, each one item), retried on a fresh connection with
+  growing pauses for up to ``outcome_retry_seconds`` before the node returns, then held;
 * :meth:`_hold_lost` - a claim, re-claim, release or abandon whose statement failed:
   held as the write that ends it (:class:`Held`);
 * :meth:`_write_held` - everything held, written before the saver's next statement
@@ -46,6 +47,10 @@ Cursor = AsyncCursor[TupleRow]
 Run = Callable[[Callable[[Cursor], Awaitable[Any]]], Awaitable[Any]]
 Batch = list[tuple[Any, ...]]  # outcomes' parameters (``held_outcomes.OutcomeParams``)
 Answers = list[tuple[bool, Any]]
+# an item of the outcomes' group commit: one outcome, or the rows of a step gathered
+# already (``_finish_all_soon``: one future for them all); answered in kind
+FinishItem = tuple[Any, ...] | Batch
+FinishAnswer = tuple[bool, Any] | Answers
 
 _COLUMNS = LEDGER_COLUMNS.split(", ")
 
@@ -103,7 +108,31 @@ class PostgresHeldWrites:
 
         async def _finish_batch(self, batch: Batch, run: Run | None = None) -> Answers: ...
 
-    async def _finish_all(self, batch: Batch) -> Answers:
+    async def _finish_all(self, items: list[FinishItem]) -> list[FinishAnswer]:
+        """The group commit's batch as ONE write (:meth:`_finish_rows`): its single
+        outcomes and gathered steps' rows flattened, the answers handed back in kind (a
+        gathered item gets its rows' answers as one list)."""
+        if not any(isinstance(item, list) for item in items):
+            return await self._finish_rows(items)  # type: ignore[arg-type, return-value]
+        rows: Batch = []
+        for item in items:
+            if isinstance(item, list):
+                rows.extend(item)
+            else:
+                rows.append(item)
+        answers = await self._finish_rows(rows)
+        out: list[FinishAnswer] = []
+        at = 0
+        for item in items:
+            if isinstance(item, list):
+                out.append(answers[at : at + len(item)])
+                at += len(item)
+            else:
+                out.append(answers[at])
+                at += 1
+        return out
+
+    async def _finish_rows(self, batch: Batch) -> Answers:
         """:meth:`_finish_batch`, kept through a lost connection, a lock or a timeout
         (``contention.TRANSIENT``): retried on a fresh connection (the pool's next, or a
         reopened one; after a lock or a timeout, the same kind of connection, still good)

@@ -19,7 +19,12 @@ from langgraph_idem_saver.errors import ConnectionClosedError, LedgerStateError
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup, slot_of
 from langgraph_idem_saver.postgres import ledger_sql as sql
 from langgraph_idem_saver.postgres.contention import TRANSIENT
-from langgraph_idem_saver.postgres.held_writes import PostgresHeldWrites, Run
+from langgraph_idem_saver.postgres.held_writes import (
+    FinishAnswer,
+    FinishItem,
+    PostgresHeldWrites,
+    Run,
+)
 from langgraph_idem_saver.postgres.ledger_rows import claim_rows, finish_rows
 
 if TYPE_CHECKING:
@@ -42,7 +47,7 @@ class PostgresLedgerStore(PostgresHeldWrites):
     """Ledger rows on PostgreSQL: claims, outcomes, guarded updates, reads."""
 
     if TYPE_CHECKING:
-        _finishes: GroupCommit[tuple[Any, ...], tuple[bool, TupleRow | None]]
+        _finishes: GroupCommit[FinishItem, FinishAnswer]
 
         def entry_of(self, row: Sequence[Any]) -> LedgerEntry: ...
 
@@ -149,6 +154,19 @@ class PostgresLedgerStore(PostgresHeldWrites):
 
     def _finish_matched(self, answer: tuple[bool, TupleRow | None]) -> bool:
         return answer[0]
+
+    def _finish_all_soon(self, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[Any]:
+        """Several outcomes (a step's, gathered already: ``engine.step_writes``,
+        ``sync_step_writes``) as ONE item of the group commit: one future for the rows,
+        not one each, and committed with what is pending now, without waiting a loop
+        iteration more (``GroupCommit.submit_gathered``); in one statement with any
+        single outcomes pending beside them (``_finish_all``)."""
+        return self._finishes.submit_gathered(list(rows))
+
+    def _finish_all_matched(self, answer: Any) -> list[bool | Exception]:
+        """Per row of ``_finish_all_soon``: whether its guard matched (the write's error
+        was raised when awaited: every row's)."""
+        return [matched for matched, _ in answer]
 
     async def _finish_batch(
         self, batch: list[tuple[Any, ...]], run: Run | None = None
