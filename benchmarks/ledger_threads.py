@@ -23,7 +23,17 @@ alternating rounds, a fresh thread per step, ``durability="sync"``; each cell is
 median per call over the rounds, and the ledger's share is ``ours`` minus ``ours+stock``.
 LangGraph's own saver with the stock node (``official``) runs beside them for the ratio.
 
-    python benchmarks/ledger_threads.py [--calls 50] [--rounds 12] [--steps 4]
+    python benchmarks/ledger_threads.py [--calls 50] [--rounds 12] [--steps 4] [--base DIR]
+
+``--base DIR``: the package at an earlier commit as ``lis_base`` in ``DIR`` (its imports
+renamed, as ``sync_sqlite_cpu.py``'s ``--base``) runs beside, as ``base+stock`` and
+``base``, in the same alternating rounds: a before/after in one process, on one host state
+(separate runs on a host others load move by more than a change of a few µs a call)::
+
+    mkdir -p /tmp/base && git archive HEAD langgraph_idem_saver | tar x -C /tmp/base \\
+      && mv /tmp/base/langgraph_idem_saver /tmp/base/lis_base \\
+      && grep -rl langgraph_idem_saver /tmp/base/lis_base \\
+         | xargs sed -i 's/langgraph_idem_saver/lis_base/g'
 
 CPU clocks are per thread (``CLOCK_THREAD_CPUTIME_ID``), so other processes on the host
 move ``waiting`` and leave the CPU columns alone: on a shared host the CPU columns are the
@@ -35,8 +45,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -44,8 +56,9 @@ import uuid
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _harness import tool_call_message, tools_graph
+from _harness import MsgState, noop, tool_call_message, tools_graph
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver as OfficialSqlite
+from langgraph.graph import END, START, StateGraph
 
 from langgraph_idem_saver import AsyncSqliteSaver as OursSqlite
 
@@ -64,8 +77,25 @@ def worker_clock(saver: Any) -> int:
     return time.pthread_getcpuclockid(thread.ident)
 
 
-async def measure(calls: int, rounds: int, steps: int) -> dict[str, dict[str, float]]:
+def base_graph(kind: str, saver: Any) -> Any:
+    """``tools_graph`` with ``lis_base``'s ``IdempotentToolNode`` (``kind`` ``"idem"``)."""
+    if kind != "idem":
+        return tools_graph(kind, saver)
+    node = importlib.import_module("lis_base").IdempotentToolNode([noop])
+    g = StateGraph(MsgState)
+    g.add_node("tools", node)
+    g.add_edge(START, "tools")
+    g.add_edge("tools", END)
+    return g.compile(checkpointer=saver)
+
+
+async def measure(
+    calls: int, rounds: int, steps: int, base: bool = False
+) -> dict[str, dict[str, float]]:
     """Per stack, the median per call of: wall, loop CPU, worker CPU, waiting (µs)."""
+    stacks = dict(STACKS)
+    if base:
+        stacks |= {"base+stock": ("base", "stock"), "base": ("base", "idem")}
     with tempfile.TemporaryDirectory(prefix="ledger-threads-") as tmp:
         async with AsyncExitStack() as stack:
             savers = {
@@ -76,11 +106,19 @@ async def measure(calls: int, rounds: int, steps: int) -> dict[str, dict[str, fl
                     OursSqlite.from_conn_string(os.path.join(tmp, "ours.db"))
                 ),
             }
+            if base:
+                base_saver = importlib.import_module("lis_base").AsyncSqliteSaver
+                savers["base"] = await stack.enter_async_context(
+                    base_saver.from_conn_string(os.path.join(tmp, "base.db"))
+                )
             for saver in savers.values():
                 await saver.setup()
-            graphs = {lab: tools_graph(node, savers[s]) for lab, (s, node) in STACKS.items()}
-            clocks = {lab: worker_clock(savers[s]) for lab, (s, _) in STACKS.items()}
-            samples: dict[str, list[tuple[float, ...]]] = {lab: [] for lab in STACKS}
+            graphs = {
+                lab: (base_graph if s == "base" else tools_graph)(node, savers[s])
+                for lab, (s, node) in stacks.items()
+            }
+            clocks = {lab: worker_clock(savers[s]) for lab, (s, _) in stacks.items()}
+            samples: dict[str, list[tuple[float, ...]]] = {lab: [] for lab in stacks}
             collecting = [0, 0, 0]  # since: young ns, full ns (of the loop thread's collections)
 
             def on_gc(phase: str, info: dict[str, Any]) -> None:
@@ -106,10 +144,10 @@ async def measure(calls: int, rounds: int, steps: int) -> dict[str, dict[str, fl
                     collecting[1] / 1000 / calls,
                 )
 
-            for lab in STACKS:  # warm-up
+            for lab in stacks:  # warm-up
                 for _ in range(2):
                     await step(lab)
-            order = list(STACKS)
+            order = list(stacks)
             gc.callbacks.append(on_gc)  # only the loop thread allocates what is collected
             try:
                 for r in range(rounds):
@@ -134,9 +172,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--base", help="a folder holding another copy of the package as lis_base")
     args = parser.parse_args()
+    if args.base:
+        sys.path.insert(0, args.base)
     load = os.getloadavg()[0]
-    got = asyncio.run(measure(args.calls, args.rounds, args.steps))
+    got = asyncio.run(measure(args.calls, args.rounds, args.steps, bool(args.base)))
     print(f"a step of {args.calls} tool calls, µs a call (medians; load average {load:.1f})")
     cols = ("wall", "loop", "worker", "waiting", "young", "full")
     print(
@@ -145,12 +186,18 @@ def main() -> None:
     )
     for lab, v in got.items():
         print(f"{lab:>11} " + " ".join(f"{v[k]:{w}.1f}" for k, w in zip(cols, WIDTHS, strict=True)))
-    ours, stock = got["ours"], got["ours+stock"]
-    print(
-        f"{'ledger':>11} "
-        + " ".join(f"{ours[k] - stock[k]:+{w}.1f}" for k, w in zip(cols, WIDTHS, strict=True))
-    )
-    print(f"ratio official / ours: {got['official']['wall'] / ours['wall']:.3f}")
+    pairs = [("ledger", "ours", "ours+stock")]
+    if args.base:
+        pairs.append(("base ledger", "base", "base+stock"))
+    for name, ledgered, stock in pairs:
+        print(
+            f"{name:>11} "
+            + " ".join(
+                f"{got[ledgered][k] - got[stock][k]:+{w}.1f}"
+                for k, w in zip(cols, WIDTHS, strict=True)
+            )
+        )
+    print(f"ratio official / ours: {got['official']['wall'] / got['ours']['wall']:.3f}")
 
 
 if __name__ == "__main__":

@@ -49,11 +49,25 @@ class CallStatus(str, Enum):
 
 _Record = TypeVar("_Record", bound="CallRecord")
 _SET = object.__setattr__  # a frozen record's ``__dict__``, set whole (``_of_columns``)
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a record class's fields, in order
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's fields, in order
+_T = TypeVar("_T")
 
 
-def _names_of(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+def records_of(cls: type[_T], columns: dict[str, Iterable[Any]], n: int) -> list[_T]:
+    """``n`` instances of the dataclass ``cls`` from each field's column of values (every
+    field named), each given its fields' values as its ``__dict__`` - not through
+    ``__init__`` (a frozen one sets each field with ``object.__setattr__``): no Python
+    frame a record, for a wide step's 50 intents, entries or claim outcomes at once.
+    Only for complete, already typed values, as :meth:`CallRecord._of`."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    rows = zip(*map(columns.__getitem__, names), strict=False)  # (repeat()s: unending)
+    records = list(map(object.__new__, repeat(cls, n)))
+    deque(
+        map(_SET, records, repeat("__dict__"), map(dict, map(zip, repeat(names), rows))), maxlen=0
+    )
+    return records
 
 
 @dataclass(frozen=True)
@@ -87,12 +101,7 @@ class CallRecord:
         """``n`` records from each field's column of values (every field named), as
         :meth:`_of` builds one, with no Python frame a record (``map`` over the columns:
         a wide step's 50 intents at once)."""
-        names = _FIELD_NAMES.get(cls) or _FIELD_NAMES.setdefault(cls, _names_of(cls))
-        rows = zip(*map(columns.__getitem__, names), strict=False)  # (repeat()s: unending)
-        records = list(map(object.__new__, repeat(cls, n)))
-        named = map(dict, map(zip, repeat(names), rows))
-        deque(map(_SET, records, repeat("__dict__"), named), maxlen=0)
-        return records
+        return records_of(cls, columns, n)
 
 
 @dataclass(frozen=True)

@@ -318,3 +318,54 @@ def test_set_each_sets_one_field_of_each_object() -> None:
     boxes = [Box() for _ in range(3)]
     wide_step.set_each(boxes, "value", iter([1, 2, 3]))
     assert [b.value for b in boxes] == [1, 2, 3]
+
+
+def intents_for(scope: str, n: int, start: int = 0) -> list[CallIntent]:
+    return [
+        CallIntent(
+            scope=scope, key=f"k{i}", thread_id=scope, agent_path="", tool_name="charge",
+            args_hash=f"h{i}", args=b'{"i":%d}' % i, tool_call_id=f"c{i}", position="p",
+            branch="b", occurrence=i,
+        )
+        for i in range(start, start + n)
+    ]  # fmt: skip
+
+
+async def test_a_claim_inserting_every_row_answers_the_entries_it_stored(tmp_path: Any) -> None:
+    """SQLite's claim of a fresh step builds its entries at once (``Claims.
+    issued_entries``): each equal to the row read back, and to what a claim that had
+    to read some rows back answers for the rows it inserted."""
+    async with AsyncSqliteSaver.from_conn_string(os.path.join(tmp_path, "c.db")) as saver:
+        await saver.setup()
+        fresh = await saver.aclaim(intents_for("s", 6), owner="me", lease_seconds=60)
+        assert [o.claimed for o in fresh] == [True] * 6
+        for outcome in fresh:
+            assert outcome.entry == await saver.aget_entry("s", outcome.entry.key)
+            assert outcome.entry.status.value == "issued" and outcome.entry.attempts == 1
+        # two rows taken already: the general path, the same entries for the rows it adds
+        mixed = await saver.aclaim(intents_for("s", 4, start=4), owner="other", lease_seconds=60)
+        assert [o.claimed for o in mixed] == [False, False, True, True]
+        assert [o.entry for o in mixed[:2]] == [o.entry for o in fresh[4:]]
+        for outcome in mixed[2:]:
+            assert outcome.entry == await saver.aget_entry("s", outcome.entry.key)
+            assert outcome.entry.owner == "other"
+
+
+async def test_outcome_rows_one_refused_by_the_database_the_others_recorded(
+    tmp_path: Any,
+) -> None:
+    """A batch of outcome rows (``record_outcome_rows``), its UPDATEs sent through
+    ``map``: a row the database refuses (here the status' CHECK) is that row's error
+    alone, and the rows before and after it are recorded, as row by row."""
+    async with AsyncSqliteSaver.from_conn_string(os.path.join(tmp_path, "o.db")) as saver:
+        await saver.setup()
+        await saver.aclaim(intents_for("s", 4), owner="me", lease_seconds=60)
+        rows = [
+            ("completed" if i != 1 else "bogus", "msgpack", b"\x01", None, 1.0, "s", f"k{i}", "me")
+            for i in range(4)
+        ]
+        errors = await saver.record_outcome_rows(rows)
+        assert errors[0] is None and errors[2] is None and errors[3] is None
+        assert isinstance(errors[1], Exception)
+        statuses = [(await saver.aget_entry("s", f"k{i}")).status.value for i in range(4)]
+        assert statuses == ["completed", "issued", "completed", "completed"]

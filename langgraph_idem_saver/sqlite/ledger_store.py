@@ -6,14 +6,19 @@ policy over them lives in :class:`~langgraph_idem_saver.ledger_policy.LedgerPoli
 from __future__ import annotations
 
 import asyncio
+import operator
 import sqlite3
+from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from langgraph_idem_saver.backend import Claims, Guarded, step_params
-from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup
+from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup, records_of
 from langgraph_idem_saver.sqlite import cut_short, sql
 from langgraph_idem_saver.sqlite.connection import AS_SET, OUTCOME, SqliteConnection
+
+_ROWCOUNT = operator.attrgetter("rowcount")
 
 if TYPE_CHECKING:
     # what this mixin calls on the connection, as mypy sees it (the saver mixes both in)
@@ -32,10 +37,17 @@ class SqliteLedgerStore(_Connected):
     def _claim_rows(self, conn: sqlite3.Connection, claims: Claims) -> list[ClaimOutcome]:
         """Insert every claim row whose key and slot are free. An inserted row's entry is
         built, not read (``Claims.issued_entry``); the rows refused are read back in one
-        statement (a claim refused by a fork slot: the slot's holder, one read each)."""
-        claimed = [
-            conn.execute(sql.INSERT_ISSUED, claims.params(row)).rowcount == 1 for row in claims.rows
-        ]
+        statement (a claim refused by a fork slot: the slot's holder, one read each).
+        Each row's ``INSERT`` through ``map`` (``Claims.params``' tuples, no Python frame a
+        row); every row inserted (a fresh step), the entries are built at once."""
+        shared = (claims.owner, claims.issued_at, claims.lease_expires_at)
+        params = map(tuple.__add__, claims.rows, repeat(shared))  # Claims.params of each
+        inserted = list(map(_ROWCOUNT, map(conn.execute, repeat(sql.INSERT_ISSUED), params)))
+        if inserted.count(1) == len(inserted):
+            issued = claims.issued_entries()
+            outcome = {"claimed": repeat(True), "entry": issued}
+            return records_of(ClaimOutcome, outcome, len(issued))
+        claimed = [n == 1 for n in inserted]
         refused = [row[:2] for row, new in zip(claims.rows, claimed, strict=True) if not new]
         entries = self._entries_by_keys(conn, refused) if refused else {}
         outcomes = []
@@ -135,14 +147,16 @@ class SqliteLedgerStore(_Connected):
 
         def finish_all(conn: sqlite3.Connection) -> list[bool | Exception]:
             matched: list[bool | Exception] = []
-            for params in rows:
+            left = iter(rows)  # each row's UPDATE through ``map``: no Python frame a row
+            while True:
                 try:
-                    matched.append(conn.execute(sql.FINISH_ENTRY, params).rowcount == 1)
-                except Exception as exc:
+                    updated = map(_ROWCOUNT, map(conn.execute, repeat(sql.FINISH_ENTRY), left))
+                    deque(map(matched.append, map(operator.eq, updated, repeat(1))), maxlen=0)
+                    return matched
+                except Exception as exc:  # that row's alone; the rest go on after it
                     if not conn.in_transaction:
                         raise
                     matched.append(exc)
-            return matched
 
         if not self.is_setup:  # only outcomes sent before anything else used the saver
             return asyncio.ensure_future(self._set_up_then(finish_all, False))
