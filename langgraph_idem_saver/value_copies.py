@@ -30,17 +30,19 @@ Decisions (each pinned in ``tests/test_value_copies*.py``):
   lists as safe (``SAFE_MSGPACK_TYPES``), or such a class itself. CPython's C pickler
   calls it only for objects outside those builtins (a message and, once a pickle, its
   class): the check runs at C speed. Anything refused is decoded by the serializer on
-  every read, and its fingerprint is remembered as refused so it is not tried again.
+  every read, and marked so it is not tried again. A readable (not encrypted) value whose
+  bytes name no ``langchain_core.messages`` module is not considered at all: plain data
+  decodes at C speed (ormsgpack), as fast as a pickle loads.
 * **No cost on read-once patterns: a copy is made on second sight.** The first decode of
-  some bytes only remembers them - the bytes object read (a reference, not a copy) under
-  a fingerprint of its type tag, length, 48 bytes of its middle and its last 48 (~1 µs; a full hash
-  of a 20 KB value is ~6 µs, 2% of its decode). A second sight is those very bytes again
-  (compared in full, so a fingerprint shared by other bytes is a first sight of those):
-  it decodes and pickles (+~60 µs, once); the third sight on is a copy. A read that sees
-  every value once (a cold read, an export) pickles nothing. Values under ``MIN_BYTES``
-  are not considered (decoded in a few µs: a copy saves nothing). Measured against the
-  page's multiplicity (a base its rows share pickled at its first sight): see
-  benchmarks/README.md.
+  some bytes only remembers them: the bytes object read (a reference, not a copy; values
+  up to ``SEEN_MAX_BYTES``) in a bucket of its length and two of its bytes, without the
+  lock (a dict's item assignment is atomic). A second sight is those very bytes again,
+  compared in full (other bytes in the bucket are a first sight of those): it decodes and
+  pickles (+~60 µs, once); the third sight on is a copy. A read that sees every value
+  once (a cold read, an export) pickles nothing. Rejected, measured: hashing the bytes in
+  full (~6 µs a 10 KB value, in a read: twice the bucket's cost) or sampling them
+  without keeping them (equal-length values of a cold read collided, each a wasted
+  pickle: +25%). Values under ``MIN_BYTES`` are not considered (decoded in a few µs).
 * **Keyed by the bytes the serializer reads, with the serializer object.** Equal bytes
   decode to equal values under one serializer, so a copy cannot answer wrong, an
   encrypting serializer included (its ciphertext is the key, and only that serializer
@@ -49,11 +51,12 @@ Decisions (each pinned in ``tests/test_value_copies*.py``):
   decompressed ones (``postgres/codec.inflate`` runs first).
 * **Bounded and thread-safe.** At most ``MAX_ENTRIES`` copies, none above
   ``MAX_ENTRY_BYTES`` (stored bytes plus pickle), ``MAX_TOTAL_BYTES`` in all (least
-  recently used dropped first), and ``SEEN_ENTRIES`` values seen once holding at most
-  ``SEEN_BYTES``: 5 MB a saver at most; one lock for the maps,
-  pickling and unpickling outside it (sync savers are used from many threads). One
-  :class:`ValueCopies` a saver (its ``ListDeltaEncoder.copies``, shared by its shallow
-  copies, cleared with it after a deletion: what was deleted is not kept here).
+  recently used dropped first), and ``SEEN_ENTRIES`` values seen once of at most
+  ``SEEN_MAX_BYTES`` each: 5 MB a saver at the very most, a few hundred KB for the
+  benchmark's lists. One lock for the copies, pickling and unpickling outside it (sync
+  savers are used from many threads). One :class:`ValueCopies` a saver (its
+  ``ListDeltaEncoder.copies``, shared by its shallow copies, cleared with it after a
+  deletion: what was deleted is not kept here).
 """
 
 from __future__ import annotations
@@ -79,8 +82,8 @@ __all__ = [
     "MAX_ENTRY_BYTES",
     "MAX_TOTAL_BYTES",
     "MIN_BYTES",
-    "SEEN_BYTES",
     "SEEN_ENTRIES",
+    "SEEN_MAX_BYTES",
     "Loads",
     "ValueCopies",
     "copyable",
@@ -88,12 +91,15 @@ __all__ = [
 
 MIN_BYTES = 512
 MAX_ENTRIES = 64
-MAX_ENTRY_BYTES = 256 * 1024
-MAX_TOTAL_BYTES = 4 * 1024 * 1024
-SEEN_ENTRIES = 256
-SEEN_BYTES = 1024 * 1024
-_SAMPLE = 48
-_REFUSED = object()  # a fingerprint whose value is never copied
+MAX_ENTRY_BYTES = 128 * 1024
+MAX_TOTAL_BYTES = 3 * 1024 * 1024
+SEEN_ENTRIES = 32
+SEEN_MAX_BYTES = 64 * 1024  # a value read once is remembered only up to this size
+_REFUSED = object()  # a bucket whose value is never copied
+# a clear msgpack value without a LangChain message decodes at C speed (ormsgpack): a copy
+# saves nothing there, and its first sight would cost more than its decode
+_MESSAGES = b"langchain_core.messages."
+_CLEAR = "clear"  # a fingerprint whose value is never copied
 
 # the formats of LangGraph's serializer a copy may stand for (json, pickle: never)
 _FORMATS = frozenset({"msgpack", LOSSLESS_TYPE})
@@ -209,10 +215,13 @@ def _serde_copyable(serde: Any) -> bool:
     )
 
 
-def _format_copyable(type_: str) -> bool:
-    """Whether a stored type tag is one of the serializer's msgpack formats (encrypted or
-    not: ``msgpack+aes``)."""
-    return type_.split("+", 1)[0] in _FORMATS
+def _format_copyable(type_: str) -> bool | str:
+    """Whether a stored type tag is one of the serializer's msgpack formats: ``_CLEAR``
+    when its bytes are readable (not encrypted: ``msgpack+aes`` is)."""
+    base, _, cipher = type_.partition("+")
+    if base not in _FORMATS:
+        return False
+    return True if cipher else _CLEAR
 
 
 # --- the copies --------------------------------------------------------------------------
@@ -238,7 +247,7 @@ class _Reader:
         self.copies = copies
         self.serde = serde
         self.loads = serde.loads_typed
-        self.formats: dict[str, bool] = {}
+        self.formats: dict[str, bool | str] = {}
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
         type_, payload = data
@@ -247,20 +256,25 @@ class _Reader:
         ok = self.formats.get(type_)
         if ok is None:
             ok = self.formats[type_] = _format_copyable(type_)
-        if not ok:
+        if not ok or (ok is _CLEAR and _MESSAGES not in payload):
             return self.loads(data)
         if type(payload) is not bytes:
             payload = bytes(payload)
             data = (type_, payload)
-        return self.copies.load(self.serde, self.loads, data)
-
-
-def _fingerprint(type_: str, data: bytes) -> int:
-    """A hint, not an identity: the type tag, the length, 48 bytes from the middle and the
-    last 48 (cheap: a full hash of a 20 KB value is ~6 µs)."""
-    n = len(data)
-    middle = n >> 1
-    return hash((type_, n, data[middle : middle + _SAMPLE], data[-_SAMPLE:]))
+        # the first sight inline (it is on every cold read): a bucket of the length and
+        # two bytes; a bucket seen or copied before takes the full path
+        copies = self.copies
+        n = len(payload)
+        key = n | payload[n >> 1] << 40 | payload[-9] << 48
+        if key in copies._copies or key in copies._seen:
+            return copies.load(self.serde, self.loads, data, key)
+        if n <= copies._max_seen_bytes:
+            seen = copies._seen
+            seen[key] = payload  # the object read, kept: a second sight is exact
+            copies.counts["first"] += 1
+            if len(seen) > copies._max_seen:
+                copies._trim_seen()
+        return self.loads(data)
 
 
 class ValueCopies:
@@ -273,7 +287,7 @@ class ValueCopies:
         entry_bytes: int = MAX_ENTRY_BYTES,
         total_bytes: int = MAX_TOTAL_BYTES,
         seen: int = SEEN_ENTRIES,
-        seen_bytes: int = SEEN_BYTES,
+        seen_bytes: int = SEEN_MAX_BYTES,
     ) -> None:
         self._max_entries = entries
         self._max_entry_bytes = entry_bytes
@@ -282,11 +296,10 @@ class ValueCopies:
         self._max_seen_bytes = seen_bytes
         self._lock = threading.Lock()
         self._copies: OrderedDict[int, _Copy] = OrderedDict()
-        # fingerprint -> the bytes seen once (the object read: no copy), or _REFUSED;
-        # oldest first (a dict keeps insertion order)
+        # a bucket (length and two bytes) -> the bytes last read there once (the object
+        # read, not a copy), or _REFUSED; oldest first (a dict keeps insertion order)
         self._seen: dict[int, bytes | object] = {}
         self._bytes = 0
-        self._seen_bytes = 0
         self._reader: tuple[Any, Loads] | None = None
         self._safe: object = None  # the SAFE_MSGPACK_TYPES the copies were made under
         # how values were read: decoded at first sight / at the second and copied /
@@ -313,10 +326,10 @@ class ValueCopies:
             return len(self._copies), self._bytes
 
     @property
-    def seen_size(self) -> tuple[int, int]:
-        """(fingerprints held, the bytes of values seen once they keep alive)."""
+    def seen_size(self) -> int:
+        """How many hashes of values read are remembered."""
         with self._lock:
-            return len(self._seen), self._seen_bytes
+            return len(self._seen)
 
     def clear(self) -> None:
         """Drop every copy and fingerprint (after a deletion)."""
@@ -326,96 +339,75 @@ class ValueCopies:
     def _clear(self) -> None:
         self._copies.clear()
         self._seen.clear()
-        self._bytes = self._seen_bytes = 0
+        self._bytes = 0
 
-    def load(self, serde: Any, loads: Any, stored: tuple[str, bytes]) -> Any:
-        """The value ``loads(stored)`` returns: a copy's, from the third sight on. Kept
-        short: its first-sight path is added to every cold read (benchmarks/README.md)."""
-        type_, data = stored
-        key = _fingerprint(type_, data)
-        safe = lg_msgpack.SAFE_MSGPACK_TYPES
-        with self._lock:
-            if safe is not self._safe:  # rebound: every copy was made under another list
-                self._clear()
-                self._safe = safe
-            copy = self._copies.get(key)
-            if (
-                copy is not None
-                and copy.data == data
-                and copy.serde is serde
-                and copy.type == type_
-            ):
-                self._copies.move_to_end(key)
+    def load(self, serde: Any, loads: Any, stored: tuple[str, bytes], key: int) -> Any:
+        """The value ``loads(stored)`` returns, for bytes whose bucket ``key`` was seen or
+        copied before: a copy's from the third sight on (the bytes compared in full)."""
+        data = stored[1]
+        copy = self._copies.get(key)
+        if (
+            copy is not None
+            and copy.data == data
+            and copy.serde is serde
+            and copy.type == stored[0]
+            and self._safe is lg_msgpack.SAFE_MSGPACK_TYPES
+        ):
+            with self._lock:
+                if key in self._copies:
+                    self._copies.move_to_end(key)
                 self.counts["hits"] += 1
-                pickled = copy.pickled
-            else:
-                seen = self._seen
-                before = seen.get(key)
-                if before is None or (before is not _REFUSED and before != data):
-                    # first sight (or other bytes under the fingerprint): remember them
-                    self.counts["first"] += 1
-                    if before is not None:
-                        del seen[key]
-                        self._seen_bytes -= len(before)  # type: ignore[arg-type]
-                    seen[key] = data
-                    self._seen_bytes += len(data)
-                    if len(seen) > self._max_seen or self._seen_bytes > self._max_seen_bytes:
-                        self._trim_seen()
-                    return loads(stored)
-                if before is _REFUSED:
-                    self.counts["again"] += 1
-                    return loads(stored)
-                pickled = None
-        if pickled is not None:
-            return pickle.loads(pickled)
-        return self._second_sight(key, serde, loads, stored, safe)
+            return pickle.loads(copy.pickled)
+        seen = self._seen
+        before = seen.get(key)
+        if before is not None and (before is data or before == data):
+            return self._second_sight(key, serde, loads, stored)
+        if before is _REFUSED:
+            self.counts["again"] += 1
+        elif len(data) <= self._max_seen_bytes:  # other bytes in the bucket: theirs now
+            seen[key] = data
+            self.counts["first"] += 1
+            if len(seen) > self._max_seen:
+                self._trim_seen()
+        return loads(stored)
 
     def _trim_seen(self) -> None:
-        """Drop the oldest first sights down to the bounds (the lock held)."""
-        seen = self._seen
-        while len(seen) > self._max_seen or self._seen_bytes > self._max_seen_bytes:
-            dropped = seen.pop(next(iter(seen)))
-            if dropped is not _REFUSED:
-                self._seen_bytes -= len(dropped)  # type: ignore[arg-type]
+        """Drop the oldest first sights down to half ``SEEN_ENTRIES`` (under the lock:
+        threads trimming at once; by halves, so a cold read takes the lock rarely)."""
+        with self._lock:
+            seen = self._seen
+            while len(seen) > self._max_seen // 2:
+                try:
+                    del seen[next(iter(seen))]
+                except (KeyError, RuntimeError):  # changed meanwhile: look again
+                    continue
 
-    def _refuse(self, key: int) -> None:
-        """Remember ``key`` as never copied (the lock held)."""
-        self._forget_seen(key)
-        self._seen[key] = _REFUSED
-        self._trim_seen()
-
-    def _forget_seen(self, key: int) -> None:
-        old = self._seen.pop(key, None)
-        if old is not None and old is not _REFUSED:
-            self._seen_bytes -= len(old)  # type: ignore[arg-type]
-
-    def _second_sight(
-        self, key: int, serde: Any, loads: Any, stored: tuple[str, bytes], safe: object
-    ) -> Any:
+    def _second_sight(self, key: int, serde: Any, loads: Any, stored: tuple[str, bytes]) -> Any:
         """Decode, and keep a copy unless refused."""
         type_, data = stored
+        safe = lg_msgpack.SAFE_MSGPACK_TYPES
         events = _events[0]
         value = loads(stored)
         pickled = None
         if _events[0] == events and len(data) < self._max_entry_bytes:
             pickled = copyable(value)
-        if pickled is None or len(data) + len(pickled) > self._max_entry_bytes:
-            with self._lock:
-                self.counts["refused"] += 1
-                if safe is self._safe:
-                    self._refuse(key)
-            return value
-        entry = _Copy(type_, data, serde, pickled)
         with self._lock:
-            if safe is self._safe:
-                old = self._copies.pop(key, None)
-                if old is not None:
-                    self._bytes -= old.size
-                self._copies[key] = entry
-                self._bytes += entry.size
-                self._forget_seen(key)
-                self.counts["copied"] += 1
-                while len(self._copies) > self._max_entries or self._bytes > self._max_total:
-                    _, dropped = self._copies.popitem(last=False)
-                    self._bytes -= dropped.size
+            if safe is not self._safe:  # rebound (or the first copy): start over
+                self._clear()
+                self._safe = safe
+            if pickled is None or len(data) + len(pickled) > self._max_entry_bytes:
+                self.counts["refused"] += 1
+                self._seen[key] = _REFUSED  # never tried again
+                return value
+            entry = _Copy(type_, data, serde, pickled)
+            self._seen.pop(key, None)
+            old = self._copies.pop(key, None)
+            if old is not None:
+                self._bytes -= old.size
+            self._copies[key] = entry
+            self._bytes += entry.size
+            self.counts["copied"] += 1
+            while len(self._copies) > self._max_entries or self._bytes > self._max_total:
+                _, dropped = self._copies.popitem(last=False)
+                self._bytes -= dropped.size
         return value

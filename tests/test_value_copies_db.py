@@ -181,7 +181,7 @@ async def test_deleting_a_thread_drops_the_copies(db: Db) -> None:
         assert saver._deltas.copies.size[0] >= 1
         await saver.adelete_thread("t")
         assert saver._deltas.copies.size == (0, 0)
-        assert saver._deltas.copies.seen_size == (0, 0)
+        assert saver._deltas.copies.seen_size == 0
 
 
 def test_a_sync_saver_read_from_many_threads(tmp_path: Path) -> None:

@@ -130,8 +130,8 @@ class PostgresCodec:
             writes,
         ) = row
         where = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-        checkpoint = decode_checkpoint(
-            self._reader(), *self._unpack(type_, data, "checkpoint", **where), **where
+        checkpoint = decode_checkpoint(  # no message in it: the serializer's own
+            self.serde, *self._unpack(type_, data, "checkpoint", **where), **where
         )
         values: dict[str, Any] = {}
         blobs = blobs or ()

@@ -178,8 +178,8 @@ def decode_tuple(
         copies = deltas.copies
     reader = serde if copies is None else copies.reader(serde)
     loads = reader.loads_typed
-    try:
-        checkpoint = loads((type_, data if data is not None else b""))
+    try:  # the serializer's own: a checkpoint holds no message (its values are blobs)
+        checkpoint = serde.loads_typed((type_, data if data is not None else b""))
     except Exception as exc:
         raise _corrupt("checkpoint", row, exc) from exc
     if not isinstance(checkpoint, dict) or "id" not in checkpoint:
