@@ -1,7 +1,9 @@
 """The reads ``value_copies.py`` changes, on the process's CPU clock, every stack interleaved
-in one process: LangGraph's savers (``official``), this package (``ours``) and, with
-``--base DIR``, another copy of the package importable from ``DIR`` as ``lis_base`` (the
-package before the change: see ``sync_sqlite_cpu.py``'s docstring for how to make one).
+in one process: LangGraph's savers (``official``), this package (``ours``), this package
+with its copies turned off (``nocopy``: the saver's reader is its serializer, nothing else
+changed - the change alone, on the same code) and, with ``--base DIR``, another copy of
+the package importable from ``DIR`` as ``lis_base`` (see ``sync_sqlite_cpu.py``'s
+docstring for how to make one).
 
 Why the CPU clock: on a host shared with other work, wall-clock read rows move by 10-20%
 between runs; ``time.process_time_ns`` (this process's CPU, every thread of it: aiosqlite's
@@ -10,6 +12,9 @@ not counted: these rows are the client's share, where the decoding is.
 
 Rows (each sample ``--batch`` calls, rounds rotating the stacks' order):
 
+* ``sync_get_tuple`` / ``sync_list`` (SQLite): the sync ``SqliteSaver``'s ``get_tuple``
+  (latest) and ``list(limit=10)`` on ``bench.py``'s sync thread (300 checkpoints, the
+  list re-versioned every second one), on the calling thread.
 * ``alist_sqlite`` / ``alist_pg``: ``alist(limit=10)`` of the newest page of a
   1,000-checkpoint thread whose 20-message list is re-versioned at every checkpoint
   without growing (``bench.py``'s read thread, ``db_states.populate_same_list``) - the
@@ -62,9 +67,11 @@ def cfg(thread: str, checkpoint_id: str | None = None) -> Any:
 def classes(backend: str, base: str | None) -> dict[str, Any]:
     """label -> saver class of ``backend`` (``sqlite``/``pg``)."""
     module = "sqlite" if backend == "sqlite" else "postgres"
+    ours = getattr(importlib.import_module(f"langgraph_idem_saver.{module}"), _name(backend))
     found = {
         "official": OfficialSqlite if backend == "sqlite" else OfficialPostgres,
-        "ours": getattr(importlib.import_module(f"langgraph_idem_saver.{module}"), _name(backend)),
+        "ours": ours,
+        "nocopy": ours,
     }
     if base is not None:
         if base not in sys.path:
@@ -85,8 +92,61 @@ async def open_savers(
         where = os.path.join(tmp, f"{label}.db") if backend == "sqlite" else new_schema(pg, label)  # type: ignore[arg-type]
         saver = await stack.enter_async_context(cls.from_conn_string(where))
         await saver.setup()
+        if label == "nocopy":
+            no_copies(saver)
         savers[label] = saver
     return savers
+
+
+def no_copies(saver: Any) -> None:
+    """Turn a saver's copies off: its reader is its serializer (the memo of
+    ``ValueCopies.reader``), every value decoded as before the copies."""
+    serde = saver.serde
+    saver._deltas.copies._reader = (serde, serde)
+
+
+def sync_rows(args: argparse.Namespace) -> None:
+    """The sync ``SqliteSaver`` rows (``sync_sqlite_cpu.py``'s thread and savers)."""
+    from contextlib import ExitStack
+
+    import sync_sqlite_cpu as sync
+
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        savers = sync.open_savers(stack, tmp, args.base)
+        ours = importlib.import_module("langgraph_idem_saver.sqlite").SqliteSaver
+        import sqlite3
+        from contextlib import closing
+
+        conn = stack.enter_context(
+            closing(sqlite3.connect(os.path.join(tmp, "nocopy.db"), check_same_thread=False))
+        )
+        conn.execute("PRAGMA synchronous=FULL")
+        nocopy = stack.enter_context(ours(conn))
+        nocopy.setup()
+        conn.execute("PRAGMA journal_mode=WAL")
+        no_copies(nocopy.saver)
+        savers["nocopy"] = nocopy
+        for saver in savers.values():
+            sync.fill(saver, args.sync_checkpoints)
+        config = sync.CFG
+        rows = {
+            "sync_get_tuple": lambda s: lambda: s.get_tuple(config),
+            "sync_list": lambda s: lambda: list(s.list(config, limit=10)),
+        }
+        for title, call in rows.items():
+            calls = {lab: call(s) for lab, s in savers.items()}
+            for _ in range(5):
+                for c in calls.values():
+                    c()
+            samples: dict[str, list[float]] = {lab: [] for lab in calls}
+            labels = list(calls)
+            for r in range(args.rounds):
+                for lab in labels[r % len(labels) :] + labels[: r % len(labels)]:
+                    start = time.thread_time_ns()
+                    for _ in range(args.batch):
+                        calls[lab]()
+                    samples[lab].append((time.thread_time_ns() - start) / args.batch / 1000)
+            report(title, samples)
 
 
 async def sliding_thread(saver: Any, thread: str, n: int) -> list[str]:
@@ -126,6 +186,9 @@ def report(title: str, samples: dict[str, list[float]]) -> None:
         q = statistics.quantiles(values, n=4)
         med = statistics.median(values)
         print(f"{title:16} {lab:9} {med:9.1f} ({q[0]:.1f}-{q[2]:.1f})  {official / med:.3f}x")
+    if "nocopy" in samples:
+        gain = statistics.median(samples["nocopy"]) / statistics.median(samples["ours"])
+        print(f"{title:16} the copies: nocopy / ours = {gain:.3f}x")
 
 
 async def run_backend(backend: str, args: argparse.Namespace, pg: str | None) -> None:
@@ -243,6 +306,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=5)
     parser.add_argument("--checkpoints", type=int, default=1000)
     parser.add_argument("--micro", action="store_true", help="only the copies' own costs")
+    parser.add_argument("--sync-checkpoints", type=int, default=300)
+    parser.add_argument("--no-sync", action="store_true", help="skip the sync SQLite rows")
     args = parser.parse_args()
     if args.micro:
         micro(args.rounds)
@@ -250,6 +315,9 @@ def main() -> None:
     print(
         f"load average {os.getloadavg()[0]:.1f}; CPU µs a call (median, quartiles), official / each"
     )
+
+    if not args.no_sync:
+        sync_rows(args)
 
     async def both() -> None:
         await run_backend("sqlite", args, None)
