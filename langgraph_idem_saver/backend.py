@@ -158,11 +158,15 @@ class Claims:
         return tuple(named[c] for c in SLOT_COLUMNS)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True, eq=False)
 class CheckpointPut:
     """One ``aput`` as a backend writes it: the thread and namespace, the parent (the
     config's checkpoint id), the checkpoint, its metadata with the config's merged in
-    (``get_checkpoint_metadata``) and the channels with new versions."""
+    (``get_checkpoint_metadata``) and the channels with new versions.
+
+    Not frozen, though never changed once built: a frozen dataclass's ``__init__`` sets
+    each field through ``object.__setattr__`` (~3 µs against ~0.6 µs, once a put); nothing
+    hashes or compares one (``eq=False``: identity, as for any carrier of dicts)."""
 
     thread_id: str
     ns: str

@@ -26,6 +26,7 @@ from langgraph_idem_saver.backend import CheckpointPut, ListPage
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.saver_config import (
     checkpoint_id_of,
+    checkpoint_id_value,
     checkpoint_ns_of,
     make_config,
     storable_text,
@@ -137,7 +138,7 @@ class CheckpointMethods(BaseCheckpointSaver[str], ABC):
         thread_id = thread_id_of(config)
         ns = checkpoint_ns_of(config)
         # the checkpoint's own id, by the rule its config will be read with (NUL, size)
-        checkpoint_id_of({"configurable": {"checkpoint_id": checkpoint["id"]}})
+        checkpoint_id_value(checkpoint["id"])
         full_metadata = get_checkpoint_metadata(config, metadata)
         return CheckpointPut(
             thread_id, ns, checkpoint_id_of(config), checkpoint, full_metadata, new_versions

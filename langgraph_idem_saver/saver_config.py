@@ -17,7 +17,27 @@ MAX_ID_BYTES = 1024
 
 
 def thread_id_of(config: RunnableConfig | None) -> str:
-    """The config's ``thread_id`` as a string, or a :class:`ConfigError` naming the key."""
+    """The config's ``thread_id`` as a string, or a :class:`ConfigError` naming the key.
+
+    The common id (a non-empty ``str`` of ASCII without NUL, at most ``MAX_ID_BYTES``
+    characters, which are its bytes) passes one test here; any other value takes
+    :func:`_thread_id_checked`, which decides it (the fast test accepts nothing it refuses).
+    """
+    configurable = (config or {}).get("configurable")
+    if type(configurable) is dict:
+        tid = configurable.get("thread_id")
+        if (
+            type(tid) is str
+            and tid.isascii()
+            and 0 < len(tid) <= MAX_ID_BYTES
+            and "\x00" not in tid
+        ):
+            return tid
+    return _thread_id_checked(config)
+
+
+def _thread_id_checked(config: RunnableConfig | None) -> str:
+    """:func:`thread_id_of`'s general path: every check, in order."""
     configurable = (config or {}).get("configurable")
     if not isinstance(configurable, dict):
         raise ConfigError(
@@ -56,8 +76,16 @@ def _storable(value: str, what: str) -> str:
 
 
 def checkpoint_ns_of(config: RunnableConfig) -> str:
-    """The config's ``checkpoint_ns`` ('' when absent), validated to be a string."""
+    """The config's ``checkpoint_ns`` ('' when absent), validated to be a string (the
+    common one, ASCII without NUL and not too long, by one test)."""
     ns = config["configurable"].get("checkpoint_ns", "")
+    if type(ns) is str and ns.isascii() and len(ns) <= MAX_ID_BYTES and "\x00" not in ns:
+        return ns
+    return _checkpoint_ns_checked(ns)
+
+
+def _checkpoint_ns_checked(ns: Any) -> str:
+    """:func:`checkpoint_ns_of`'s general path for the config's value ``ns``."""
     if ns is None:
         return ""
     if not isinstance(ns, str):
@@ -69,7 +97,20 @@ def checkpoint_ns_of(config: RunnableConfig) -> str:
 
 def checkpoint_id_of(config: RunnableConfig) -> str | None:
     """The config's ``checkpoint_id`` or None, validated to be a string."""
-    cid = config["configurable"].get("checkpoint_id")
+    return checkpoint_id_value(config["configurable"].get("checkpoint_id"))
+
+
+def checkpoint_id_value(cid: Any) -> str | None:
+    """A checkpoint id as :func:`checkpoint_id_of` reads it from a config (None for None
+    or ''), for an id not in a config (a checkpoint's own ``id``); the common one (ASCII
+    without NUL, not too long) by one test."""
+    if type(cid) is str and cid.isascii() and 0 < len(cid) <= MAX_ID_BYTES and "\x00" not in cid:
+        return cid
+    return _checkpoint_id_checked(cid)
+
+
+def _checkpoint_id_checked(cid: Any) -> str | None:
+    """:func:`checkpoint_id_value`'s general path: every check, in order."""
     if cid is None or cid == "":
         return None
     if not isinstance(cid, str):
@@ -130,6 +171,7 @@ def stored_tuple(
 __all__ = [
     "MAX_ID_BYTES",
     "checkpoint_id_of",
+    "checkpoint_id_value",
     "checkpoint_ns_of",
     "make_config",
     "storable_text",

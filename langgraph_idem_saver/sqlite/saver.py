@@ -29,6 +29,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
+from operator import attrgetter
 from typing import Any, ClassVar, TypeVar
 
 import aiosqlite
@@ -91,6 +92,8 @@ T = TypeVar("T")
 __all__ = ["AsyncSqliteSaver", "SqliteOptions", "Synchronous"]
 
 LIST_PAGE_SIZE = 100
+# a blob's columns of UPSERT_BLOB after the thread and namespace, read in one call
+_BLOB_COLUMNS = attrgetter("channel", "version", "type", "data", "base_version")
 # for the key after which a page starts and its size, the read of that page
 PageBodies = Callable[[tuple[str, str, str] | None, int], Callable[[sqlite3.Connection], ListPage]]
 
@@ -286,13 +289,17 @@ class AsyncSqliteSaver(
         """Validate and encode ``put`` (here, before any lock), and the write body storing
         it; the body returns the blobs as stored."""
         thread_id, ns, checkpoint = put.thread_id, put.ns, put.checkpoint
-        storable_text(checkpoint["id"], "checkpoint id")
-        for channel in put.new_versions:  # ids too: a raw UnicodeEncodeError otherwise
-            storable_text(channel, "channel")
+        new_versions = put.new_versions
+        # storable_text's own test inline (an ASCII id needs no more)
+        if not checkpoint["id"].isascii():
+            storable_text(checkpoint["id"], "checkpoint id")
+        for channel in new_versions:  # ids too: a raw UnicodeEncodeError otherwise
+            if not channel.isascii():
+                storable_text(channel, "channel")
         stored = checkpoint.copy()
         values: dict[str, Any] = stored.pop("channel_values")  # type: ignore[misc]
         serde = self.serde
-        blobs = self._deltas.encode(serde, thread_id, ns, values, put.new_versions)
+        blobs = self._deltas.encode(serde, thread_id, ns, values, new_versions)
         type_, data = serde.dumps_typed(stored)
         run_id = put.metadata.get("run_id")
         row = (
@@ -307,13 +314,11 @@ class AsyncSqliteSaver(
             encode_versions(checkpoint["channel_versions"]),
         )
         # the statement's rows built here, before the lock; only a delta's base is probed
-        params = [
-            (thread_id, ns, b.channel, b.version, b.type, b.data, b.base_version) for b in blobs
-        ]
+        params = [(thread_id, ns, *_BLOB_COLUMNS(b)) for b in blobs]
         deltas = [
-            (i, (thread_id, ns, b.channel, b.base_version))
-            for i, b in enumerate(blobs)
-            if b.base_version is not None
+            (i, (thread_id, ns, p[2], base))
+            for i, p in enumerate(params)
+            if (base := p[6]) is not None
         ]
 
         def write(conn: sqlite3.Connection) -> list[EncodedBlob]:

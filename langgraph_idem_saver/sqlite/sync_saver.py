@@ -56,6 +56,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, contextmanager
+from threading import get_ident
 from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -148,7 +149,12 @@ class SqliteSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncSqliteS
         return self._read(self.saver._get_tuple_body(config))
 
     def _direct_put(self, put: CheckpointPut) -> list[EncodedBlob]:
-        return self._store(self.saver._put_body(put))
+        saver = self.saver
+        body = saver._put_body(put)
+        runtime = self._runtime  # _store with _direct() inline: every put of an invoke
+        if saver.is_setup and not runtime.closed and get_ident() != runtime.thread.ident:
+            return saver._write_here(body)
+        return self._call(saver._write(body))
 
     def _direct_writes(self, rows: list[tuple[Any, ...]]) -> None:
         self._store(self.saver._writes_body(rows))
