@@ -314,7 +314,8 @@ class AsyncSqliteSaver(
             encode_versions(checkpoint["channel_versions"]),
         )
         # the statement's rows built here, before the lock; only a delta's base is probed
-        params = [(thread_id, ns, *_BLOB_COLUMNS(b)) for b in blobs]
+        head: tuple[Any, ...] = (thread_id, ns)
+        params = list(map(head.__add__, map(_BLOB_COLUMNS, blobs)))
         deltas = [
             (i, (thread_id, ns, p[2], base))
             for i, p in enumerate(params)
