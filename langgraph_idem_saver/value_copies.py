@@ -7,8 +7,8 @@ page of ``alist`` over a list re-versioned without growing, every row's list is 
 the same base row; ``get_tuple`` of the same checkpoint (``graph.get_state`` polling, a
 server, each resumed ``invoke`` reading a growing list's base) decodes the same bytes each
 time. A pickle of the decoded value loads ~4x faster than the serializer decodes it (20
-messages: 69 against 289 µs, benchmarks/README.md), equal values, fresh objects at every
-level, each message's ``__pydantic_fields_set__`` the same.
+messages, 10 KB: 69 against 289 µs, benchmarks/README.md), equal values, fresh objects at
+every level, each message's ``__pydantic_fields_set__`` the same.
 
 Decisions (each pinned in ``tests/test_value_copies*.py``):
 
@@ -33,16 +33,16 @@ Decisions (each pinned in ``tests/test_value_copies*.py``):
   every read, and marked so it is not tried again. A readable (not encrypted) value whose
   bytes name no ``langchain_core.messages`` module is not considered at all: plain data
   decodes at C speed (ormsgpack), as fast as a pickle loads.
-* **No cost on read-once patterns: a copy is made on second sight.** The first decode of
-  some bytes only remembers them: the bytes object read (a reference, not a copy; values
+* **Nothing pickled on read-once patterns: a copy is made on second sight.** The first
+  decode of some bytes only remembers them: the bytes object read (a reference, not a copy; values
   up to ``SEEN_MAX_BYTES``) in a bucket of its length and seven of its bytes, without the
   lock (a dict's item assignment is atomic). A second sight is those very bytes again,
   compared in full (other bytes in the bucket are a first sight of those): it decodes and
   pickles (+~60 µs, once); the third sight on is a copy. A read that sees every value
-  once (a cold read, an export) pickles nothing. Rejected, measured: hashing the bytes in
-  full (~6 µs a 10 KB value, in a read: twice the bucket's cost) or sampling them
-  without keeping them (equal-length values of a cold read collided, each a wasted
-  pickle: +25%). Values under ``MIN_BYTES`` are not considered (decoded in a few µs).
+  once (a cold read, an export) pickles nothing, but pays the first sight: +16 µs a
+  cold read of a 20-message list (2%, benchmarks/README.md). Tried: hashing the bytes in
+  full (no cheaper), a bucket without the bytes (other bytes in it: a wasted pickle).
+  Values under ``MIN_BYTES`` are not considered (decoded in a few µs).
 * **Keyed by the bytes the serializer reads, with the serializer object.** Equal bytes
   decode to equal values under one serializer, so a copy cannot answer wrong, an
   encrypting serializer included (its ciphertext is the key, and only that serializer
