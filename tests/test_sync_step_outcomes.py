@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,20 @@ def test_a_call_raising_out_of_the_step_leaves_its_siblings_committed(
     saver: SqliteSaver, db_file: Path
 ) -> None:
     fx = Counter()
-    node = IdempotentToolNode(sync_tools(fx), handle_tool_errors=False, on_unknown="raise")
+    charge, _, _ = sync_tools(fx)
+
+    @tool
+    def explode(amount: int) -> str:
+        """Fails once the four charges started: LangGraph's executor cancels the calls
+        not started yet when one raises (those are released, never run)."""
+        fx.bump(-amount)
+        deadline = time.monotonic() + 30
+        while sum(c >= 0 for c in list(fx.calls)) < 4:
+            assert time.monotonic() < deadline, "the charges never started"
+            time.sleep(0.002)
+        raise KeyError("boom")
+
+    node = IdempotentToolNode([charge, explode], handle_tool_errors=False, on_unknown="raise")
     graph = tool_graph(node, saver)
     calls = [("charge", {"amount": i}, f"c{i}") for i in range(4)]
     calls.insert(1, ("explode", {"amount": 9}, "x"))
