@@ -17,9 +17,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from pg_blocking import table_locked, with_setting
 from tool_node_helpers import intent_for
 
-from langgraph_idem_saver.errors import LedgerStateError
+from langgraph_idem_saver.errors import DatabaseLockedError, LedgerStateError
 from langgraph_idem_saver.ledger import CallIntent, Outcome
 from langgraph_idem_saver.postgres import AsyncPostgresSaver
 
@@ -122,3 +123,36 @@ async def test_rows_submitted_while_a_write_is_in_flight_join_the_next_one(
     assert counts["statements"] == 2
     assert set((await statuses(saver, "a")).values()) == {"completed"}
     assert set((await statuses(saver, "b")).values()) == {"completed"}
+
+
+async def test_a_steps_rows_and_a_single_outcome_refused_on_a_lock_are_kept_and_written_next(
+    pg_dsn: str,
+) -> None:
+    """The flattened batch keeps ``_finish_rows``' path through contention: a step's rows
+    and a single outcome in one write that meets ``lock_timeout`` past
+    ``outcome_retry_seconds`` each get the typed error naming all four calls as kept, none
+    is written while the lock holds, and every one is written before the next statement."""
+    dsn = with_setting(pg_dsn, "lock_timeout", "100ms")
+    async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+        saver.outcome_retry_seconds = 0.4
+        lone, step = intents("lk", 1), intents("st", 3)
+        await saver.aclaim(lone + step, owner=ME, lease_seconds=300)
+        outcome = Outcome.completed("json", b'"ok"')
+        with table_locked(pg_dsn, "idem_tool_calls"):
+            single = saver.record_outcome(lone[0].scope, lone[0].key, owner=ME, outcome=outcome)
+            rows = saver.record_outcome_rows([row(i) for i in step])
+            raised = await asyncio.gather(single, rows, return_exceptions=True)
+            for error in raised:  # each caller its own answer: the write's typed error
+                assert isinstance(error, DatabaseLockedError), error
+                assert "outcome of 4 tool call(s) is kept by the saver" in str(error)
+            # read with a connection of the test's own (a read of the saver's would
+            # first write what it holds, and wait on the lock)
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                found = conn.execute(
+                    "SELECT status, count(*) FROM idem_tool_calls"
+                    " WHERE thread_id IN ('lk', 'st') GROUP BY status"
+                ).fetchall()
+            assert found == [("issued", 4)]
+        # the next statement writes what is held first
+        assert await statuses(saver, "st") == {f"st{i}": "completed" for i in range(3)}
+        assert await statuses(saver, "lk") == {"lk0": "completed"}
