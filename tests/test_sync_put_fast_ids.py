@@ -64,7 +64,7 @@ def answer(read: Callable[[Any], Any], value: Any) -> tuple[Any, ...]:
     """What ``read(value)`` does: its result and the result's type, or its error."""
     try:
         got = read(value)
-    except Exception as exc:  # noqa: BLE001 - compared as given, typed or not
+    except Exception as exc:  # compared as given, typed or not
         return ("error", type(exc), str(exc))
     return ("value", got, type(got))
 
