@@ -156,13 +156,21 @@ def test_the_counter_sees_each_write_when_calls_return_one_by_one(
     assert set(store.statuses("one").values()) == {"completed"}
 
 
+@pytest.mark.parametrize("window", [None, 3.0])
 def test_a_row_waits_no_longer_than_the_window_for_a_slow_sibling(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, monkeypatch: pytest.MonkeyPatch, window: float | None
 ) -> None:
     """Two quick calls and one that returns only once their outcomes are committed: the
     window (the default 50 ms) ends their wait while the slow one still runs, so the
-    step finishes (it would hang if they waited for it) with at least two writes."""
-    assert SyncStepWrites.WINDOW == 0.05
+    step finishes (it would hang if they waited for it) with at least two writes, and
+    the quick outcomes are committed well within 2 s of the first quick call's return.
+    The control (``window`` 3 s) shows the measure sees a longer wait."""
+    if window is None:
+        assert SyncStepWrites.WINDOW == 0.05
+    else:
+        monkeypatch.setattr(SyncStepWrites, "WINDOW", window)
+    returned: list[float] = []
+    seen: list[float] = []
 
     @tool
     def work(i: int) -> str:
@@ -172,6 +180,9 @@ def test_a_row_waits_no_longer_than_the_window_for_a_slow_sibling(
             while list(store.statuses("slow").values()).count("completed") < 2:
                 assert time.monotonic() < deadline, "the quick outcomes waited for the slow call"
                 time.sleep(0.005)
+            seen.append(time.monotonic())
+        else:
+            returned.append(time.monotonic())
         return f"done {i}"
 
     with store.saver(monkeypatch) as saver:
@@ -179,6 +190,11 @@ def test_a_row_waits_no_longer_than_the_window_for_a_slow_sibling(
         graph.invoke({"messages": [calls(3, "slow-")]}, cfg("slow"))
     assert store.statuses("slow") == {f"slow-{i}": "completed" for i in range(3)}
     assert store.writes >= 2
+    waited = seen[0] - min(returned)  # the first quick return to both committed
+    if window is None:
+        assert waited < 2.0  # the 50 ms window, a commit, the polling: a shared host
+    else:
+        assert waited >= window  # the control: the rows waited out the longer window
 
 
 def test_the_steps_end_sends_the_rows_still_waiting(
