@@ -9,8 +9,10 @@ from __future__ import annotations
 import datetime
 import io
 import pickle
+import sys
 import threading
 import uuid
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -408,3 +410,68 @@ def test_the_message_classes_are_langchain_cores_safe_ones() -> None:
     assert {AIMessage, HumanMessage, ToolMessage, SystemMessage, RemoveMessage} <= allowed
     assert all(issubclass(c, BaseMessage) for c in allowed)
     assert all(c.__module__.startswith("langchain_core.messages.") for c in allowed)
+
+
+class Late(BaseModel):
+    """A type whose module is not importable when a value is first read."""
+
+    name: str
+
+
+LATE_MODULE = "value_copies_late_plugin"
+Late.__module__ = LATE_MODULE
+
+
+@pytest.mark.parametrize("variant", ["langgraph", "lossless", "encrypted"])
+def test_a_value_the_reviver_could_not_rebuild_is_never_copied(
+    variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An allowed type whose module cannot be imported yet decodes, without an event, to
+    its raw data (LangGraph's reconstruction fallback); once importable, the serializer
+    rebuilds the object. A copy of the fallback would keep answering the raw data: such a
+    value (any object of a type LangGraph does not list as safe) is never copied."""
+    module = ModuleType(LATE_MODULE)
+    module.Late = Late  # type: ignore[attr-defined]
+    allowed: Any = JsonPlusSerializer(allowed_msgpack_modules=[(LATE_MODULE, "Late")])
+    if variant != "langgraph":
+        allowed = lossless(allowed)
+    if variant == "encrypted":
+        allowed = EncryptedSerializer.from_pycryptodome_aes(allowed, key=b"0123456789abcdef")
+    monkeypatch.setitem(sys.modules, LATE_MODULE, module)
+    stored = allowed.dumps_typed([PAD, Late(name="n")])
+    del sys.modules[LATE_MODULE]  # not importable: the fallback
+    events: list[Any] = []
+    unregister = register_serde_event_listener(events.append)
+    copies = ValueCopies()
+    try:
+        early = read_four_times(copies, allowed, stored)
+    finally:
+        unregister()
+    assert events == [] and [r[1] for r in early] == [{"name": "n"}] * 4
+    monkeypatch.setitem(sys.modules, LATE_MODULE, module)  # importable now
+    assert copies.reader(allowed).loads_typed(stored) == allowed.loads_typed(stored)
+    assert type(copies.reader(allowed).loads_typed(stored)[1]) is Late
+    assert copies.counts["copied"] == copies.counts["hits"] == 0
+
+
+def test_an_event_on_another_thread_does_not_stop_a_copy() -> None:
+    """The "no event" check counts the events of the decoding thread only: another
+    thread's event (a blocked type it decodes meanwhile) is not this value's."""
+    stored = SERDE.dumps_typed([PAD, AIMessage(content="mine", id="m")])
+    copies = ValueCopies()
+    reader = copies.reader(SERDE)
+    assert isinstance(reader, value_copies._Reader)
+    decode = reader.loads
+    strict: Any = JsonPlusSerializer(allowed_msgpack_modules=None)
+    blocked = strict.dumps_typed([Custom(name="c")])
+
+    def decode_while_another_thread_emits(data: tuple[str, bytes]) -> Any:
+        value = decode(data)
+        other = threading.Thread(target=strict.loads_typed, args=(blocked,))
+        other.start()  # its event, during this decode
+        other.join()
+        return value
+
+    reader.loads = decode_while_another_thread_emits
+    assert read_four_times(copies, SERDE, stored) == [SERDE.loads_typed(stored)] * 4
+    assert copies.counts["copied"] == 1 and copies.counts["hits"] == 2
