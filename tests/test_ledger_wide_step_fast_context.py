@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from langchain_core.tools import tool
+from test_ledger_wide_step_fast import GeneralNode as WideGeneralNode
+from test_ledger_wide_step_fast import general_path, ledger_rows, make_tools, replies, taken
 from tool_node_helpers import ai_calls, cfg, tool_graph
 
 from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode, NotInLedgeredCall
@@ -127,3 +129,42 @@ async def test_the_inlined_and_the_general_path_give_the_same_keys(tmp_path: Any
     general = await run_step(os.path.join(tmp_path, "b.db"), GeneralNode)
     for part in ("rows", "spawned", "outer 0", "inner 1", "sync 3", "lookup 4"):
         assert inlined[part] == general[part], part
+
+
+async def run_mixed(path: str, node_class: type[IdempotentToolNode]) -> dict[str, Any]:
+    """A step of three calls, then the same message grown to six (a step with three
+    calls recorded before and three new ones): the rows and what ran each time."""
+    ran: list[str] = []
+    graph_node = node_class(make_tools(ran))
+    first = ai_calls(*[("charge", {"i": i}, f"c{i}") for i in range(3)], msg_id="ai-1")
+    grown = ai_calls(*[("charge", {"i": i}, f"c{i}") for i in range(6)], msg_id="ai-1")
+    async with AsyncSqliteSaver.from_conn_string(path) as saver:
+        graph = tool_graph(graph_node, saver)
+        await graph.ainvoke({"messages": [first]}, cfg("mixed"), durability="sync")
+        ran_first = sorted(ran)
+        out = await graph.ainvoke({"messages": [grown]}, cfg("mixed"), durability="sync")
+    return {
+        "ran": ran_first,
+        "ran_then": sorted(ran[len(ran_first) :]),
+        "rows": ledger_rows(path),
+        "replies": replies(out)[-6:],
+    }
+
+
+async def test_a_step_mixing_recorded_and_new_calls_leaves_the_fast_claim(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three calls recorded before and three new in one step: the claim refuses the
+    recorded three, so its answer is not taken at once (``all_claimed``); the recorded
+    calls are replayed, never run again, the new ones run once - the same rows and
+    replies as with every fast path off."""
+    with taken(monkeypatch) as seen:
+        fast = await run_mixed(os.path.join(tmp_path, "fast.db"), IdempotentToolNode)
+    with general_path(monkeypatch):
+        general = await run_mixed(os.path.join(tmp_path, "general.db"), WideGeneralNode)
+    assert fast == general
+    assert fast["ran"] == ["charge 0", "charge 1", "charge 2"]
+    assert fast["ran_then"] == ["charge 3", "charge 4", "charge 5"]  # the recorded: replayed
+    assert [r[9] for r in fast["rows"]] == ["completed"] * 6
+    assert seen["all_claimed"] == 1  # the first step's claim only: the second was refused
+    assert seen["distinct_calls"] == 2  # both steps keyed at once (their own keys)
