@@ -42,8 +42,9 @@ Decisions (each pinned in ``tests/test_value_copies*.py``):
   decode of some bytes only remembers them: the bytes object read (a reference, not a copy; values
   up to ``SEEN_MAX_BYTES``) in a bucket of its length and seven of its bytes, without the
   lock (a dict's item assignment is atomic). A second sight is those very bytes again,
-  compared in full (other bytes in the bucket are a first sight of those): it decodes and
-  pickles (+~60 µs, once); the third sight on is a copy. A read that sees every value
+  compared in full (other bytes in the bucket are a first sight of those): it decodes,
+  pickles (+~60 µs) and checks the types its bytes build (+~37 µs), once; the third
+  sight on is a copy. A read that sees every value
   once (a cold read, an export) pickles nothing, but pays the first sight: +16 µs a
   cold read of a 20-message list (2%, benchmarks/README.md). Tried: hashing the bytes in
   full (no cheaper), a bucket without the bytes (other bytes in it: a wasted pickle).
