@@ -475,3 +475,75 @@ def test_an_event_on_another_thread_does_not_stop_a_copy() -> None:
     reader.loads = decode_while_another_thread_emits
     assert read_four_times(copies, SERDE, stored) == [SERDE.loads_typed(stored)] * 4
     assert copies.counts["copied"] == 1 and copies.counts["hits"] == 2
+
+
+def state(value: Any) -> Any:
+    """Everything pickle or a reader could lose: each model's ``__dict__``, fields set,
+    extra fields and private attributes, exact types, order, and nan/-0.0 as such."""
+    if isinstance(value, BaseModel):
+        return (
+            type(value),
+            state(value.__dict__),
+            sorted(value.__pydantic_fields_set__),
+            state(value.__pydantic_extra__),
+            state(value.__pydantic_private__),
+        )
+    if type(value) is dict:
+        return (dict, [(state(k), state(v)) for k, v in value.items()])
+    if type(value) in (list, tuple):
+        return (type(value), [state(v) for v in value])
+    if type(value) in (set, frozenset):
+        return (type(value), sorted(map(repr, value)))
+    return (type(value), repr(value))
+
+
+EDGES = {
+    "extra fields": (AIMessage(content="x", extra_a={"a": [1]}, extra_b=(1, 2)), True),
+    "chunk": (
+        AIMessageChunk(
+            content="x",
+            tool_call_chunks=[
+                {"name": "t", "args": '{"a"', "id": "1", "index": 0, "type": "tool_call_chunk"}
+            ],
+        ),
+        True,
+    ),
+    "artifact": (
+        ToolMessage(
+            content="x",
+            tool_call_id="1",
+            artifact={"t": (1, 2), "b": b"\x00", "nan": float("nan"), "neg": -0.0},
+        ),
+        True,
+    ),
+    "int and bool keys": (
+        HumanMessage(content="x", additional_kwargs={"a": True, "b": 1, 1: "k", 2.5: None}),
+        True,
+    ),
+    "content blocks": (
+        AIMessage(content=[{"type": "text", "text": "t", "annotations": []}, "plain"]),
+        True,
+    ),
+    "a datetime in additional_kwargs": (
+        AIMessage(content="x", additional_kwargs={"at": datetime.date(2026, 11, 28)}),
+        False,
+    ),
+    "a UUID as an extra field": (AIMessage(content="x", run=uuid.UUID(int=1)), False),
+    "an object as artifact": (
+        ToolMessage(content="x", tool_call_id="1", artifact=Send("n", 1)),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("serde_name", ["langgraph", "lossless"])
+@pytest.mark.parametrize("edge", list(EDGES))
+def test_edge_values_are_faithful_copies_or_refused(serde_name: str, edge: str) -> None:
+    message, copied = EDGES[edge]
+    serde: Any = JsonPlusSerializer() if serde_name == "langgraph" else SERDE
+    stored = serde.dumps_typed([PAD, message, {"k": (1, [2])}])
+    expected = state(serde.loads_typed(stored))
+    copies = ValueCopies()
+    reads = read_four_times(copies, serde, stored)
+    assert [state(r) for r in reads] == [expected] * 4
+    assert copies.counts["hits"] == (2 if copied else 0)
