@@ -270,9 +270,10 @@ def _builds_only_safe_types(serde: Any, type_: str, data: bytes) -> bool:
     base, _, cipher = type_.partition("+")
     if cipher:  # an EncryptedSerializer's value: its clear bytes
         decrypt = getattr(getattr(serde, "cipher", None), "decrypt", None)
-        if decrypt is None:
+        try:
+            data = decrypt(cipher, data)  # type: ignore[misc]
+        except Exception:  # no cipher, or it changed: not copied (the value is returned)
             return False
-        data = decrypt(cipher, data)
     safe = lg_msgpack.SAFE_MSGPACK_TYPES
     ours = base == LOSSLESS_TYPE  # our two codes: text and dicts, no type built
     only_safe = True
