@@ -62,7 +62,9 @@ Decisions (each pinned in ``tests/test_value_copies*.py``):
   benchmark's lists. One lock for the copies, pickling and unpickling outside it (sync
   savers are used from many threads). One :class:`ValueCopies` a saver (its
   ``ListDeltaEncoder.copies``, shared by its shallow copies, cleared with it after a
-  deletion: what was deleted is not kept here).
+  deletion through this saver: what was deleted is not kept here, but for a copy a read
+  in flight at that moment makes of what it read, until evicted. Keyed by bytes, a copy
+  never answers a row that is no longer stored - another process's deletion included).
 """
 
 from __future__ import annotations
