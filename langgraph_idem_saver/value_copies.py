@@ -52,9 +52,10 @@ Decisions (each pinned in ``tests/test_value_copies*.py``):
 * **Keyed by the bytes the serializer reads, with the serializer object.** Equal bytes
   decode to equal values under one serializer, so a copy cannot answer wrong, an
   encrypting serializer included (its ciphertext is the key, and only that serializer
-  object's copies answer). A serializer swapped in starts with no copies; a rebinding of
-  LangGraph's ``SAFE_MSGPACK_TYPES`` drops them all. On PostgreSQL the bytes are the
-  decompressed ones (``postgres/codec.inflate`` runs first).
+  object's copies answer, while it holds the same ``cipher``). A serializer swapped in
+  starts with no copies; a rebinding of LangGraph's ``SAFE_MSGPACK_TYPES`` drops them
+  all. On PostgreSQL the bytes are the decompressed ones (``postgres/codec.inflate`` runs
+  first).
 * **Bounded and thread-safe.** At most ``MAX_ENTRIES`` copies, none above
   ``MAX_ENTRY_BYTES`` (stored bytes plus pickle), ``MAX_TOTAL_BYTES`` in all (least
   recently used dropped first), and ``SEEN_ENTRIES`` values seen once of at most
@@ -309,12 +310,14 @@ def _builds_only_safe_types(serde: Any, type_: str, data: bytes) -> bool:
 
 
 class _Copy:
-    __slots__ = ("data", "pickled", "serde", "size", "type")
+    __slots__ = ("cipher", "data", "pickled", "serde", "size", "type")
 
     def __init__(self, type_: str, data: bytes, serde: Any, pickled: bytes) -> None:
         self.type = type_
         self.data = data
         self.serde = serde
+        # an EncryptedSerializer's cipher: one replaced on it (a rotated key) reads for itself
+        self.cipher = getattr(serde, "cipher", None)
         self.pickled = pickled
         self.size = len(data) + len(pickled)
 
@@ -442,6 +445,7 @@ class ValueCopies:
             copy is not None
             and copy.data == data
             and copy.serde is serde
+            and copy.cipher is getattr(serde, "cipher", None)
             and copy.type == stored[0]
             and self._safe is lg_msgpack.SAFE_MSGPACK_TYPES
         ):

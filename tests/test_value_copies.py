@@ -547,3 +547,19 @@ def test_edge_values_are_faithful_copies_or_refused(serde_name: str, edge: str) 
     reads = read_four_times(copies, serde, stored)
     assert [state(r) for r in reads] == [expected] * 4
     assert copies.counts["hits"] == (2 if copied else 0)
+
+
+def test_a_cipher_replaced_on_the_serializer_answers_for_itself() -> None:
+    """An ``EncryptedSerializer`` whose ``cipher`` is replaced in place (a rotated key):
+    the serializer can no longer read the old ciphertext, and neither can its copies."""
+    sealed = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+    stored = sealed.dumps_typed([PAD, AIMessage(content="secret", id="s")])
+    copies = ValueCopies()
+    read_three_times(copies, sealed, stored)
+    assert copies.counts["hits"] == 1
+    sealed.cipher = EncryptedSerializer.from_pycryptodome_aes(key=b"fedcba9876543210").cipher
+    with pytest.raises(ValueError):
+        sealed.loads_typed(stored)
+    with pytest.raises(ValueError):
+        copies.reader(sealed).loads_typed(stored)
+    assert copies.counts["hits"] == 1
