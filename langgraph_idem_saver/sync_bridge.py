@@ -69,6 +69,7 @@ from langgraph_idem_saver.forwarding import blocking, hopping, paging, relaying
 from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import Outcome, ToolCallLedger
 from langgraph_idem_saver.saver_base import IdemSaverBase, SyncCallOnEventLoopError
+from langgraph_idem_saver.sync_step_writes import send_waiting
 
 T = TypeVar("T")
 S = TypeVar("S", bound=IdemSaverBase)
@@ -143,10 +144,20 @@ class _Runtime:
         self.closed = True
         try:
             if self.thread.is_alive() and threading.current_thread() is not self.thread:
-                future = asyncio.run_coroutine_threadsafe(self.stack.aclose(), self.loop)
-                future.result(SHUTDOWN_SECONDS)
+                closing = _closing(self.loop, self.stack)
+                future = asyncio.run_coroutine_threadsafe(closing, self.loop)
+                future.result(2 * SHUTDOWN_SECONDS)
         finally:
             self._finalizer()
+
+
+async def _closing(loop: asyncio.AbstractEventLoop, stack: AsyncExitStack) -> None:
+    """On the loop: the outcome rows a live sync step holds in its window sent and
+    committed first (``sync_step_writes.send_waiting``), then what was opened closed."""
+    try:
+        await send_waiting(loop, SHUTDOWN_SECONDS)
+    finally:
+        await stack.aclose()
 
 
 def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
@@ -180,14 +191,14 @@ def _shutdown(
 
         async def last() -> None:
             try:
-                await stack.aclose()
+                await _closing(loop, stack)
             finally:
                 loop.stop()
 
         loop.create_task(last())
         return
     try:
-        asyncio.run_coroutine_threadsafe(stack.aclose(), loop).result(SHUTDOWN_SECONDS)
+        asyncio.run_coroutine_threadsafe(_closing(loop, stack), loop).result(2 * SHUTDOWN_SECONDS)
     except Exception:  # best effort: the process may be exiting
         LOG.warning("closing a sync saver's connection failed", exc_info=True)
     try:
@@ -306,6 +317,18 @@ class SyncSaverBase(BaseCheckpointSaver[str], ForwardedLedger, Generic[S]):
         every method raises :class:`~langgraph_idem_saver.errors.ConnectionClosedError`.
         """
         self._runtime.close()
+
+    def _send_waiting_outcomes(self) -> None:
+        """The outcome rows live sync steps hold in their window, sent and committed now
+        (``sync_step_writes.send_waiting``; also the first act of :meth:`close`): for a
+        subclass whose ``close`` stops its connection before the loop's."""
+        runtime = self._runtime
+        if runtime.closed or threading.current_thread() is runtime.thread:
+            return
+        try:
+            self._call(send_waiting(runtime.loop, SHUTDOWN_SECONDS))
+        except ConnectionClosedError:  # the loop stopped meanwhile: nothing left to send
+            return
 
     @property
     def closed(self) -> bool:

@@ -29,18 +29,30 @@ last row comes after it; the rows between wake nothing.
 
 Once the step's end began collecting stops: a call that finishes later (the step left by
 an exception while siblings still run) records its own outcome, as before.
+
+**A saver closed mid-step.** Each step's writes are registered (weakly) under its loop;
+closing a sync saver first runs :func:`send_waiting` on its loop (``sync_bridge``), which
+stops every live step of that loop taking rows, sends what waits and awaits those writes,
+before the connection closes - so a returned call's outcome is committed as if the
+window were not there, and a row handed after that gets the closed saver's typed error
+(its call records it itself).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import inspect
+import logging
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from langgraph_idem_saver.engine.loops import on_loop, run_private
-from langgraph_idem_saver.engine.step_writes import StepWrites
+from langgraph_idem_saver.engine.step_writes import StepWrites, forget
 from langgraph_idem_saver.engine.types import Batch, Kind, Plan
+from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import CallStatus
 
@@ -48,11 +60,25 @@ _COMPLETED, _FAILED = CallStatus.COMPLETED.value, CallStatus.FAILED.value
 
 T = TypeVar("T")
 
+LOG = logging.getLogger(__name__)
+
+# how often ``wait_on`` checks that the ledger's loop still runs
+_ALIVE_POLL_SECONDS = 1.0
+
 
 class SyncStepWrites(StepWrites):
     """:class:`StepWrites` fed from other threads (see the module)."""
 
-    __slots__ = ("arming", "closed", "expected", "handed", "lock", "timer", "waiting")
+    __slots__ = (
+        "__weakref__",
+        "arming",
+        "closed",
+        "expected",
+        "handed",
+        "lock",
+        "timer",
+        "waiting",
+    )
 
     # how long the first row waiting may wait for the step's other ledgered calls
     WINDOW = 0.05
@@ -137,6 +163,71 @@ class SyncStepWrites(StepWrites):
             self.closed = True
             return self.handed
 
+    def under_way(self) -> tuple[list[asyncio.Future[Any]], list[Any]]:
+        """On the loop: a future for each write sent and not answered yet, and the
+        answers the step's end awaits already (coroutines: :func:`send_waiting` waits
+        for the task awaiting them). An answer nobody awaits yet (a coroutine) is started
+        as a task and put back in its place, so the step's end still awaits it."""
+        futures: list[asyncio.Future[Any]] = []
+        awaited: list[Any] = []
+        for at, (plans, answer) in enumerate(self.sent):
+            if inspect.iscoroutine(answer):
+                if inspect.getcoroutinestate(answer) != inspect.CORO_CREATED:
+                    awaited.append(answer)
+                    continue
+                task = asyncio.ensure_future(answer)
+                forget(task)  # its error is the step's end's to report
+                self.sent[at] = (plans, task)
+                futures.append(task)
+            elif isinstance(answer, asyncio.Future) and not answer.done():
+                futures.append(answer)
+        return futures, awaited
+
+
+def _awaiting(loop: asyncio.AbstractEventLoop, coros: list[Any]) -> list[asyncio.Task[Any]]:
+    """The tasks of ``loop`` whose chain of awaits holds one of ``coros``."""
+    wanted = set(map(id, coros))
+    tasks: list[asyncio.Task[Any]] = []
+    for task in asyncio.all_tasks(loop):
+        coro: Any = task.get_coro()
+        while inspect.iscoroutine(coro):
+            if id(coro) in wanted:
+                tasks.append(task)
+                break
+            coro = coro.cr_await
+    return tasks
+
+
+# the live steps of each loop (weakly: a step ended is gone), and the loops closing
+_LIVE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[SyncStepWrites]]
+_LIVE = weakref.WeakKeyDictionary()
+_CLOSING: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+async def send_waiting(loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+    """On ``loop``, as its sync saver closes, before the connection does: every live step
+    of the loop takes no more rows (a later one is recorded by its call, through the
+    closed saver: a typed error), sends what waits, and its writes are awaited (at most
+    ``timeout`` seconds; never raising - the step's end reports a write's error)."""
+    with _LIVE_LOCK:
+        _CLOSING.add(loop)
+        steps = list(_LIVE.pop(loop, ()))
+    futures: list[asyncio.Future[Any]] = []
+    for step in steps:
+        with step.lock:
+            step.closed = True
+        try:
+            step.send()
+        except Exception:  # a refused write is its answer (StepWrites.send); be safe
+            LOG.warning("sending a sync step's outcomes at close failed", exc_info=True)
+        sent, awaited = step.under_way()
+        futures.extend(sent)
+        if awaited:  # the step's end awaits them already: wait for it
+            futures.extend(_awaiting(loop, awaited))
+    if futures:
+        await asyncio.wait(futures, timeout=timeout)
+
 
 def sync_writes(batch: Batch, name: str) -> SyncStepWrites | None:
     """The step's writes when its outcomes can go to the ledger's loop from the calls'
@@ -151,7 +242,15 @@ def sync_writes(batch: Batch, name: str) -> SyncStepWrites | None:
     if not batch.all_plans:
         return None
     expected = sum(p.kind is Kind.RUN and p.outcome is None for p in batch.all_plans)
-    return SyncStepWrites(batch, loop, name, expected)
+    writes = SyncStepWrites(batch, loop, name, expected)
+    with _LIVE_LOCK:
+        if loop in _CLOSING:  # its saver is closing: each call records its own (typed error)
+            return None
+        steps = _LIVE.get(loop)
+        if steps is None:
+            steps = _LIVE[loop] = weakref.WeakSet()
+        steps.add(writes)
+    return writes
 
 
 def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
@@ -159,7 +258,33 @@ def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     step's end, pure ledger work (no hook, no ``interrupt()``), so no private loop in
     this thread - ~100 against ~300 µs a hop through ``run_private``. The task runs in a
     copy of this thread's context (``call_soon_threadsafe`` copies it), as through
-    ``on_loop``. A loop that stopped raises ``on_loop``'s ``ConfigError``."""
+    ``on_loop``. A loop that stopped raises ``on_loop``'s ``ConfigError``: before the
+    hand-off, and after it - the wait checks every second that the loop still runs, since
+    a loop stopped with the task still queued (or cancelled it) never answers."""
     if loop.is_closed() or not loop.is_running():
         return run_private(on_loop(loop, coro))
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    try:
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError:  # closed since the check above
+        coro.close()
+        raise _stopped() from None
+    while True:
+        try:
+            return future.result(_ALIVE_POLL_SECONDS)
+        except concurrent.futures.TimeoutError:
+            if future.done():  # the coroutine's own TimeoutError
+                raise
+            if loop.is_running():
+                continue
+            if future.cancel() or not future.done():  # queued, or left mid-way
+                raise _stopped() from None
+            return future.result()  # it ended as the loop stopped: its answer
+        except concurrent.futures.CancelledError:  # only the loop's shutdown cancels it
+            raise _stopped() from None
+
+
+def _stopped() -> ConfigError:
+    return ConfigError(
+        "the ledger's event loop stopped before the step's outcomes were committed (its "
+        "saver was closed during the step): the calls not recorded stay issued"
+    )

@@ -217,6 +217,7 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
         abandon there, so it waits as the statement's caller does."""
         direct, runtime = self._direct_path, self._runtime
         if not runtime.closed and threading.get_ident() != runtime.thread.ident:
+            self._send_waiting_outcomes()  # a sync step's window: before the direct path
             if self.saver._held:  # outcomes or undos no statement has taken since
                 # their last chance: written now, else given up (read as unknown at
                 # once by this process, never a live claim it would wait on)

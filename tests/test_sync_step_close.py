@@ -1,0 +1,214 @@
+"""A sync saver closed while a sync step's outcome row waits in its window
+(``sync_step_writes.send_waiting``, run by ``sync_bridge`` before the connection
+closes), and ``wait_on`` when the ledger's loop stops under a waiting node.
+
+Real parts: our sync ``SqliteSaver`` on a SQLite file and ``PostgresSaver`` on a real
+PostgreSQL, each over the user's own connection, closed from a tool's thread while the
+graph runs; the outcomes are read back with another connection. The loop test runs a
+real event loop in a thread that stops and closes it the way a program's own loop
+thread does (``run_forever()`` then ``close()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.tools import tool
+from tool_node_helpers import ai_calls, cfg, tool_graph
+
+from langgraph_idem_saver import IdempotentToolNode, errors
+from langgraph_idem_saver.errors import ConfigError
+from langgraph_idem_saver.postgres import PostgresSaver
+from langgraph_idem_saver.sqlite import SqliteSaver
+from langgraph_idem_saver.sync_step_writes import SyncStepWrites, wait_on
+
+
+@contextmanager
+def opened(backend: str, where: str) -> Iterator[Any]:
+    """A sync saver of ``backend`` over the user's own connection (closed at the end)."""
+    if backend == "sqlite":
+        conn = sqlite3.connect(where, check_same_thread=False)
+        try:
+            with SqliteSaver(conn) as saver:
+                saver.setup()
+                yield saver
+        finally:
+            conn.close()
+        return
+    with (
+        psycopg.Connection.connect(where, autocommit=True, prepare_threshold=0) as pg,
+        PostgresSaver(pg) as saver,
+    ):
+        saver.setup()
+        yield saver
+
+
+def statuses(backend: str, where: str, thread: str) -> dict[str, str]:
+    """tool call id -> status, as committed (another connection)."""
+    query = "SELECT tool_call_id, status FROM idem_tool_calls WHERE thread_id = "
+    if backend == "sqlite":
+        with closing(sqlite3.connect(where)) as conn:
+            return dict(conn.execute(query + "?", (thread,)).fetchall())
+    with psycopg.connect(where, autocommit=True) as conn:
+        return dict(conn.execute(query + "%s", (thread,)).fetchall())  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    if request.param == "sqlite":
+        return "sqlite", str(tmp_path / "close.db")
+    return "postgres", request.getfixturevalue("pg_dsn")
+
+
+def test_closing_the_saver_while_a_row_waits_commits_the_returned_call(
+    backend: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sync calls: call 0 returns and its row waits in the window (made 30 s, so only
+    the close can end the wait); call 1 then closes the saver from its thread and
+    returns. The close sends and commits call 0's row before the connection closes:
+    call 0 is ``completed`` (without the flush its row was lost with the loop's timer,
+    leaving it ``issued``, an unknown outcome). Call 1's row, handed after the close
+    began, is refused with a typed error and left ``issued``; nothing waits out the
+    window."""
+    kind, where = backend
+    monkeypatch.setattr(SyncStepWrites, "WINDOW", 30.0)
+    handed = threading.Event()
+    real_hand = SyncStepWrites.hand
+
+    def hand(writes: SyncStepWrites, plan: Any, result: Any) -> bool:
+        taken = real_hand(writes, plan, result)
+        handed.set()
+        return taken
+
+    monkeypatch.setattr(SyncStepWrites, "hand", hand)
+
+    with opened(kind, where) as saver:
+
+        @tool
+        def work(i: int) -> str:
+            """Call 1 closes the saver once call 0's row waits."""
+            if i == 1:
+                assert handed.wait(30), "call 0 never handed its row"
+                saver.close()
+            return f"done {i}"
+
+        graph = tool_graph(IdempotentToolNode([work]), saver)
+        started = time.monotonic()
+        with pytest.raises(Exception) as raised:
+            graph.invoke(
+                {"messages": [ai_calls(("work", {"i": 0}, "w0"), ("work", {"i": 1}, "w1"))]},
+                cfg("closed"),
+            )
+        assert time.monotonic() - started < 15  # the 30 s window held nothing
+    assert type(raised.value).__module__ == errors.__name__, repr(raised.value)
+    assert statuses(kind, where, "closed") == {"w0": "completed", "w1": "issued"}
+
+
+def test_closing_a_saver_with_no_step_running_still_closes(
+    backend: tuple[str, str],
+) -> None:
+    """The flush is a no-op without a live step: close works, is idempotent, and a
+    graph run before it left its outcome committed."""
+    kind, where = backend
+
+    @tool
+    def work(i: int) -> str:
+        """A quick tool."""
+        return f"done {i}"
+
+    with opened(kind, where) as saver:
+        graph = tool_graph(IdempotentToolNode([work]), saver)
+        graph.invoke({"messages": [ai_calls(("work", {"i": 0}, "q0"))]}, cfg("quiet"))
+        saver.close()
+        saver.close()
+        assert saver.closed
+    assert statuses(kind, where, "quiet") == {"q0": "completed"}
+
+
+def test_wait_on_a_loop_stopped_after_the_hand_off_raises_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``wait_on`` finds the loop running, hands its coroutine over, and the loop stops
+    (its thread then closes it) before running it: the waiting thread gets the typed
+    ``ConfigError`` within a few seconds (it waited forever on ``.result()``)."""
+    loop = asyncio.new_event_loop()
+
+    def serve() -> None:
+        loop.run_forever()
+        loop.close()  # what was still queued never runs
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    busy, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # keeps the loop in one iteration, then stops it
+        busy.set()
+        release.wait(30)
+        loop.stop()
+
+    loop.call_soon_threadsafe(hold)
+    assert busy.wait(30)
+    real = asyncio.run_coroutine_threadsafe
+    handed_off = threading.Event()
+
+    def hand_off(coro: Any, target: asyncio.AbstractEventLoop) -> Any:
+        future = real(coro, target)
+        handed_off.set()
+        return future
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", hand_off)
+    ran: list[bool] = []
+    outcome: list[BaseException | None] = []
+
+    async def step_end() -> None:
+        ran.append(True)
+
+    coro = step_end()
+
+    def node() -> None:
+        try:
+            wait_on(loop, coro)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=node, daemon=True)
+    waiter.start()
+    try:
+        assert handed_off.wait(30)
+    finally:
+        release.set()
+    server.join(30)
+    assert loop.is_closed()
+    waiter.join(15)
+    assert not waiter.is_alive(), "wait_on hung on a loop that stopped"
+    assert not ran
+    coro.close()  # never run: the loop closed with it queued
+    assert len(outcome) == 1 and isinstance(outcome[0], ConfigError), outcome
+
+
+def test_wait_on_a_running_loop_returns_the_coroutines_answer() -> None:
+    """The control: on a loop that keeps running, ``wait_on`` returns the answer."""
+    loop = asyncio.new_event_loop()
+    server = threading.Thread(target=loop.run_forever, daemon=True)
+    server.start()
+
+    async def answer() -> int:
+        await asyncio.sleep(0.01)
+        return 42
+
+    try:
+        assert wait_on(loop, answer()) == 42
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        server.join(30)
+        loop.close()
