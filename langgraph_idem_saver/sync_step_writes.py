@@ -163,17 +163,16 @@ class SyncStepWrites(StepWrites):
             self.closed = True
             return self.handed
 
-    def under_way(self) -> tuple[list[asyncio.Future[Any]], list[Any]]:
-        """On the loop: a future for each write sent and not answered yet, and the
-        answers the step's end awaits already (coroutines: :func:`send_waiting` waits
-        for the task awaiting them). An answer nobody awaits yet (a coroutine) is started
-        as a task and put back in its place, so the step's end still awaits it."""
+    def under_way(self) -> list[asyncio.Future[Any]]:
+        """On the loop: a future for each write sent whose answer nobody awaits yet (a
+        coroutine, started as a task and put back in its place, so the step's end still
+        awaits it; or a future not done). One the step's end awaits already is under way:
+        closing the saver waits for its write as for any (the group commit's on SQLite,
+        the statement's on PostgreSQL; ``tests/test_sync_step_close.py``)."""
         futures: list[asyncio.Future[Any]] = []
-        awaited: list[Any] = []
         for at, (plans, answer) in enumerate(self.sent):
             if inspect.iscoroutine(answer):
                 if inspect.getcoroutinestate(answer) != inspect.CORO_CREATED:
-                    awaited.append(answer)
                     continue
                 task = asyncio.ensure_future(answer)
                 forget(task)  # its error is the step's end's to report
@@ -181,21 +180,7 @@ class SyncStepWrites(StepWrites):
                 futures.append(task)
             elif isinstance(answer, asyncio.Future) and not answer.done():
                 futures.append(answer)
-        return futures, awaited
-
-
-def _awaiting(loop: asyncio.AbstractEventLoop, coros: list[Any]) -> list[asyncio.Task[Any]]:
-    """The tasks of ``loop`` whose chain of awaits holds one of ``coros``."""
-    wanted = set(map(id, coros))
-    tasks: list[asyncio.Task[Any]] = []
-    for task in asyncio.all_tasks(loop):
-        coro: Any = task.get_coro()
-        while inspect.iscoroutine(coro):
-            if id(coro) in wanted:
-                tasks.append(task)
-                break
-            coro = coro.cr_await
-    return tasks
+        return futures
 
 
 # the live steps of each loop (weakly: a step ended is gone), and the loops closing
@@ -221,10 +206,7 @@ async def send_waiting(loop: asyncio.AbstractEventLoop, timeout: float) -> None:
             step.send()
         except Exception:  # a refused write is its answer (StepWrites.send); be safe
             LOG.warning("sending a sync step's outcomes at close failed", exc_info=True)
-        sent, awaited = step.under_way()
-        futures.extend(sent)
-        if awaited:  # the step's end awaits them already: wait for it
-            futures.extend(_awaiting(loop, awaited))
+        futures.extend(step.under_way())
     if futures:
         await asyncio.wait(futures, timeout=timeout)
 

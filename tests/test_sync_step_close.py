@@ -212,3 +212,94 @@ def test_wait_on_a_running_loop_returns_the_coroutines_answer() -> None:
         loop.call_soon_threadsafe(loop.stop)
         server.join(30)
         loop.close()
+
+
+def test_closing_while_the_steps_end_awaits_a_blocked_write_waits_for_it(
+    backend: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's end sent its outcome rows, whose write is held back by another
+    connection's lock (SQLite: a write transaction; PostgreSQL: the rows locked ``FOR
+    UPDATE``), when the saver is closed from another thread: the close waits for that
+    write, so once the lock is let go both calls are ``completed`` (the run then meets
+    the closed saver at its next checkpoint: a typed error)."""
+    kind, where = backend
+    monkeypatch.setattr(SyncStepWrites, "WINDOW", 30.0)
+    ending = threading.Event()
+    steps: list[SyncStepWrites] = []
+    real_close = SyncStepWrites.close
+
+    def close(writes: SyncStepWrites) -> int:
+        steps.append(writes)
+        ending.set()
+        return real_close(writes)
+
+    monkeypatch.setattr(SyncStepWrites, "close", close)
+    with contextlib_blocker(kind, where) as block, opened(kind, where) as saver:
+
+        @tool
+        def work(i: int) -> str:
+            """Call 1 takes the other connection's lock before it returns."""
+            if i == 1:
+                block("lock")
+            return f"done {i}"
+
+        graph = tool_graph(IdempotentToolNode([work]), saver)
+        raised: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                graph.invoke(
+                    {"messages": [ai_calls(("work", {"i": 0}, "b0"), ("work", {"i": 1}, "b1"))]},
+                    cfg("blocked"),
+                )
+            except BaseException as exc:
+                raised.append(exc)
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        try:
+            assert ending.wait(30), "the step never ended"
+            deadline = time.monotonic() + 30
+            while not steps[0].sent:  # the step's end sent the rows: their write is blocked
+                assert time.monotonic() < deadline, "the step's end never sent its rows"
+                time.sleep(0.001)
+            time.sleep(0.1)  # on SQLite the step's end then awaits the write
+            closer = threading.Thread(target=saver.close, daemon=True)
+            closer.start()
+            time.sleep(0.5)  # the close now waits on the blocked write
+        finally:
+            block("release")
+        closer.join(30)
+        runner.join(30)
+        assert not closer.is_alive() and not runner.is_alive()
+    assert statuses(kind, where, "blocked") == {"b0": "completed", "b1": "completed"}
+    assert len(raised) == 1 and type(raised[0]).__module__ == errors.__name__, raised
+
+
+@contextmanager
+def contextlib_blocker(kind: str, where: str) -> Iterator[Any]:
+    """Another connection that takes (``"lock"``) and lets go of (``"release"``) the lock
+    an outcome write waits on."""
+    if kind == "sqlite":
+        conn = sqlite3.connect(where, isolation_level=None, check_same_thread=False)
+
+        def sqlite_block(what: str) -> None:
+            if what == "lock":
+                conn.execute("BEGIN IMMEDIATE")
+            elif conn.in_transaction:
+                conn.execute("COMMIT")
+
+        try:
+            yield sqlite_block
+        finally:
+            conn.close()
+        return
+    with psycopg.connect(where) as pg:
+
+        def pg_block(what: str) -> None:
+            if what == "lock":
+                pg.execute("SELECT 1 FROM idem_tool_calls FOR UPDATE")
+            elif pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                pg.commit()
+
+        yield pg_block
