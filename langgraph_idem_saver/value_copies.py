@@ -59,7 +59,8 @@ Decisions (each pinned in ``tests/test_value_copies*.py``):
 * **Bounded and thread-safe.** At most ``MAX_ENTRIES`` copies, none above
   ``MAX_ENTRY_BYTES`` (stored bytes plus pickle), ``MAX_TOTAL_BYTES`` in all (least
   recently used dropped first), and ``SEEN_ENTRIES`` values seen once of at most
-  ``SEEN_MAX_BYTES`` each: 5 MB a saver at the very most, a few hundred KB for the
+  ``SEEN_MAX_BYTES`` each: 5 MB a saver (for a moment one first sight more for each
+  thread reading at that instant, until its trim), a few hundred KB for the
   benchmark's lists. One lock for the copies, pickling and unpickling outside it (sync
   savers are used from many threads). One :class:`ValueCopies` a saver (its
   ``ListDeltaEncoder.copies``, shared by its shallow copies, cleared with it after a
