@@ -124,8 +124,8 @@ class _Runtime:
                 # result(timeout) rather than concurrent.futures.wait(): half the cost
                 return future.result(_ALIVE_POLL_SECONDS)
             except concurrent.futures.TimeoutError:
-                if future.done():  # the coroutine's own TimeoutError
-                    raise
+                if future.done():  # done as the wait timed out, or its own TimeoutError
+                    return future.result()
                 if not self.thread.is_alive():  # stopped with our coroutine still queued
                     future.cancel()
                     raise _closed_error() from None

@@ -194,7 +194,8 @@ async def send_waiting(loop: asyncio.AbstractEventLoop, timeout: float) -> None:
     """On ``loop``, as its sync saver closes, before the connection does: every live step
     of the loop takes no more rows (a later one is recorded by its call, through the
     closed saver: a typed error), sends what waits, and its writes are awaited (at most
-    ``timeout`` seconds; never raising - the step's end reports a write's error)."""
+    ``timeout`` seconds, a warning logged if some are still under way; never raising -
+    the step's end reports a write's error)."""
     with _LIVE_LOCK:
         _CLOSING.add(loop)
         steps = list(_LIVE.pop(loop, ()))
@@ -208,7 +209,15 @@ async def send_waiting(loop: asyncio.AbstractEventLoop, timeout: float) -> None:
             LOG.warning("sending a sync step's outcomes at close failed", exc_info=True)
         futures.extend(step.under_way())
     if futures:
-        await asyncio.wait(futures, timeout=timeout)
+        _, pending = await asyncio.wait(futures, timeout=timeout)
+        if pending:  # the close goes on: said, since the step's end may never see why
+            LOG.warning(
+                "closing a sync saver: %d outcome write(s) of a live sync step not done "
+                "after %.1f s; the connection closes under them (calls not recorded stay "
+                "issued)",
+                len(pending),
+                timeout,
+            )
 
 
 def sync_writes(batch: Batch, name: str) -> SyncStepWrites | None:
@@ -254,8 +263,8 @@ def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
         try:
             return future.result(_ALIVE_POLL_SECONDS)
         except concurrent.futures.TimeoutError:
-            if future.done():  # the coroutine's own TimeoutError
-                raise
+            if future.done():  # done as the wait timed out, or its own TimeoutError
+                return future.result()
             if loop.is_running():
                 continue
             if future.cancel() or not future.done():  # queued, or left mid-way

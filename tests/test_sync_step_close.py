@@ -12,6 +12,8 @@ thread does (``run_forever()`` then ``close()``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
 import sqlite3
 import threading
 import time
@@ -29,7 +31,7 @@ from langgraph_idem_saver import IdempotentToolNode, errors
 from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.postgres import PostgresSaver
 from langgraph_idem_saver.sqlite import SqliteSaver
-from langgraph_idem_saver.sync_step_writes import SyncStepWrites, wait_on
+from langgraph_idem_saver.sync_step_writes import SyncStepWrites, send_waiting, wait_on
 
 
 @contextmanager
@@ -303,3 +305,142 @@ def contextlib_blocker(kind: str, where: str) -> Iterator[Any]:
                 pg.commit()
 
         yield pg_block
+
+
+class _DoneAsTheWaitTimesOut(concurrent.futures.Future[Any]):
+    """The hand-off's future whose first timed wait ends just as the coroutine
+    finishes: it times out, and the future is done by the time it is looked at."""
+
+    def __init__(self, real: concurrent.futures.Future[Any]) -> None:
+        super().__init__()
+        self.real = real
+        self.timed_out = False
+        real.add_done_callback(self._copy)
+
+    def _copy(self, real: concurrent.futures.Future[Any]) -> None:
+        if real.cancelled():
+            self.cancel()
+        elif real.exception() is not None:
+            self.set_exception(real.exception())
+        else:
+            self.set_result(real.result())
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.timed_out and timeout is not None:
+            self.timed_out = True
+            self.real.result(30)  # finished meanwhile...
+            raise concurrent.futures.TimeoutError  # ...as this wait timed out
+        return super().result(timeout)
+
+
+def test_wait_on_returns_the_answer_of_a_coroutine_done_as_a_wait_timed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A one-second wait of ``wait_on`` times out at the instant the step's end finishes:
+    its answer is returned (the outcomes are committed), not the wait's own
+    ``TimeoutError`` re-raised as if the coroutine had raised it."""
+    loop = asyncio.new_event_loop()
+    server = threading.Thread(target=loop.run_forever, daemon=True)
+    server.start()
+    real = asyncio.run_coroutine_threadsafe
+    raced: list[_DoneAsTheWaitTimesOut] = []
+
+    def hand_off(coro: Any, target: asyncio.AbstractEventLoop) -> Any:
+        raced.append(_DoneAsTheWaitTimesOut(real(coro, target)))
+        return raced[-1]
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", hand_off)
+
+    async def answer() -> int:
+        return 42
+
+    try:
+        assert wait_on(loop, answer()) == 42
+        assert raced and raced[0].timed_out  # the race was met
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        server.join(30)
+        loop.close()
+
+
+def test_wait_on_still_raises_the_coroutines_own_timeout_error() -> None:
+    """The control: a ``TimeoutError`` the step's end itself raises reaches the caller."""
+    loop = asyncio.new_event_loop()
+    server = threading.Thread(target=loop.run_forever, daemon=True)
+    server.start()
+
+    async def times_out() -> None:
+        raise TimeoutError("the coroutine's own")
+
+    try:
+        with pytest.raises(TimeoutError, match="the coroutine's own"):
+            wait_on(loop, times_out())
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        server.join(30)
+        loop.close()
+
+
+def test_a_sync_saver_call_done_as_its_wait_timed_out_returns_its_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race in a sync saver's own hop (``sync_bridge._Runtime.call``, which also
+    waits a second at a time): a call finished as a wait timed out returns its answer
+    (here ``delete_thread``'s None), not the wait's ``TimeoutError``."""
+    with SqliteSaver.from_conn_string(str(tmp_path / "race.db")) as saver:
+        real = asyncio.run_coroutine_threadsafe
+        raced: list[_DoneAsTheWaitTimesOut] = []
+
+        def hand_off(coro: Any, target: asyncio.AbstractEventLoop) -> Any:
+            raced.append(_DoneAsTheWaitTimesOut(real(coro, target)))
+            return raced[-1]
+
+        monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", hand_off)
+        assert saver.delete_thread("nobody") is None
+        monkeypatch.undo()
+        assert raced and raced[0].timed_out  # the race was met
+
+
+def test_a_flush_whose_write_outlasts_its_bound_is_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``send_waiting`` (the close's first act) bounded at 0.2 s while call 0's flushed
+    row is held back by another connection's write transaction: it returns, and says so
+    in a warning - the close then goes on under that write, which nothing else reports
+    when the step's end is never reached. Once the lock is let go the write lands and
+    the step ends as usual (the saver was not closed here): both calls ``completed``."""
+    where = str(tmp_path / "bound.db")
+    monkeypatch.setattr(SyncStepWrites, "WINDOW", 30.0)
+    handed = threading.Event()
+    real_hand = SyncStepWrites.hand
+
+    def hand(writes: SyncStepWrites, plan: Any, result: Any) -> bool:
+        taken = real_hand(writes, plan, result)
+        handed.set()
+        return taken
+
+    monkeypatch.setattr(SyncStepWrites, "hand", hand)
+    with contextlib_blocker("sqlite", where) as block, opened("sqlite", where) as saver:
+
+        @tool
+        def work(i: int) -> str:
+            """Call 1 flushes call 0's row while the lock is held elsewhere."""
+            if i == 1:
+                assert handed.wait(30), "call 0 never handed its row"
+                block("lock")
+                try:
+                    flush = send_waiting(saver.loop, 0.2)
+                    asyncio.run_coroutine_threadsafe(flush, saver.loop).result(30)
+                finally:
+                    block("release")
+            return f"done {i}"
+
+        graph = tool_graph(IdempotentToolNode([work]), saver)
+        with caplog.at_level(logging.WARNING, logger="langgraph_idem_saver.sync_step_writes"):
+            graph.invoke(
+                {"messages": [ai_calls(("work", {"i": 0}, "l0"), ("work", {"i": 1}, "l1"))]},
+                cfg("bound"),
+            )
+    warned = [r.getMessage() for r in caplog.records if "not done after 0.2 s" in r.getMessage()]
+    assert warned and "1 outcome write(s)" in warned[0], caplog.text
+    assert statuses("sqlite", where, "bound") == {"l0": "completed", "l1": "completed"}
