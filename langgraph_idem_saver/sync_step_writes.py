@@ -195,7 +195,9 @@ async def send_waiting(loop: asyncio.AbstractEventLoop, timeout: float) -> None:
     of the loop takes no more rows (a later one is recorded by its call, through the
     closed saver: a typed error), sends what waits, and its writes are awaited (at most
     ``timeout`` seconds, a warning logged if some are still under way; never raising -
-    the step's end reports a write's error)."""
+    the step's end reports a write's error). A statement on the user's own PostgreSQL
+    connection runs on the loop's thread, so the bound cannot cut it short: it is waited
+    for as its caller would."""
     with _LIVE_LOCK:
         _CLOSING.add(loop)
         steps = list(_LIVE.pop(loop, ()))
