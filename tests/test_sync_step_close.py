@@ -25,33 +25,13 @@ from typing import Any
 import psycopg
 import pytest
 from langchain_core.tools import tool
+from sync_step_window_worker import open_saver as opened
 from tool_node_helpers import ai_calls, cfg, tool_graph
 
 from langgraph_idem_saver import IdempotentToolNode, errors
 from langgraph_idem_saver.errors import ConfigError
-from langgraph_idem_saver.postgres import PostgresSaver
 from langgraph_idem_saver.sqlite import SqliteSaver
 from langgraph_idem_saver.sync_step_writes import SyncStepWrites, send_waiting, wait_on
-
-
-@contextmanager
-def opened(backend: str, where: str) -> Iterator[Any]:
-    """A sync saver of ``backend`` over the user's own connection (closed at the end)."""
-    if backend == "sqlite":
-        conn = sqlite3.connect(where, check_same_thread=False)
-        try:
-            with SqliteSaver(conn) as saver:
-                saver.setup()
-                yield saver
-        finally:
-            conn.close()
-        return
-    with (
-        psycopg.Connection.connect(where, autocommit=True, prepare_threshold=0) as pg,
-        PostgresSaver(pg) as saver,
-    ):
-        saver.setup()
-        yield saver
 
 
 def statuses(backend: str, where: str, thread: str) -> dict[str, str]:
