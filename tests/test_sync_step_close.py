@@ -34,6 +34,22 @@ from langgraph_idem_saver.sqlite import SqliteSaver
 from langgraph_idem_saver.sync_step_writes import SyncStepWrites, send_waiting, wait_on
 
 
+def long_window_and_handed(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """A 30 s window (a row waits until its step says otherwise) and an event set once a
+    call's row was handed to its step's writes."""
+    monkeypatch.setattr(SyncStepWrites, "WINDOW", 30.0)
+    handed = threading.Event()
+    real_hand = SyncStepWrites.hand
+
+    def hand(writes: SyncStepWrites, plan: Any, result: Any) -> bool:
+        taken = real_hand(writes, plan, result)
+        handed.set()
+        return taken
+
+    monkeypatch.setattr(SyncStepWrites, "hand", hand)
+    return handed
+
+
 def statuses(backend: str, where: str, thread: str) -> dict[str, str]:
     """tool call id -> status, as committed (another connection)."""
     query = "SELECT tool_call_id, status FROM idem_tool_calls WHERE thread_id = "
@@ -62,16 +78,7 @@ def test_closing_the_saver_while_a_row_waits_commits_the_returned_call(
     began, is refused with a typed error and left ``issued``; nothing waits out the
     window."""
     kind, where = backend
-    monkeypatch.setattr(SyncStepWrites, "WINDOW", 30.0)
-    handed = threading.Event()
-    real_hand = SyncStepWrites.hand
-
-    def hand(writes: SyncStepWrites, plan: Any, result: Any) -> bool:
-        taken = real_hand(writes, plan, result)
-        handed.set()
-        return taken
-
-    monkeypatch.setattr(SyncStepWrites, "hand", hand)
+    handed = long_window_and_handed(monkeypatch)
 
     with opened(kind, where) as saver:
 
@@ -390,16 +397,7 @@ def test_a_flush_whose_write_outlasts_its_bound_is_logged(
     when the step's end is never reached. Once the lock is let go the write lands and
     the step ends as usual (the saver was not closed here): both calls ``completed``."""
     where = str(tmp_path / "bound.db")
-    monkeypatch.setattr(SyncStepWrites, "WINDOW", 30.0)
-    handed = threading.Event()
-    real_hand = SyncStepWrites.hand
-
-    def hand(writes: SyncStepWrites, plan: Any, result: Any) -> bool:
-        taken = real_hand(writes, plan, result)
-        handed.set()
-        return taken
-
-    monkeypatch.setattr(SyncStepWrites, "hand", hand)
+    handed = long_window_and_handed(monkeypatch)
     with contextlib_blocker("sqlite", where) as block, opened("sqlite", where) as saver:
 
         @tool
