@@ -85,13 +85,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import sqlite3
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from langgraph_idem_saver.cli.commands import COMMANDS
-from langgraph_idem_saver.cli.commands.adopt import cmd_import_langgraph
 from langgraph_idem_saver.cli.common import (
     ENV_DB,
     EXIT_OK,
@@ -101,10 +101,8 @@ from langgraph_idem_saver.cli.common import (
     checkpoint_time,
     parse_when,
 )
-from langgraph_idem_saver.cli.database import is_postgres_target, open_database, redact_dsn
 from langgraph_idem_saver.cli.parser import build_parser
 from langgraph_idem_saver.cli.render import Out
-from langgraph_idem_saver.cli.values import diff_messages, head_status
 from langgraph_idem_saver.errors import (
     ConfigError,
     ConnectionClosedError,
@@ -114,6 +112,27 @@ from langgraph_idem_saver.errors import (
     NotADatabaseError,
     SchemaVersionError,
 )
+
+if TYPE_CHECKING:
+    from langgraph_idem_saver.cli.database import is_postgres_target, redact_dsn
+    from langgraph_idem_saver.cli.values import diff_messages, head_status
+
+# The commands and the database layer import the savers, the engine and LangGraph's graph
+# modules (~0.9 s); ``--help``, ``--version`` and usage errors need none of it, so these
+# are imported when a command runs or a name is first asked for (PEP 562).
+_LAZY = {
+    "is_postgres_target": "langgraph_idem_saver.cli.database",
+    "redact_dsn": "langgraph_idem_saver.cli.database",
+    "diff_messages": "langgraph_idem_saver.cli.values",
+    "head_status": "langgraph_idem_saver.cli.values",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def _error_code(exc: BaseException) -> tuple[int, str]:
@@ -179,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "import-langgraph":
             if args.batch_size < 1:
                 raise CliError("--batch-size must be >= 1", EXIT_USAGE)
+            from langgraph_idem_saver.cli.commands.adopt import cmd_import_langgraph
+
             return asyncio.run(cmd_import_langgraph(target, args, out))
         if args.command == "prune" and args.older_than and args.thread:
             raise CliError("--older-than sweeps every thread; it takes no --thread", EXIT_USAGE)
@@ -197,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _run(target: str, args: argparse.Namespace, out: Out, *, write: bool) -> int:
+    from langgraph_idem_saver.cli.commands import COMMANDS
+    from langgraph_idem_saver.cli.database import open_database
+
     async with open_database(target, write=write) as db:
         return await COMMANDS[args.command](db, args, out)
 
