@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from langgraph_idem_saver.errors import (
+    CloseTimeoutError,
     ConfigError,
     ConnectionClosedError,
     CorruptRecordError,
@@ -134,6 +135,7 @@ __all__ = [
     "AsyncSqliteSaver",
     "CallInfo",
     "CallStatus",
+    "CloseTimeoutError",
     "ConfigError",
     "ConnectionClosedError",
     "CorruptRecordError",

@@ -113,6 +113,19 @@ class ConnectionClosedError(IdemSaverError):
     exist)."""
 
 
+class CloseTimeoutError(IdemSaverError, TimeoutError):
+    """A sync saver's ``close()`` did not finish within its bound
+    (``SyncSaverBase.CLOSE_SECONDS``): something it waits on - an outcome write or a
+    checkpoint call held back by another connection's lock - is still running.
+
+    The saver is closed all the same (every later call raises
+    :class:`ConnectionClosedError`); its close goes on in the background and ends when
+    what blocks it does, never started twice. A tool call whose outcome was not committed
+    stays ``issued``: an unknown outcome, surfaced, never re-run. Subclasses
+    ``TimeoutError``, as the wait's own timeout would be.
+    """
+
+
 class CorruptRecordError(IdemSaverError):
     """A stored row could not be decoded.
 

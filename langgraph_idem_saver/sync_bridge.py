@@ -36,8 +36,10 @@ maintenance and ``setup()``) borrows the same connection or pool for each call
 
 Lifetime: the loop thread is a daemon, so a program that never closes its saver still
 exits; ``close()`` (or leaving ``from_conn_string``'s ``with`` block, or ``with saver:``)
-closes what the saver opened and stops the thread, and a saver that is garbage collected
-or still open at interpreter exit is closed the same way (best effort, bounded).
+closes what the saver opened and stops the thread, once, within ``CLOSE_SECONDS`` (else a
+typed ``CloseTimeoutError``; :mod:`langgraph_idem_saver.sync_closing`), and a saver that is
+garbage collected or still open at interpreter exit is closed the same way (best effort,
+bounded).
 
 The async methods work too, from any event loop (they hop to the private loop), so one
 sync saver can serve ``graph.invoke`` and ``graph.ainvoke`` alike. A sync method called
@@ -69,7 +71,7 @@ from langgraph_idem_saver.forwarding import blocking, hopping, paging, relaying
 from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import Outcome, ToolCallLedger
 from langgraph_idem_saver.saver_base import IdemSaverBase, SyncCallOnEventLoopError
-from langgraph_idem_saver.sync_step_writes import send_waiting
+from langgraph_idem_saver.sync_closing import Closing, LastWrites, shutdown
 
 T = TypeVar("T")
 S = TypeVar("S", bound=IdemSaverBase)
@@ -101,7 +103,8 @@ class _Runtime:
         )
         self.thread.start()
         started.wait()
-        self._finalizer = weakref.finalize(self, _shutdown, self.loop, self.thread, self.stack)
+        self._closing = Closing(self.loop, self.thread, self.stack)
+        self._finalizer = weakref.finalize(self, shutdown, self._closing, SHUTDOWN_SECONDS)
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and wait for it (from any thread but the loop's)."""
@@ -137,27 +140,19 @@ class _Runtime:
             raise _closed_error()
         return await on_loop(self.loop, coro)
 
-    def close(self) -> None:
-        """Close what was opened on the loop (errors propagate), then stop the thread."""
-        if self.closed:
-            return
+    def close(
+        self, bound: float = 2 * SHUTDOWN_SECONDS, last_writes: LastWrites | None = None
+    ) -> None:
+        """Close what was opened on the loop (errors propagate), then stop the thread:
+        the one close (:mod:`~langgraph_idem_saver.sync_closing`), at most ``bound``
+        seconds (then :class:`~langgraph_idem_saver.errors.CloseTimeoutError`), joined
+        by any other closer. Every call raises ``ConnectionClosedError`` from now on."""
         self.closed = True
-        try:
-            if self.thread.is_alive() and threading.current_thread() is not self.thread:
-                closing = _closing(self.loop, self.stack)
-                future = asyncio.run_coroutine_threadsafe(closing, self.loop)
-                future.result(2 * SHUTDOWN_SECONDS)
-        finally:
-            self._finalizer()
-
-
-async def _closing(loop: asyncio.AbstractEventLoop, stack: AsyncExitStack) -> None:
-    """On the loop: the outcome rows a live sync step holds in its window sent and
-    committed first (``sync_step_writes.send_waiting``), then what was opened closed."""
-    try:
-        await send_waiting(loop, SHUTDOWN_SECONDS)
-    finally:
-        await stack.aclose()
+        closing = self._closing
+        end, first = closing.begin(bound, last_writes)
+        if end.done() and not first:
+            return  # closed before: idempotent
+        closing.wait(end)
 
 
 def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
@@ -178,34 +173,6 @@ def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
         finally:
             asyncio.set_event_loop(None)
             loop.close()
-
-
-def _shutdown(
-    loop: asyncio.AbstractEventLoop, thread: threading.Thread, stack: AsyncExitStack
-) -> None:
-    """Close ``stack`` on ``loop`` and stop ``thread`` (the finalizer: idempotent, bounded,
-    never raising - it may run at interpreter exit or in the garbage collector)."""
-    if loop.is_closed() or not thread.is_alive():
-        return
-    if threading.current_thread() is thread:  # collected on the loop itself: cannot wait
-
-        async def last() -> None:
-            try:
-                await _closing(loop, stack)
-            finally:
-                loop.stop()
-
-        loop.create_task(last())
-        return
-    try:
-        asyncio.run_coroutine_threadsafe(_closing(loop, stack), loop).result(2 * SHUTDOWN_SECONDS)
-    except Exception:  # best effort: the process may be exiting
-        LOG.warning("closing a sync saver's connection failed", exc_info=True)
-    try:
-        loop.call_soon_threadsafe(loop.stop)
-    except RuntimeError:  # closed meanwhile
-        return
-    thread.join(SHUTDOWN_SECONDS)
 
 
 def _closed_error() -> ConnectionClosedError:
@@ -310,25 +277,32 @@ class SyncSaverBase(BaseCheckpointSaver[str], ForwardedLedger, Generic[S]):
 
     # --- lifetime ----------------------------------------------------------------------
 
+    #: How long :meth:`close` may take in all, in seconds: the outcome rows a live sync
+    #: step holds committed (at most half of it), the saver's last writes, what it opened
+    #: closed once the call in progress on its connection is done. Past it ``close()``
+    #: raises :class:`~langgraph_idem_saver.errors.CloseTimeoutError` (see
+    #: :mod:`~langgraph_idem_saver.sync_closing`). Set it on the class or the instance.
+    CLOSE_SECONDS: float = 30.0
+
     def close(self) -> None:
         """Close the connection (or pool) the saver opened and stop its loop thread.
 
-        Idempotent. A connection you passed in is yours: it is not closed. Afterwards
-        every method raises :class:`~langgraph_idem_saver.errors.ConnectionClosedError`.
+        Idempotent. A connection you passed in is yours: it is not closed. From its first
+        instant every method raises
+        :class:`~langgraph_idem_saver.errors.ConnectionClosedError`. It first commits the
+        outcome rows a live sync step holds, then closes what the saver opened, all within
+        :attr:`CLOSE_SECONDS`; past that bound (a write held back by another connection's
+        lock) it raises :class:`~langgraph_idem_saver.errors.CloseTimeoutError` and logs
+        what it still waits on, while the close goes on in the background - never
+        started twice; a call whose outcome was not committed stays ``issued``, an unknown
+        outcome, never re-run. A ``close()`` from another thread meanwhile waits for this
+        one, up to the same deadline, and ends as it does.
         """
-        self._runtime.close()
+        self._runtime.close(self.CLOSE_SECONDS, self._last_writes)
 
-    def _send_waiting_outcomes(self) -> None:
-        """The outcome rows live sync steps hold in their window, sent and committed now
-        (``sync_step_writes.send_waiting``; also the first act of :meth:`close`): for a
-        subclass whose ``close`` stops its connection before the loop's."""
-        runtime = self._runtime
-        if runtime.closed or threading.current_thread() is runtime.thread:
-            return
-        try:
-            self._call(send_waiting(runtime.loop, SHUTDOWN_SECONDS))
-        except ConnectionClosedError:  # the loop stopped meanwhile: nothing left to send
-            return
+    async def _last_writes(self) -> None:
+        """On the loop, in :meth:`close` after a live sync step's outcomes and before
+        what the saver opened is closed: a subclass's last writes (none here)."""
 
     @property
     def closed(self) -> bool:

@@ -31,7 +31,7 @@ Once the step's end began collecting stops: a call that finishes later (the step
 an exception while siblings still run) records its own outcome, as before.
 
 **A saver closed mid-step.** Each step's writes are registered (weakly) under its loop;
-closing a sync saver first runs :func:`send_waiting` on its loop (``sync_bridge``), which
+closing a sync saver first runs :func:`send_waiting` on its loop (``sync_closing``), which
 stops every live step of that loop taking rows, sends what waits and awaits those writes,
 before the connection closes - so a returned call's outcome is committed as if the
 window were not there, and a row handed after that gets the closed saver's typed error
@@ -197,7 +197,11 @@ async def send_waiting(loop: asyncio.AbstractEventLoop, timeout: float) -> None:
     ``timeout`` seconds, a warning logged if some are still under way; never raising -
     the step's end reports a write's error). A statement on the user's own PostgreSQL
     connection runs on the loop's thread, so the bound cannot cut it short: it is waited
-    for as its caller would."""
+    for as its caller would (``close()`` itself still ends within ``CLOSE_SECONDS``, with
+    ``CloseTimeoutError``: ``sync_closing``). Not cancelled either: psycopg cancels what
+    the connection runs when the server gets the request - by then possibly the next
+    statement, the user's own - and a cancelled outcome write is retried into the same
+    lock."""
     with _LIVE_LOCK:
         _CLOSING.add(loop)
         steps = list(_LIVE.pop(loop, ()))
@@ -251,9 +255,14 @@ def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     step's end, pure ledger work (no hook, no ``interrupt()``), so no private loop in
     this thread - ~100 against ~300 µs a hop through ``run_private``. The task runs in a
     copy of this thread's context (``call_soon_threadsafe`` copies it), as through
-    ``on_loop``. A loop that stopped raises ``on_loop``'s ``ConfigError``: before the
-    hand-off, and after it - the wait checks every second that the loop still runs, since
-    a loop stopped with the task still queued (or cancelled it) never answers."""
+    ``on_loop``. A loop not running at the hand-off raises ``on_loop``'s ``ConfigError``.
+    After it, a loop that stops is waited for as long as it is not closed: a program may
+    stop its own loop and run it again (``run_forever`` twice), and the task then goes on
+    where it was - its outcomes are committed, so a step whose wait gave up in that gap
+    would report a failure that never happened. A loop closed with the task queued or
+    left mid-way (checked every second: it never answers) raises ``ConfigError`` (a sync
+    saver's loop is closed as its thread ends). A loop stopped for good but never closed
+    is waited for, as ``future.result()`` on it would be."""
     if loop.is_closed() or not loop.is_running():
         return run_private(on_loop(loop, coro))
     try:
@@ -267,7 +276,7 @@ def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
         except concurrent.futures.TimeoutError:
             if future.done():  # done as the wait timed out, or its own TimeoutError
                 return future.result()
-            if loop.is_running():
+            if not loop.is_closed():  # running, or stopped for now: it may run again
                 continue
             if future.cancel() or not future.done():  # queued, or left mid-way
                 raise _stopped() from None
@@ -278,6 +287,6 @@ def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
 
 def _stopped() -> ConfigError:
     return ConfigError(
-        "the ledger's event loop stopped before the step's outcomes were committed (its "
+        "the ledger's event loop was closed before the step's outcomes were committed (its "
         "saver was closed during the step): the calls not recorded stay issued"
     )

@@ -28,6 +28,7 @@ from langgraph_idem_saver.engine import core, intents, step_writes, wide_step
 from langgraph_idem_saver.engine.types import Batch, Kind
 from langgraph_idem_saver.engine.upstream import CONFIG_KEY_CHECKPOINT_MAP
 from langgraph_idem_saver.ledger import CallIntent
+from langgraph_idem_saver.sqlite import ledger_batch
 
 # the ledger's columns compared: all but the owner, and the times (issued, lease, finished)
 COLUMNS = (
@@ -85,8 +86,10 @@ class GeneralNode(IdempotentToolNode):
 
 @contextmanager
 def general_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every ``wide_step`` fast path answers "not my case" (its caller's loop runs)."""
+    """Every ``wide_step`` fast path answers "not my case" (its caller's loop runs), and
+    SQLite writes the claim's and the outcomes' rows a statement each (``ledger_batch``)."""
     with monkeypatch.context() as patch:
+        patch.setattr(ledger_batch, "AT_ONCE", False)
         patch.setattr(core, "plan_distinct", lambda *a: False)
         patch.setattr(intents, "distinct_calls", lambda *a: None)
         patch.setattr(core, "all_claimed", lambda *a: False)

@@ -59,12 +59,12 @@ statements of yours queued in the same pipeline (and one of yours would fail our
 and each of our calls reads its rows at once anyway, forcing a sync - nothing for a
 pipeline to batch.
 
-Your connection or pool stays yours: ``close()`` (or the ``with`` block's end) waits for
-the calls whose statements are running (not for one still waiting for a pooled
-connection: it gives up, having run nothing), closes what the saver opened and never
-yours; every call after it raises :class:`ConnectionClosedError`. Closing yours without
-closing the saver leaves nothing of the saver's open on the server (but the pipelined
-connection's session, until the saver is closed or collected).
+Your connection or pool stays yours: ``close()`` (or the ``with`` block's end) waits,
+within ``CLOSE_SECONDS``, for the calls whose statements are running (not for one still
+waiting for a pooled connection: it gives up, having run nothing), closes what the saver
+opened and never yours; every call after it raises :class:`ConnectionClosedError`. Closing
+yours without closing the saver leaves nothing of the saver's open on the server (but the
+pipelined connection's session, until the saver is closed or collected).
 
 Threads: one saver may be shared by any number of threads; with a single connection calls
 take turns (one connection runs one transaction at a time), with a pool they run
@@ -195,36 +195,36 @@ class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostg
                 yield saver
 
     def close(self) -> None:
-        """Stop the saver: every later call raises :class:`ConnectionClosedError`.
+        """Stop the saver: from its first instant every call raises
+        :class:`ConnectionClosedError`. Your connection or pool stays open. Idempotent.
 
-        First, on this thread, it stops the direct path and waits for the calls whose
-        statements are running on your connection or pool, however long they take (a
-        statement waiting on a lock: until it ends or fails; set ``lock_timeout`` /
-        ``statement_timeout`` to bound it). A call still *waiting for* a pooled
-        connection (the pool exhausted, the server down) is not waited for: it sees the
-        close within ``direct.CLOSE_POLL_SECONDS`` and raises ``ConnectionClosedError``,
-        having run nothing. Then what the saver opened (a pipelined session) is closed and
-        its loop thread stopped. Your connection or pool stays open. Idempotent.
-
-        Before that, what the saver still holds (an outcome, or the undo of a claim, that
+        On the saver's loop, in order: the outcome rows a live sync step holds are
+        committed; what the saver still holds (an outcome, or the undo of a claim, that
         the database refused or could not take and no later statement has written yet:
-        ``held_writes.py``) gets its last chance: written now, or, if the database still
-        refuses it (it waits for a connection up to your pool's ``timeout``), given up -
-        this process then reads those calls as unknown outcomes at once.
+        ``held_writes.py``) gets its last chance - written now, or, if the database still
+        refuses it (it waits for a connection up to your pool's ``timeout``), given up:
+        this process then reads those calls as unknown outcomes at once; then the direct
+        path stops, once the calls whose statements are running on your connection or
+        pool are done (a call still *waiting for* a pooled connection is not waited for:
+        it sees the close within ``direct.CLOSE_POLL_SECONDS`` and raises
+        ``ConnectionClosedError``, having run nothing); then what the saver opened (a
+        pipelined session) is closed and its loop thread stopped.
 
-        Why not a bounded wait: a bound can only end in an error while a statement of
-        yours is still running on your connection; the saver has nothing of its own to
-        abandon there, so it waits as the statement's caller does."""
-        direct, runtime = self._direct_path, self._runtime
-        if not runtime.closed and threading.get_ident() != runtime.thread.ident:
-            self._send_waiting_outcomes()  # a sync step's window: before the direct path
-            if self.saver._held:  # outcomes or undos no statement has taken since
-                # their last chance: written now, else given up (read as unknown at
-                # once by this process, never a live claim it would wait on)
-                self._call(self.saver._write_held_at_close())
-            if direct is not None:
-                direct.close()
+        All of it within ``CLOSE_SECONDS`` (``sync_closing.py``). A statement blocked on
+        a lock (another session's row lock) is not cut short: the saver has nothing of
+        its own to abandon on your connection, so past the bound ``close()`` raises
+        :class:`~langgraph_idem_saver.errors.CloseTimeoutError`, and the close goes on
+        in the background until the statement ends or fails (set ``lock_timeout`` /
+        ``statement_timeout`` to bound it); an outcome not committed leaves its call
+        ``issued``, an unknown outcome, never re-run."""
         super().close()
+
+    async def _last_writes(self) -> None:
+        """In :meth:`close`, on the loop: what the saver still holds, its last chance
+        (written now, else given up: read as unknown at once by this process, never a
+        live claim it would wait on); the direct path is still open for it."""
+        if self.saver._held:
+            await self.saver._write_held_at_close()
 
     def setup(self) -> None:
         """Create or migrate the tables (idempotent; also runs on first use), in one

@@ -15,10 +15,29 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph_idem_saver.backend import Claims, Guarded, step_params
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup, records_of
-from langgraph_idem_saver.sqlite import cut_short, sql
+from langgraph_idem_saver.sqlite import cut_short, ledger_batch, sql
 from langgraph_idem_saver.sqlite.connection import AS_SET, OUTCOME, SqliteConnection
 
 _ROWCOUNT = operator.attrgetter("rowcount")
+
+
+def _each_matched(
+    conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]
+) -> list[bool | Exception]:
+    """Outcome rows an ``UPDATE`` each: whether each matched, or its error (undone alone
+    by SQLite, the rows after it recorded); a failure that ends the transaction raised."""
+    matched: list[bool | Exception] = []
+    left = iter(rows)  # each row's UPDATE through ``map``: no Python frame a row
+    while True:
+        try:
+            updated = map(_ROWCOUNT, map(conn.execute, repeat(sql.FINISH_ENTRY), left))
+            deque(map(matched.append, map(operator.eq, updated, repeat(1))), maxlen=0)
+            return matched
+        except Exception as exc:  # that row's alone; the rest go on after it
+            if not conn.in_transaction:
+                raise
+            matched.append(exc)
+
 
 if TYPE_CHECKING:
     # what this mixin calls on the connection, as mypy sees it (the saver mixes both in)
@@ -38,11 +57,15 @@ class SqliteLedgerStore(_Connected):
         """Insert every claim row whose key and slot are free. An inserted row's entry is
         built, not read (``Claims.issued_entry``); the rows refused are read back in one
         statement (a claim refused by a fork slot: the slot's holder, one read each).
-        Each row's ``INSERT`` through ``map`` (``Claims.params``' tuples, no Python frame a
-        row); every row inserted (a fresh step), the entries are built at once."""
+        Several rows of distinct keys are one multi-row ``INSERT ... RETURNING``
+        (:mod:`.ledger_batch`), others a row's ``INSERT`` each through ``map``
+        (``Claims.params``' tuples, no Python frame a row); every row inserted (a fresh
+        step), the entries are built at once."""
         shared = (claims.owner, claims.issued_at, claims.lease_expires_at)
-        params = map(tuple.__add__, claims.rows, repeat(shared))  # Claims.params of each
-        inserted = list(map(_ROWCOUNT, map(conn.execute, repeat(sql.INSERT_ISSUED), params)))
+        inserted = ledger_batch.claim_inserted(conn, claims.rows, shared)
+        if inserted is None:  # one row, a key twice, or an SQLite before 3.35
+            params = map(tuple.__add__, claims.rows, repeat(shared))  # Claims.params of each
+            inserted = list(map(_ROWCOUNT, map(conn.execute, repeat(sql.INSERT_ISSUED), params)))
         if inserted.count(1) == len(inserted):
             issued = claims.issued_entries()
             outcome = {"claimed": repeat(True), "entry": issued}
@@ -141,22 +164,14 @@ class SqliteLedgerStore(_Connected):
 
     def _finish_all_soon(self, rows: Sequence[tuple[Any, ...]]) -> asyncio.Future[Any]:
         """Several outcomes as ONE write of the group commit (one future, not one each):
-        an ``UPDATE`` each, a failing one undone alone by SQLite and reported for its
-        row only; a failure that ends the transaction fails them all."""
+        one ``UPDATE ... FROM (VALUES ...)`` for rows of distinct keys
+        (:mod:`.ledger_batch`), else an ``UPDATE`` each; a failing row undone alone by
+        SQLite and reported for its row only; a failure that ends the transaction fails
+        them all."""
         rows = list(rows)
 
         def finish_all(conn: sqlite3.Connection) -> list[bool | Exception]:
-            matched: list[bool | Exception] = []
-            left = iter(rows)  # each row's UPDATE through ``map``: no Python frame a row
-            while True:
-                try:
-                    updated = map(_ROWCOUNT, map(conn.execute, repeat(sql.FINISH_ENTRY), left))
-                    deque(map(matched.append, map(operator.eq, updated, repeat(1))), maxlen=0)
-                    return matched
-                except Exception as exc:  # that row's alone; the rest go on after it
-                    if not conn.in_transaction:
-                        raise
-                    matched.append(exc)
+            return ledger_batch.outcomes_matched(conn, rows, _each_matched)
 
         if not self.is_setup:  # only outcomes sent before anything else used the saver
             return asyncio.ensure_future(self._set_up_then(finish_all, False))

@@ -1,0 +1,125 @@
+"""A wide step's ledger rows on SQLite in one statement each, where SQLite can say which
+rows it wrote: the claim's ``INSERT``s as one multi-row ``INSERT ... RETURNING``, the
+outcomes' ``UPDATE``s as one ``UPDATE ... FROM (VALUES ...) RETURNING``.
+
+Each row as its own statement costs the driver's bind, step and reset a row; one
+statement for a step's 50 rows spends that once (``benchmarks/README.md``, "the claim's
+and the outcomes' rows in one statement"). The answer per row is the same as the
+statement-a-row path's, because ``(scope, key)`` is the primary key: a row whose pair
+comes back was written by this statement, and only then - so the path is taken only
+when the rows' pairs are distinct (two rows of one pair: row by row, as before, the
+first wins). ``RETURNING`` needs SQLite 3.35 (``UPDATE ... FROM`` 3.33): older
+libraries keep the statement a row.
+
+An outcome statement that fails (a row SQLite refuses) is undone whole by SQLite, and
+its rows go row by row, so a refused row is still that row's error alone and the others
+are recorded. A claim statement that fails fails the claim, as a failing row's
+``INSERT`` did (its transaction, or its savepoint, is rolled back either way).
+"""
+
+from __future__ import annotations
+
+import operator
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from langgraph_idem_saver.backend import INTENT_COLUMNS
+
+# RETURNING (3.35) and UPDATE ... FROM (3.33)
+AT_ONCE = sqlite3.sqlite_version_info >= (3, 35, 0)
+# rows a statement: 12 * 64 + 3 = 771 parameters, under the 999 of SQLite before 3.32
+ROWS_PER_STATEMENT = 64
+
+_PAIR = operator.itemgetter(0, 1)  # (scope, key) of a claim row
+_OUTCOME_PAIR = operator.itemgetter(5, 6)  # (scope, key) of an outcome row (FINISH_ENTRY)
+_SHARED = 3  # ?1 owner, ?2 issued_at, ?3 lease_expires_at: bound once a statement
+
+_inserts: dict[int, str] = {}
+_updates: dict[int, str] = {}
+
+
+def insert_sql(n: int) -> str:
+    """``sql.INSERT_ISSUED`` for ``n`` rows at once, answering the pairs it inserted."""
+    query = _inserts.get(n)
+    if query is None:
+        width = len(INTENT_COLUMNS)
+        rows = ", ".join(
+            "("
+            + ", ".join(f"?{_SHARED + 1 + width * i + j}" for j in range(width))
+            + ", 'issued', 1, ?1, ?2, ?3)"
+            for i in range(n)
+        )
+        query = _inserts[n] = (
+            f"INSERT INTO idem_tool_calls ({', '.join(INTENT_COLUMNS)}, status, attempts, "
+            f"owner, issued_at, lease_expires_at) VALUES {rows} "
+            "ON CONFLICT DO NOTHING RETURNING scope, key"
+        )
+    return query
+
+
+def update_sql(n: int) -> str:
+    """``sql.FINISH_ENTRY`` for ``n`` rows at once (each row's eight parameters in
+    ``FINISH_ENTRY``'s order), answering the pairs it updated."""
+    query = _updates.get(n)
+    if query is None:
+        values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * n)
+        query = _updates[n] = (
+            "UPDATE idem_tool_calls AS t SET status = v.column1, result_type = v.column2, "
+            "result = v.column3, error = v.column4, finished_at = v.column5 "
+            f"FROM (VALUES {values}) AS v "
+            "WHERE t.scope = v.column6 AND t.key = v.column7 AND t.status = 'issued' "
+            "AND t.owner = v.column8 RETURNING scope, key"
+        )
+    return query
+
+
+def distinct(pairs: list[tuple[Any, Any]]) -> bool:
+    """Several rows, no (scope, key) twice: what the one-statement path needs."""
+    return AT_ONCE and len(pairs) > 1 and len(set(pairs)) == len(pairs)
+
+
+def claim_inserted(
+    conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]], shared: tuple[Any, ...]
+) -> list[int] | None:
+    """Per claim row (``INTENT_COLUMNS``), 1 if inserted, 0 if refused (its key or its
+    fork slot taken) - ``INSERT_ISSUED``'s rowcount a row; None when the rows are not for
+    one statement (``distinct``): the caller inserts them a row at a time."""
+    pairs = list(map(_PAIR, rows))
+    if not distinct(pairs):
+        return None
+    got: set[tuple[Any, Any]] = set()
+    for at in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[at : at + ROWS_PER_STATEMENT]
+        params = list(shared)
+        for row in chunk:
+            params.extend(row)
+        got.update(conn.execute(insert_sql(len(chunk)), params).fetchall())
+    return [1 if pair in got else 0 for pair in pairs]
+
+
+def outcomes_matched(
+    conn: sqlite3.Connection,
+    rows: Sequence[tuple[Any, ...]],
+    each: Callable[[sqlite3.Connection, Sequence[tuple[Any, ...]]], list[bool | Exception]],
+) -> list[bool | Exception]:
+    """Per outcome row (``FINISH_ENTRY``'s parameters), whether its guard matched, or
+    its error. ``each`` answers rows a statement each: every row when they are not
+    ``distinct``, and the rows of a statement SQLite refused (it undid that statement
+    whole). A failure that ended the transaction is raised."""
+    pairs = list(map(_OUTCOME_PAIR, rows))
+    if not distinct(pairs):
+        return each(conn, rows)
+    matched: list[bool | Exception] = []
+    for at in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[at : at + ROWS_PER_STATEMENT]
+        params = [part for row in chunk for part in row]
+        try:
+            got = set(conn.execute(update_sql(len(chunk)), params).fetchall())
+        except Exception:
+            if not conn.in_transaction:
+                raise
+            matched.extend(each(conn, chunk))  # a row refused: its error alone, the rest recorded
+            continue
+        matched.extend(pair in got for pair in pairs[at : at + len(chunk)])
+    return matched

@@ -1,0 +1,189 @@
+"""A step's claim and outcome rows in one statement each (``sqlite/ledger_batch.py``)
+answer and write what a statement a row does.
+
+Each case runs the same rows on two real SQLite files made by the saver's ``setup()``:
+one through the one-statement path, one a statement a row (``INSERT_ISSUED`` /
+``FINISH_ENTRY``, the path of an SQLite before 3.35), and compares the answer per row
+and every column of every ledger row, rowids included. The rows mix what a statement
+must tell apart: keys taken before, a fork slot taken, a slot two rows of the claim
+share, outcomes whose guard fails (another owner, settled already, no such key), a row
+the database refuses, and more rows than one statement holds.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from langgraph_idem_saver import AsyncSqliteSaver
+from langgraph_idem_saver.backend import INTENT_COLUMNS
+from langgraph_idem_saver.ledger import CallIntent
+from langgraph_idem_saver.sqlite import ledger_batch, sql
+from langgraph_idem_saver.sqlite.ledger_store import _each_matched
+
+SHARED = ("me", 100.0, 400.0)  # owner, issued_at, lease_expires_at
+
+
+def row(i: int, *, slot: int | None = None, scope: str = "s") -> tuple[Any, ...]:
+    """A claim row (``INTENT_COLUMNS``) of key ``k{i}``, its fork slot ``slot`` (``i``)."""
+    occurrence = i if slot is None else slot
+    return (scope, f"k{i}", scope, "agent", "charge", "h", b'{"i":%d}' % i, f"c{i}", None,
+            "p", "b", occurrence)  # fmt: skip
+
+
+async def ledger_file(path: str) -> sqlite3.Connection:
+    async with AsyncSqliteSaver.from_conn_string(path) as saver:
+        await saver.setup()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    return conn
+
+
+@pytest.fixture
+async def files(tmp_path: Any) -> AsyncIterator[tuple[sqlite3.Connection, sqlite3.Connection]]:
+    at_once = await ledger_file(os.path.join(tmp_path, "at_once.db"))
+    by_row = await ledger_file(os.path.join(tmp_path, "by_row.db"))
+    yield at_once, by_row
+    at_once.close()
+    by_row.close()
+
+
+def rows_of(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT rowid, * FROM idem_tool_calls ORDER BY rowid").fetchall()
+
+
+def inserted_by_row(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[int]:
+    return [conn.execute(sql.INSERT_ISSUED, (*r, *SHARED)).rowcount for r in rows]
+
+
+def test_a_claim_in_one_statement_inserts_and_answers_as_row_by_row(
+    files: tuple[sqlite3.Connection, sqlite3.Connection],
+) -> None:
+    at_once, by_row = files
+    earlier = [row(3), row(500, slot=7)]  # key k3 taken; slot 7 taken by another key
+    for conn in files:
+        inserted_by_row(conn, earlier)
+    # 150 rows: three statements (64, 64, 22); row 20 shares row 10's slot (10 wins)
+    claim = [row(i, slot=10 if i == 20 else None) for i in range(150)]
+    got = ledger_batch.claim_inserted(at_once, claim, SHARED)
+    expected = inserted_by_row(by_row, claim)
+    assert got == expected
+    assert [i for i, n in enumerate(expected) if n == 0] == [3, 7, 20]
+    assert rows_of(at_once) == rows_of(by_row)
+
+
+def test_a_claim_not_for_one_statement_is_left_to_the_caller(
+    files: tuple[sqlite3.Connection, sqlite3.Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key twice in the claim, a single row, or an SQLite before 3.35: None, nothing
+    written (the caller inserts a row at a time, the first of a key winning)."""
+    at_once, _ = files
+    assert ledger_batch.claim_inserted(at_once, [row(1), row(2), row(1)], SHARED) is None
+    assert ledger_batch.claim_inserted(at_once, [row(1)], SHARED) is None
+    monkeypatch.setattr(ledger_batch, "AT_ONCE", False)
+    assert ledger_batch.claim_inserted(at_once, [row(1), row(2)], SHARED) is None
+    assert rows_of(at_once) == []
+
+
+def outcome(i: int, *, owner: str = "me", status: str = "completed") -> tuple[Any, ...]:
+    """``FINISH_ENTRY``'s parameters for key ``k{i}``."""
+    return (status, "msgpack", b"\x01" * (i % 7), None if i % 3 else f"e{i}", 200.0 + i,
+            "s", f"k{i}", owner)  # fmt: skip
+
+
+def test_outcomes_in_one_statement_match_and_write_as_row_by_row(
+    files: tuple[sqlite3.Connection, sqlite3.Connection],
+) -> None:
+    at_once, by_row = files
+    for conn in files:
+        inserted_by_row(conn, [row(i) for i in range(140)])
+        # k5 settled already: its guard (status 'issued') fails
+        assert _each_matched(conn, [outcome(5)]) == [True]
+    rows = [outcome(i) for i in range(140) if i != 5]
+    rows[8] = outcome(9, owner="someone else")  # the guard's owner fails
+    rows.append(outcome(999))  # no such key
+    rows[100] = outcome(101, status="bogus")  # refused by the status' CHECK
+    got = ledger_batch.outcomes_matched(at_once, rows, _each_matched)
+    expected = _each_matched(by_row, rows)
+    assert [type(g) for g in got] == [type(e) for e in expected]
+    assert isinstance(got[100], sqlite3.IntegrityError)
+    assert [g for g in got if not isinstance(g, Exception)] == [
+        e for e in expected if not isinstance(e, Exception)
+    ]
+    assert [i for i, g in enumerate(got) if g is False] == [8, 139]
+    assert rows_of(at_once) == rows_of(by_row)
+
+
+def test_outcomes_not_for_one_statement_go_row_by_row(
+    files: tuple[sqlite3.Connection, sqlite3.Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key twice among the outcomes: row by row, so the first matches and the second
+    finds the row settled (one statement would answer both "matched")."""
+    at_once, by_row = files
+    for conn in files:
+        inserted_by_row(conn, [row(i) for i in range(3)])
+    rows = [outcome(0), outcome(1), outcome(0, status="failed")]
+    seen: list[int] = []
+
+    def each(conn: sqlite3.Connection, chunk: Any) -> list[bool | Exception]:
+        seen.append(len(chunk))
+        return _each_matched(conn, chunk)
+
+    assert ledger_batch.outcomes_matched(at_once, rows, each) == [True, True, False]
+    assert seen == [3]
+    assert _each_matched(by_row, rows) == [True, True, False]
+    assert rows_of(at_once) == rows_of(by_row)
+    monkeypatch.setattr(ledger_batch, "AT_ONCE", False)
+    assert ledger_batch.outcomes_matched(at_once, [outcome(2), outcome(1)], each) == [
+        True,
+        False,
+    ]
+    assert seen == [3, 2]
+
+
+def intents(n: int) -> list[CallIntent]:
+    return [CallIntent(**dict(zip(INTENT_COLUMNS, row(i), strict=True))) for i in range(n)]
+
+
+async def saver_run(path: str) -> tuple[list[Any], list[Any], list[tuple[Any, ...]]]:
+    """Two claims (the second finding three of its keys taken) and a batch of outcomes
+    (the last a key the batch settled before it) through the saver: the claims' answers,
+    the outcomes' answers (errors by type and text), every row."""
+    async with AsyncSqliteSaver.from_conn_string(path) as saver:
+        await saver.setup()
+        first = await saver.aclaim(intents(3), owner="me", lease_seconds=60)
+        claimed = await saver.aclaim(intents(70), owner="me", lease_seconds=60)
+        assert [o.entry for o in claimed[:3]] == [o.entry for o in first]
+        for got in claimed:
+            assert got.entry == await saver.aget_entry("s", got.entry.key)
+        errors = await saver.record_outcome_rows([outcome(i) for i in range(70)] + [outcome(1)])
+    answers = [(o.claimed, o.entry.key) for o in claimed]
+    said = [None if e is None else (type(e), str(e)) for e in errors]
+    conn = sqlite3.connect(path)
+    try:
+        stored = conn.execute(
+            "SELECT rowid, scope, key, status, result, error, finished_at, attempts "
+            "FROM idem_tool_calls ORDER BY rowid"
+        ).fetchall()
+    finally:
+        conn.close()
+    return answers, said, stored
+
+
+async def test_the_saver_claims_and_records_the_same_either_way(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the saver (``aclaim``, ``record_outcome_rows``) with the one-statement
+    path on and off: the same answers and the same rows."""
+    at_once = await saver_run(os.path.join(tmp_path, "at_once.db"))
+    monkeypatch.setattr(ledger_batch, "AT_ONCE", False)
+    by_row = await saver_run(os.path.join(tmp_path, "by_row.db"))
+    assert at_once == by_row
+    answers, said, stored = at_once
+    assert [claimed for claimed, _ in answers] == [False] * 3 + [True] * 67
+    assert said[:70] == [None] * 70 and said[70] is not None
+    assert {status for _, _, _, status, *_ in stored} == {"completed"}
