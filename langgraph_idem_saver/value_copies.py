@@ -39,15 +39,16 @@ Decisions (each pinned in ``tests/test_value_copies*.py``):
   bytes name no ``langchain_core.messages`` module is not considered at all: plain data
   decodes at C speed (ormsgpack), as fast as a pickle loads.
 * **Nothing pickled on read-once patterns: a copy is made on second sight.** The first
-  decode of some bytes only remembers them: the bytes object read (a reference, not a copy; values
-  up to ``SEEN_MAX_BYTES``) in a bucket of its length and seven of its bytes, without the
-  lock (a dict's item assignment is atomic). A second sight is those very bytes again,
-  compared in full (other bytes in the bucket are a first sight of those): it decodes,
-  pickles (+~60 µs) and checks the types its bytes build (+~37 µs), once; the third
-  sight on is a copy. A read that sees every value
-  once (a cold read, an export) pickles nothing, but pays the first sight: +16 µs a
-  cold read of a 20-message list (2%, benchmarks/README.md). Tried: hashing the bytes in
-  full (no cheaper), a bucket without the bytes (other bytes in it: a wasted pickle).
+  decode of some bytes only remembers them: the bytes object read (a reference, not a
+  copy; values up to ``SEEN_MAX_BYTES``) in a bucket of its length and seven of its
+  bytes, under the lock (+0.4 µs a first sight, 2026-11-28 against 32d9f9e: the bound
+  below holds whatever the threads). A second sight is those very bytes again, compared
+  in full (other bytes in the bucket are a first sight of those): it decodes, pickles
+  (+~60 µs) and checks the types its bytes build (+~37 µs), once; the third sight on is
+  a copy. A read that sees every value once (a cold read, an export) pickles nothing,
+  but pays the first sight: +16 µs a cold read of a 20-message list (2%,
+  benchmarks/README.md). Tried: hashing the bytes in full (no cheaper), a bucket without
+  the bytes (other bytes in it: a wasted pickle).
   Values under ``MIN_BYTES`` are not considered (decoded in a few µs).
 * **Keyed by the bytes the serializer reads, with the serializer object.** Equal bytes
   decode to equal values under one serializer, so a copy cannot answer wrong, an
@@ -59,14 +60,20 @@ Decisions (each pinned in ``tests/test_value_copies*.py``):
 * **Bounded and thread-safe.** At most ``MAX_ENTRIES`` copies, none above
   ``MAX_ENTRY_BYTES`` (stored bytes plus pickle), ``MAX_TOTAL_BYTES`` in all (least
   recently used dropped first), and ``SEEN_ENTRIES`` values seen once of at most
-  ``SEEN_MAX_BYTES`` each: 5 MB a saver (for a moment one first sight more for each
-  thread reading at that instant, until its trim), a few hundred KB for the
-  benchmark's lists. One lock for the copies, pickling and unpickling outside it (sync
+  ``SEEN_MAX_BYTES`` each: at most 5 MB a saver (3 MB of copies, 2 MB of first sights),
+  however many threads read, a few hundred KB for the benchmark's lists. One lock for the
+  copies, pickling and unpickling outside it (sync
   savers are used from many threads). One :class:`ValueCopies` a saver (its
   ``ListDeltaEncoder.copies``, shared by its shallow copies, cleared with it after a
-  deletion through this saver: what was deleted is not kept here, but for a copy a read
-  in flight at that moment makes of what it read, until evicted. Keyed by bytes, a copy
-  never answers a row that is no longer stored - another process's deletion included).
+  deletion through this saver, as are the process-wide caches registered with
+  :func:`dropped_with_copies` - PostgreSQL's decompressed values: what was deleted is not
+  kept here. Not cleared: what a read in flight at that moment (its rows fetched before
+  the deletion committed, decoded after the clear) keeps of what it read - a first sight
+  of each value, a copy of bytes it met twice, a decompressed value - until evicted by
+  later reads of other values (``SEEN_ENTRIES``, ``MAX_ENTRIES``, 16 decompressed). Telling
+  such a read apart would take a deletion count read before its SQL, in each backend's
+  read paths; keyed by bytes, a copy never answers a row that is no longer stored -
+  another process's deletion included).
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ import io
 import pickle
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import ormsgpack
@@ -106,6 +114,7 @@ __all__ = [
     "Loads",
     "ValueCopies",
     "copyable",
+    "dropped_with_copies",
 ]
 
 MIN_BYTES = 512
@@ -309,6 +318,17 @@ def _builds_only_safe_types(serde: Any, type_: str, data: bytes) -> bool:
 
 # --- the copies --------------------------------------------------------------------------
 
+# process-wide caches of stored bytes (postgres/codec's decompressed values) dropped
+# whenever a saver's copies are, after a deletion: a deleted value is kept nowhere
+_DROPPED_WITH_COPIES: list[Callable[[], None]] = []
+
+
+def dropped_with_copies(drop: Callable[[], None]) -> None:
+    """Run ``drop`` whenever :meth:`ValueCopies.clear` runs (after every deletion through
+    a saver: ``ListDeltaEncoder.forget``)."""
+    if drop not in _DROPPED_WITH_COPIES:
+        _DROPPED_WITH_COPIES.append(drop)
+
 
 class _Copy:
     __slots__ = ("cipher", "data", "pickled", "serde", "size", "type")
@@ -364,12 +384,13 @@ class _Reader:
         )
         if key in copies._copies or key in copies._seen:
             return copies.load(self.serde, self.loads, data, key)
-        if n <= copies._max_seen_bytes:
-            seen = copies._seen
-            seen[key] = payload  # the object read, kept: a second sight is exact
+        if n <= copies._max_seen_bytes:  # ``_first_sight``, inline (every cold read)
+            with copies._lock:
+                seen = copies._seen
+                if len(seen) >= copies._max_seen:
+                    copies._trim_seen()
+                seen[key] = payload  # the object read, kept: a second sight is exact
             copies.counts["first"] += 1
-            if len(seen) > copies._max_seen:
-                copies._trim_seen()
         return self.loads(data)
 
 
@@ -428,9 +449,12 @@ class ValueCopies:
             return len(self._seen)
 
     def clear(self) -> None:
-        """Drop every copy and fingerprint (after a deletion)."""
+        """Drop every copy and fingerprint (after a deletion), and the process-wide
+        caches of stored bytes registered with :func:`dropped_with_copies`."""
         with self._lock:
             self._clear()
+        for drop in _DROPPED_WITH_COPIES:
+            drop()
 
     def _clear(self) -> None:
         self._copies.clear()
@@ -462,22 +486,27 @@ class ValueCopies:
         if before is _REFUSED:
             self.counts["again"] += 1
         elif len(data) <= self._max_seen_bytes:  # other bytes in the bucket: theirs now
-            seen[key] = data
-            self.counts["first"] += 1
-            if len(seen) > self._max_seen:
-                self._trim_seen()
+            self._first_sight(key, data)
         return loads(stored)
 
-    def _trim_seen(self) -> None:
-        """Drop the oldest first sights down to half ``SEEN_ENTRIES`` (under the lock:
-        threads trimming at once; by halves, so a cold read takes the lock rarely)."""
+    def _first_sight(self, key: int, data: bytes) -> None:
+        """Remember ``data`` (the bytes object read) in its bucket, under the lock so the
+        bound holds whatever the threads: at ``SEEN_ENTRIES`` the oldest are dropped
+        first (``_trim_seen``). The lock costs ~0.4 µs, against the decode of a value of
+        ``MIN_BYTES`` or more that follows it (tens of µs at least)."""
         with self._lock:
             seen = self._seen
-            while len(seen) > self._max_seen // 2:
-                try:
-                    del seen[next(iter(seen))]
-                except (KeyError, RuntimeError):  # changed meanwhile: look again
-                    continue
+            if len(seen) >= self._max_seen:
+                self._trim_seen()
+            seen[key] = data
+        self.counts["first"] += 1
+
+    def _trim_seen(self) -> None:
+        """Drop the oldest first sights down to half ``SEEN_ENTRIES`` (the lock held; by
+        halves, so it runs once every ``SEEN_ENTRIES / 2`` first sights)."""
+        seen = self._seen
+        while len(seen) > self._max_seen // 2:
+            del seen[next(iter(seen))]
 
     def _second_sight(self, key: int, serde: Any, loads: Any, stored: tuple[str, bytes]) -> Any:
         """Decode, and keep a copy unless refused."""
@@ -496,6 +525,8 @@ class ValueCopies:
                 self._safe = safe
             if pickled is None or len(data) + len(pickled) > self._max_entry_bytes:
                 self.counts["refused"] += 1
+                if key not in self._seen and len(self._seen) >= self._max_seen:
+                    self._trim_seen()  # cleared meanwhile, and full again: the bound holds
                 self._seen[key] = _REFUSED  # never tried again
                 return value
             entry = _Copy(type_, data, serde, pickled)

@@ -24,6 +24,7 @@ from langgraph_idem_saver.saver_codec import (
     decode_typed,
 )
 from langgraph_idem_saver.saver_config import stored_tuple
+from langgraph_idem_saver.value_copies import dropped_with_copies
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -45,11 +46,21 @@ ZLIB_PREFIX = "zlib:"
 # it), and so did decompress it once a row - a tenth of our ``alist(limit=10)``'s time on
 # the benchmark's thread (benchmarks/README.md). Equal compressed bytes are equal values,
 # so the cache cannot answer wrong; it keeps bytes only (never a decoded, mutable value),
-# at most ``_INFLATED_ENTRIES`` of them, each at most ``_INFLATED_MAX_BYTES``.
+# at most ``_INFLATED_ENTRIES`` of them, each at most ``_INFLATED_MAX_BYTES``; dropped
+# with every saver's value copies after a deletion (a deleted value is kept nowhere).
 _INFLATED: OrderedDict[bytes, bytes] = OrderedDict()
 _INFLATED_LOCK = threading.Lock()  # the sync savers decode on their callers' threads
 _INFLATED_ENTRIES = 16
 _INFLATED_MAX_BYTES = 256 * 1024
+
+
+def forget_inflated() -> None:
+    """Drop every value decompressed (after a deletion: ``ValueCopies.clear``)."""
+    with _INFLATED_LOCK:
+        _INFLATED.clear()
+
+
+dropped_with_copies(forget_inflated)
 
 
 def inflate(data: bytes) -> bytes:
