@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from langgraph_idem_saver import AsyncSqliteSaver
-from langgraph_idem_saver.backend import INTENT_COLUMNS
-from langgraph_idem_saver.ledger import CallIntent
+from langgraph_idem_saver.backend import INTENT_COLUMNS, step_params
+from langgraph_idem_saver.ledger import CallIntent, StepLookup
 from langgraph_idem_saver.sqlite import ledger_batch, sql
 from langgraph_idem_saver.sqlite.ledger_store import _each_matched
 
@@ -187,3 +187,51 @@ async def test_the_saver_claims_and_records_the_same_either_way(
     assert [claimed for claimed, _ in answers] == [False] * 3 + [True] * 67
     assert said[:70] == [None] * 70 and said[70] is not None
     assert {status for _, _, _, status, *_ in stored} == {"completed"}
+
+
+def lookup_rows(conn: sqlite3.Connection) -> None:
+    """Rows the adoption read must tell apart: two scopes, two agent paths, rows with and
+    without a fork position, arguments repeated across positions."""
+    rows = []
+    for i in range(60):
+        scope = "s" if i % 5 else "other"
+        agent = "agent" if i % 7 else "elsewhere"
+        position = None if i % 4 == 0 else f"p{i % 3}"
+        occurrence = None if position is None else i
+        rows.append((scope, f"k{i}", scope, agent, f"tool{i % 2}", f"h{i % 9}",
+                     b"{}", f"c{i}", None, position, "b", occurrence))  # fmt: skip
+    inserted_by_row(conn, rows)
+
+
+@pytest.mark.parametrize(
+    ("signatures", "spots"),
+    [
+        (
+            [("tool0", "h0"), ("tool1", "h1"), ("tool0", "h4"), ("tool1", "nothing")],
+            [("p1", "tool0")],
+        ),
+        ([("tool1", "h3"), ("tool0", "h8")], []),
+        ([("tool0", f"h{i % 9}") for i in range(3)], [("p0", "tool1"), ("p2", "tool0")]),
+        ([("tool0", f"x{i}") for i in range(300)] + [("tool1", "h5")], [("p2", "tool1")] * 150),
+    ],
+    ids=["signatures and a spot", "no spot", "spots", "over PAIRS_PER_READ"],
+)
+async def test_the_adoption_read_with_bound_pairs_finds_what_the_json_read_finds(
+    signatures: list[tuple[str, str]], spots: list[tuple[str, str]], tmp_path: Any
+) -> None:
+    """``step_candidates`` finds the rows ``SELECT_STEP_CANDIDATES`` finds, in the same
+    order (rowid), each pair a probe of its index (no scan of the ledger)."""
+    conn = await ledger_file(os.path.join(tmp_path, "l.db"))
+    try:
+        lookup_rows(conn)
+        lookup = StepLookup("s", "agent", signatures, spots)
+        query, params = ledger_batch.step_candidates(lookup)
+        n_pairs = len(signatures) + len(spots)
+        assert (query == sql.SELECT_STEP_CANDIDATES) == (n_pairs > ledger_batch.PAIRS_PER_READ)
+        found = conn.execute(query, params).fetchall()
+        assert found == conn.execute(sql.SELECT_STEP_CANDIDATES, step_params(lookup)).fetchall()
+        assert found  # the read sees rows (the comparison is not of two empty answers)
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + query, params)]
+        assert not [p for p in plan if p.startswith("SCAN") and "idem_tool_calls" in p], plan
+    finally:
+        conn.close()

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from langgraph_idem_saver.backend import Claims, Guarded, step_params
+from langgraph_idem_saver.backend import Claims, Guarded
 from langgraph_idem_saver.ledger import ClaimOutcome, LedgerEntry, StepLookup, records_of
 from langgraph_idem_saver.sqlite import cut_short, ledger_batch, sql
 from langgraph_idem_saver.sqlite.connection import AS_SET, OUTCOME, SqliteConnection
@@ -120,7 +120,7 @@ class SqliteLedgerStore(_Connected):
         the worker): nothing is written, and nothing synced, when the read finds entries."""
 
         def claim(conn: sqlite3.Connection) -> tuple[list[LedgerEntry], list[ClaimOutcome] | None]:
-            rows = conn.execute(sql.SELECT_STEP_CANDIDATES, step_params(lookup)).fetchall()
+            rows = conn.execute(*ledger_batch.step_candidates(lookup)).fetchall()
             if rows:
                 return [self.entry_of(r) for r in rows], None
             return [], self._claim_rows(conn, claims)
