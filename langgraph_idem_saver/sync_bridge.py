@@ -132,6 +132,8 @@ class _Runtime:
                 if not self.thread.is_alive():  # stopped with our coroutine still queued
                     future.cancel()
                     raise _closed_error() from None
+            except concurrent.futures.CancelledError:  # only the loop's shutdown cancels
+                raise _closed_error() from None  # a call left running as the close ended
 
     async def hop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on the loop, from this loop or any other."""

@@ -215,3 +215,49 @@ def test_a_close_with_nothing_held_is_quick_and_idempotent(
         saver.close()
         assert time.monotonic() - started < 2.0
         assert not saver._runtime.thread.is_alive()
+
+
+def test_a_call_still_running_on_the_loop_when_the_close_ends_gets_a_typed_error(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop-path call (``delete_thread``) waits for a pooled connection (the pool
+    exhausted) when the saver closes; the close ends and stops the loop with the call's
+    task not finished (the rounds that let answered calls finish made none here), so
+    the loop's shutdown cancels it: the caller gets ``ConnectionClosedError``, not a raw
+    ``CancelledError``."""
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    from langgraph_idem_saver import sync_closing
+    from langgraph_idem_saver.postgres import PostgresSaver
+
+    monkeypatch.setattr(sync_closing, "_SETTLE_ROUNDS", 0)
+    kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    with ConnectionPool(pg_dsn, kwargs=kwargs, min_size=1, max_size=1, timeout=30) as pool:
+        saver = PostgresSaver(pool)
+        try:
+            saver.setup()
+            held = pool.getconn()  # the pool is now exhausted
+            raised: list[BaseException] = []
+
+            def delete() -> None:
+                try:
+                    saver.delete_thread("anyone")
+                except BaseException as exc:
+                    raised.append(exc)
+
+            caller = threading.Thread(target=delete, daemon=True)
+            try:
+                caller.start()
+                deadline = time.monotonic() + 10
+                while pool.get_stats().get("requests_waiting", 0) == 0:
+                    assert time.monotonic() < deadline, "the call never waited"
+                    time.sleep(0.002)
+                saver.close()
+                caller.join(30)
+            finally:
+                pool.putconn(held)
+        finally:
+            saver.close()
+    assert not caller.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], ConnectionClosedError), raised
