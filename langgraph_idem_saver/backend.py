@@ -29,6 +29,7 @@ from langgraph_idem_saver.ledger import (
     LedgerEntry,
     StepLookup,
     records_of,
+    records_over,
 )
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
 
 # the ledger's columns as every backend selects them: LedgerEntry's fields, in order
 LEDGER_COLUMNS = ", ".join(f.name for f in dataclasses.fields(LedgerEntry))
+_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(LedgerEntry))
 # what a claim inserts per call: CallIntent's fields, in order (then owner and lease)
 INTENT_COLUMNS = tuple(f.name for f in dataclasses.fields(CallIntent))
 # what a claim's INSERT writes beside the intent's columns, owner and lease
@@ -133,12 +135,15 @@ class Claims:
         claim that inserted all its rows: a wide step's, 50 entries)."""
         if not self.rows:
             return []
+        if self.clear_args is None:  # one dict copied an entry (``records_over``)
+            template = dict.fromkeys(_ENTRY_FIELDS)  # every field, in order
+            template.update(self._issued_columns)
+            return records_over(LedgerEntry, template, INTENT_COLUMNS, self.rows)
         columns: dict[str, Iterable[Any]] = {
             name: repeat(value) for name, value in self._issued_columns.items()
         }
         columns.update(zip(INTENT_COLUMNS, zip(*self.rows, strict=True), strict=True))
-        if self.clear_args is not None:
-            columns["args"] = self.clear_args
+        columns["args"] = self.clear_args
         return records_of(LedgerEntry, columns, len(self.rows))
 
     @functools.cached_property

@@ -53,6 +53,23 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's fields, in order
 _T = TypeVar("_T")
 
 
+def records_over(
+    cls: type[_T], template: dict[str, Any], names: tuple[str, ...], rows: Iterable[Any]
+) -> list[_T]:
+    """Instances of the dataclass ``cls``, one a row: each ``__dict__`` a copy of
+    ``template`` (every field, in field order) with ``names`` set from the row, as
+    :func:`records_of` builds them but copying one dict a record instead of zipping
+    every field's column (~1.6 against ~3 µs a record of ``LedgerEntry``). Only for
+    complete, already typed values."""
+    rows = list(rows)
+    n = len(rows)
+    dicts = list(map(dict.copy, repeat(template, n)))
+    deque(map(dict.update, dicts, map(zip, repeat(names), rows)), maxlen=0)
+    records = list(map(object.__new__, repeat(cls, n)))
+    deque(map(_SET, records, repeat("__dict__"), dicts), maxlen=0)
+    return records
+
+
 def records_of(cls: type[_T], columns: dict[str, Iterable[Any]], n: int) -> list[_T]:
     """``n`` instances of the dataclass ``cls`` from each field's column of values (every
     field named), each given its fields' values as its ``__dict__`` - not through

@@ -12,6 +12,7 @@ the database refuses, and more rows than one statement holds.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from collections.abc import AsyncIterator
@@ -20,8 +21,8 @@ from typing import Any
 import pytest
 
 from langgraph_idem_saver import AsyncSqliteSaver
-from langgraph_idem_saver.backend import INTENT_COLUMNS, step_params
-from langgraph_idem_saver.ledger import CallIntent, StepLookup
+from langgraph_idem_saver.backend import INTENT_COLUMNS, Claims, step_params
+from langgraph_idem_saver.ledger import CallIntent, LedgerEntry, StepLookup
 from langgraph_idem_saver.sqlite import ledger_batch, sql
 from langgraph_idem_saver.sqlite.ledger_store import _each_matched
 
@@ -235,3 +236,20 @@ async def test_the_adoption_read_with_bound_pairs_finds_what_the_json_read_finds
         assert not [p for p in plan if p.startswith("SCAN") and "idem_tool_calls" in p], plan
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_a_claims_entries_built_at_once_equal_those_built_one_by_one(sealed: bool) -> None:
+    """``Claims.issued_entries`` (one dict copied an entry, ``records_over``; with sealed
+    args, from columns) equals ``issued_entry`` row by row: every field, in field order."""
+    rows = [row(i) for i in range(5)]
+    clear = [b"clear %d" % i for i in range(5)] if sealed else None
+    claims = Claims(rows, "me", 100.0, 400.0, clear_args=clear)
+    at_once = claims.issued_entries()
+    one_by_one = [claims.issued_entry(i) for i in range(5)]
+    assert at_once == one_by_one
+    assert [vars(e) for e in at_once] == [vars(e) for e in one_by_one]
+    fields = [f.name for f in dataclasses.fields(LedgerEntry)]
+    assert all(list(vars(e)) == fields for e in at_once)
+    assert [e.args for e in at_once] == (clear or [r[6] for r in rows])
+    assert {e.status.value for e in at_once} == {"issued"}
