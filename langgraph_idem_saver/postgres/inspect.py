@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor, Connection
 from psycopg.rows import TupleRow, tuple_row
 
 from langgraph_idem_saver import inspect_types
 from langgraph_idem_saver.errors import CorruptRecordError
+from langgraph_idem_saver.forwarding import blocking, hopping
 from langgraph_idem_saver.postgres import sql
 from langgraph_idem_saver.postgres.blob_gc import acollect_blobs
 from langgraph_idem_saver.postgres.host import PostgresHost
@@ -236,4 +237,36 @@ class PostgresInspection:
         )
 
 
-__all__ = ["PostgresInspection"]
+class PostgresSyncInspection:
+    """The sync saver's read-side helpers: ``PostgresInspection``'s methods, each sync
+    (``thread_summaries``) and async (``athread_summaries``), run by the async saver on its
+    private loop (:mod:`~langgraph_idem_saver.forwarding`), so the answers are its own."""
+
+    thread_summaries = blocking(PostgresInspection.athread_summaries)
+    athread_summaries = hopping(PostgresInspection.athread_summaries)
+    thread_exists = blocking(PostgresInspection.athread_exists)
+    athread_exists = hopping(PostgresInspection.athread_exists)
+    checkpoint_history = blocking(PostgresInspection.acheckpoint_history)
+    acheckpoint_history = hopping(PostgresInspection.acheckpoint_history)
+    checkpoint_ids_with_prefix = blocking(PostgresInspection.acheckpoint_ids_with_prefix)
+    acheckpoint_ids_with_prefix = hopping(PostgresInspection.acheckpoint_ids_with_prefix)
+    entry_keys_with_prefix = blocking(PostgresInspection.aentry_keys_with_prefix)
+    aentry_keys_with_prefix = hopping(PostgresInspection.aentry_keys_with_prefix)
+    checkpoint_nodes = blocking(PostgresInspection.acheckpoint_nodes)
+    acheckpoint_nodes = hopping(PostgresInspection.acheckpoint_nodes)
+    delete_checkpoints = blocking(PostgresInspection.adelete_checkpoints)
+    adelete_checkpoints = hopping(PostgresInspection.adelete_checkpoints)
+    storage_counts = blocking(PostgresInspection.astorage_counts)
+    astorage_counts = hopping(PostgresInspection.astorage_counts)
+
+    @staticmethod
+    def is_idem_database(conn: Connection[Any]) -> bool:
+        """Whether our tables are on ``conn``'s search path, read before ``setup()``
+        (which would create them); in a read-only session too."""
+        with conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(IS_IDEM_DATABASE)
+            row = cur.fetchone()
+        return bool(row and row[0])
+
+
+__all__ = ["PostgresInspection", "PostgresSyncInspection"]

@@ -92,6 +92,7 @@ from langgraph_idem_saver.list_deltas import EncodedBlob
 from langgraph_idem_saver.postgres.borrowed import BorrowedPostgresSaver
 from langgraph_idem_saver.postgres.connection import Steps, connect_error, single
 from langgraph_idem_saver.postgres.direct import DirectPath
+from langgraph_idem_saver.postgres.inspect import PostgresSyncInspection
 from langgraph_idem_saver.postgres.saver import AsyncPostgresSaver
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
 from langgraph_idem_saver.saver_checkpoints import ListQuery, SyncCheckpointCalls, SyncPageReader
@@ -102,7 +103,12 @@ __all__ = ["PostgresSaver"]
 T = TypeVar("T")
 
 
-class PostgresSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncPostgresSaver]):
+class PostgresSaver(
+    SyncCheckpointCalls,
+    SyncRetention,
+    PostgresSyncInspection,
+    SyncSaverBase[AsyncPostgresSaver],
+):
     """Sync PostgreSQL checkpointer and tool-call ledger (see the module docstring).
 
     Args:

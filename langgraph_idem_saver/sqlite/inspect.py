@@ -17,6 +17,7 @@ from typing import Any
 
 import aiosqlite
 
+from langgraph_idem_saver.forwarding import blocking, hopping
 from langgraph_idem_saver.inspect_types import (
     TABLE_COUNTS_COLUMNS,
     THREAD_HEADS_SQL,
@@ -210,4 +211,33 @@ class SqliteInspection:
         return StorageCounts(threads, checkpoints, blobs, writes, entries, version, size)
 
 
-__all__ = ["SqliteInspection"]
+class SqliteSyncInspection:
+    """The sync saver's read-side helpers: ``SqliteInspection``'s methods, each sync
+    (``thread_summaries``) and async (``athread_summaries``), run by the async saver on its
+    private loop (:mod:`~langgraph_idem_saver.forwarding`), so the answers are its own."""
+
+    thread_summaries = blocking(SqliteInspection.athread_summaries)
+    athread_summaries = hopping(SqliteInspection.athread_summaries)
+    thread_exists = blocking(SqliteInspection.athread_exists)
+    athread_exists = hopping(SqliteInspection.athread_exists)
+    checkpoint_history = blocking(SqliteInspection.acheckpoint_history)
+    acheckpoint_history = hopping(SqliteInspection.acheckpoint_history)
+    checkpoint_ids_with_prefix = blocking(SqliteInspection.acheckpoint_ids_with_prefix)
+    acheckpoint_ids_with_prefix = hopping(SqliteInspection.acheckpoint_ids_with_prefix)
+    entry_keys_with_prefix = blocking(SqliteInspection.aentry_keys_with_prefix)
+    aentry_keys_with_prefix = hopping(SqliteInspection.aentry_keys_with_prefix)
+    checkpoint_nodes = blocking(SqliteInspection.acheckpoint_nodes)
+    acheckpoint_nodes = hopping(SqliteInspection.acheckpoint_nodes)
+    delete_checkpoints = blocking(SqliteInspection.adelete_checkpoints)
+    adelete_checkpoints = hopping(SqliteInspection.adelete_checkpoints)
+    storage_counts = blocking(SqliteInspection.astorage_counts)
+    astorage_counts = hopping(SqliteInspection.astorage_counts)
+
+    @staticmethod
+    def is_idem_database(conn: sqlite3.Connection) -> bool:
+        """Whether ``conn``'s database holds our tables, read before ``setup()`` (which
+        would create them); ``sqlite3`` errors propagate, as ``ais_idem_database``'s."""
+        return conn.execute(IS_IDEM_DATABASE).fetchone() is not None
+
+
+__all__ = ["SqliteInspection", "SqliteSyncInspection"]

@@ -71,6 +71,7 @@ from langgraph_idem_saver.errors import ConfigError, ConnectionClosedError
 from langgraph_idem_saver.list_deltas import EncodedBlob
 from langgraph_idem_saver.retention import SyncRetention, TTLConfig
 from langgraph_idem_saver.saver_checkpoints import ListQuery, SyncCheckpointCalls, SyncPageReader
+from langgraph_idem_saver.sqlite.inspect import SqliteSyncInspection
 from langgraph_idem_saver.sqlite.runner import BorrowedConnection, raw_connection
 from langgraph_idem_saver.sqlite.saver import AsyncSqliteSaver, SqliteOptions
 from langgraph_idem_saver.sync_bridge import SyncSaverBase
@@ -80,7 +81,9 @@ __all__ = ["SqliteSaver"]
 T = TypeVar("T")
 
 
-class SqliteSaver(SyncCheckpointCalls, SyncRetention, SyncSaverBase[AsyncSqliteSaver]):
+class SqliteSaver(
+    SyncCheckpointCalls, SyncRetention, SqliteSyncInspection, SyncSaverBase[AsyncSqliteSaver]
+):
     """Sync SQLite checkpointer and tool-call ledger (see the module docstring).
 
     Args:
