@@ -96,8 +96,11 @@ class LedgerSql:
             f"{_SELECT} WHERE thread_id = ? AND agent_path = ? ORDER BY {{order}}"
         )
         # every issued row (few: the partial index holds only them); the caller keeps those
-        # whose lease expired or whose owner process is gone (LedgerEntry.is_unknown)
-        self.SELECT_ISSUED = shared(f"{_SELECT} WHERE status = 'issued' ORDER BY {{order}}")
+        # whose lease expired or whose owner process is gone (LedgerEntry.is_unknown).
+        # ``+``: ordered by the bare rowid, SQLite without statistics scans the whole
+        # table in rowid order rather than sort the few rows its partial index finds
+        # (18 against 0.2 ms at 200,000 entries); PostgreSQL has no such index.
+        self.SELECT_ISSUED = shared(f"{_SELECT} WHERE status = 'issued' ORDER BY +{{order}}")
         self.RECLAIM_ENTRY = shared(_RECLAIM_ENTRY)
         self.ABANDON_ENTRY = shared(_ABANDON_ENTRY)
         self.RESOLVE_ENTRY = shared(_RESOLVE_ENTRY)
