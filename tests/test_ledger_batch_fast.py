@@ -18,6 +18,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiosqlite
 import pytest
 
 from langgraph_idem_saver import AsyncSqliteSaver
@@ -253,3 +254,42 @@ def test_a_claims_entries_built_at_once_equal_those_built_one_by_one(sealed: boo
     assert all(list(vars(e)) == fields for e in at_once)
     assert [e.args for e in at_once] == (clear or [r[6] for r in rows])
     assert {e.status.value for e in at_once} == {"issued"}
+
+
+def listed(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> list[Any]:
+    """A user's row factory whose rows are lists (unhashable, never equal to a tuple)."""
+    return list(values)
+
+
+async def claims_over_factory(path: str, factory: Any) -> tuple[list[Any], list[Any]]:
+    """A fresh step's claim, a second claim finding its keys taken, a step claim and the
+    outcomes, through a saver over the user's aiosqlite connection whose ``row_factory``
+    is ``factory``: the claims' answers and the outcomes' errors."""
+    async with aiosqlite.connect(path) as conn:
+        conn.row_factory = factory
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        fresh = await saver.aclaim(intents(5), owner="me", lease_seconds=60)
+        again = await saver.aclaim(intents(6), owner="me", lease_seconds=60)
+        step = [
+            CallIntent(**dict(zip(INTENT_COLUMNS, row(i, scope="t"), strict=True)))
+            for i in range(4)
+        ]
+        lookup = StepLookup("t", "agent", [("charge", "h")], [])
+        stepped = await saver.aclaim_step(step, lookup, owner="me", lease_seconds=60)
+        assert stepped.claimed is not None
+        errors = await saver.record_outcome_rows([outcome(i) for i in range(6)])
+        claimed = [o.claimed for o in (*fresh, *again, *stepped.claimed)]
+        keys = [o.entry.key for o in (*fresh, *again, *stepped.claimed)]
+        return list(zip(claimed, keys, strict=True)), errors
+
+
+@pytest.mark.parametrize("factory", [sqlite3.Row, listed], ids=["sqlite3.Row", "lists"])
+async def test_a_users_row_factory_changes_no_answer(factory: Any, tmp_path: Any) -> None:
+    """The pairs a statement's ``RETURNING`` answers are compared as tuples whatever rows
+    the user's connection makes (``sqlite3.Row`` rows equal no tuple: every fresh claim
+    was answered "taken", every outcome "not matched"), as with the default rows."""
+    plain = await claims_over_factory(os.path.join(tmp_path, "plain.db"), None)
+    assert [claimed for claimed, _ in plain[0]] == [True] * 5 + [False] * 5 + [True] * 5
+    assert plain[1] == [None] * 6
+    assert await claims_over_factory(os.path.join(tmp_path, "factory.db"), factory) == plain

@@ -77,6 +77,15 @@ def update_sql(n: int) -> str:
     return query
 
 
+def returned(conn: sqlite3.Connection, query: str, params: Sequence[Any]) -> set[Any]:
+    """The ``(scope, key)`` pairs ``query``'s ``RETURNING`` answered, as tuples whatever
+    the connection's ``row_factory`` (a user's connection may make ``sqlite3.Row``s, which
+    equal no tuple, or lists, which do not hash): a cursor of plain rows."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    return set(cursor.execute(query, params).fetchall())
+
+
 def distinct(pairs: list[tuple[Any, Any]]) -> bool:
     """Several rows, no (scope, key) twice: what the one-statement path needs."""
     return AT_ONCE and len(pairs) > 1 and len(set(pairs)) == len(pairs)
@@ -97,7 +106,7 @@ def claim_inserted(
         params = list(shared)
         for row in chunk:
             params.extend(row)
-        got.update(conn.execute(insert_sql(len(chunk)), params).fetchall())
+        got.update(returned(conn, insert_sql(len(chunk)), params))
     return [1 if pair in got else 0 for pair in pairs]
 
 
@@ -118,7 +127,7 @@ def outcomes_matched(
         chunk = rows[at : at + ROWS_PER_STATEMENT]
         params = [part for row in chunk for part in row]
         try:
-            got = set(conn.execute(update_sql(len(chunk)), params).fetchall())
+            got = returned(conn, update_sql(len(chunk)), params)
         except Exception:
             if not conn.in_transaction:
                 raise
