@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -293,3 +294,40 @@ async def test_a_users_row_factory_changes_no_answer(factory: Any, tmp_path: Any
     assert [claimed for claimed, _ in plain[0]] == [True] * 5 + [False] * 5 + [True] * 5
     assert plain[1] == [None] * 6
     assert await claims_over_factory(os.path.join(tmp_path, "factory.db"), factory) == plain
+
+
+def bind_at_most(conn: sqlite3.Connection, n: int) -> None:
+    """Lower ``conn``'s limit of parameters a statement (Python 3.11+: ``setlimit``)."""
+    if sys.version_info >= (3, 11):
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, n)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="setlimit/getlimit: Python 3.11+")
+def test_a_connection_of_few_parameters_gets_statements_that_fit(
+    files: tuple[sqlite3.Connection, sqlite3.Connection],
+) -> None:
+    """A connection whose SQLite binds fewer parameters than a statement of 64 rows needs
+    (a build's ``SQLITE_MAX_VARIABLE_NUMBER``, or ``setlimit``): the claim, the outcomes
+    and the adoption read are cut to statements that fit (they failed "too many SQL
+    variables"), and answer and write what a statement a row does."""
+    at_once, by_row = files
+    bind_at_most(at_once, 100)  # 8 claim rows a statement
+    claim = [row(i) for i in range(30)]
+    assert ledger_batch.claim_inserted(at_once, claim, SHARED) == inserted_by_row(by_row, claim)
+    rows = [outcome(i) for i in range(30)]
+    seen: list[int] = []
+
+    def each(conn: sqlite3.Connection, chunk: Any) -> list[bool | Exception]:
+        seen.append(len(chunk))
+        return _each_matched(conn, chunk)
+
+    assert ledger_batch.outcomes_matched(at_once, rows, each) == [True] * 30
+    assert seen == []  # no statement refused: none went row by row
+    assert _each_matched(by_row, rows) == [True] * 30
+    assert rows_of(at_once) == rows_of(by_row)
+    lookup = StepLookup("s", "agent", [("charge", "h")] * 40, [("p", "charge")] * 20)
+    found = at_once.execute(*ledger_batch.step_candidates(lookup, at_once)).fetchall()
+    assert len(found) == 30
+    assert found == at_once.execute(sql.SELECT_STEP_CANDIDATES, step_params(lookup)).fetchall()
+    bind_at_most(at_once, 20)  # not two claim rows
+    assert ledger_batch.claim_inserted(at_once, [row(40), row(41)], SHARED) is None

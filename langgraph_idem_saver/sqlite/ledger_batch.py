@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import operator
 import sqlite3
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,10 +33,12 @@ from langgraph_idem_saver.sqlite import sql
 # RETURNING (3.35) and UPDATE ... FROM (3.33)
 AT_ONCE = sqlite3.sqlite_version_info >= (3, 35, 0)
 # rows a statement: 12 * 64 + 3 = 771 parameters, under the 999 of SQLite before 3.32
+# (32766 since); fewer on a connection that binds fewer (``variables``)
 ROWS_PER_STATEMENT = 64
 
 _PAIR = operator.itemgetter(0, 1)  # (scope, key) of a claim row
 _OUTCOME_PAIR = operator.itemgetter(5, 6)  # (scope, key) of an outcome row (FINISH_ENTRY)
+_OUTCOME_WIDTH = 8  # FINISH_ENTRY's parameters
 _SHARED = 3  # ?1 owner, ?2 issued_at, ?3 lease_expires_at: bound once a statement
 
 _inserts: dict[int, str] = {}
@@ -86,6 +89,26 @@ def returned(conn: sqlite3.Connection, query: str, params: Sequence[Any]) -> set
     return set(cursor.execute(query, params).fetchall())
 
 
+if sys.version_info >= (3, 11):
+
+    def variables(conn: sqlite3.Connection) -> int:
+        """The most parameters a statement on ``conn`` may bind: its limit (a build's
+        ``SQLITE_MAX_VARIABLE_NUMBER``, or ``setlimit``)."""
+        return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+
+else:
+
+    def variables(conn: sqlite3.Connection) -> int:
+        """999: the least default of any SQLite (Python 3.10 cannot read the limit)."""
+        return 999
+
+
+def rows_per_statement(conn: sqlite3.Connection, width: int, shared: int = 0) -> int:
+    """Rows of ``width`` parameters (and ``shared`` once) a statement: at most
+    ``ROWS_PER_STATEMENT``, fewer where the connection binds fewer parameters."""
+    return min(ROWS_PER_STATEMENT, (variables(conn) - shared) // width)
+
+
 def distinct(pairs: list[tuple[Any, Any]]) -> bool:
     """Several rows, no (scope, key) twice: what the one-statement path needs."""
     return AT_ONCE and len(pairs) > 1 and len(set(pairs)) == len(pairs)
@@ -100,9 +123,12 @@ def claim_inserted(
     pairs = list(map(_PAIR, rows))
     if not distinct(pairs):
         return None
+    per = rows_per_statement(conn, len(INTENT_COLUMNS), _SHARED)
+    if per < 2:
+        return None
     got: set[tuple[Any, Any]] = set()
-    for at in range(0, len(rows), ROWS_PER_STATEMENT):
-        chunk = rows[at : at + ROWS_PER_STATEMENT]
+    for at in range(0, len(rows), per):
+        chunk = rows[at : at + per]
         params = list(shared)
         for row in chunk:
             params.extend(row)
@@ -120,11 +146,12 @@ def outcomes_matched(
     ``distinct``, and the rows of a statement SQLite refused (it undid that statement
     whole). A failure that ended the transaction is raised."""
     pairs = list(map(_OUTCOME_PAIR, rows))
-    if not distinct(pairs):
+    per = rows_per_statement(conn, _OUTCOME_WIDTH)
+    if not distinct(pairs) or per < 2:
         return each(conn, rows)
     matched: list[bool | Exception] = []
-    for at in range(0, len(rows), ROWS_PER_STATEMENT):
-        chunk = rows[at : at + ROWS_PER_STATEMENT]
+    for at in range(0, len(rows), per):
+        chunk = rows[at : at + per]
         params = [part for row in chunk for part in row]
         try:
             got = returned(conn, update_sql(len(chunk)), params)
@@ -159,14 +186,17 @@ def _pairs(first: int, n: int) -> str:
     return ", ".join(f"(?{first + 2 * i}, ?{first + 2 * i + 1})" for i in range(n))
 
 
-def step_candidates(lookup: StepLookup) -> tuple[str, list[Any] | tuple[Any, ...]]:
+def step_candidates(
+    lookup: StepLookup, conn: sqlite3.Connection | None = None
+) -> tuple[str, list[Any] | tuple[Any, ...]]:
     """``sql.SELECT_STEP_CANDIDATES`` and its parameters, or the same read with the
     signatures and spots bound as parameters (each a row of ``VALUES``, each one probe
     of its index, as the JSON pairs are: no ``json_each``/``json_extract`` a pair,
     ~3.4 against ~1.3 µs a call of a 50-call step), for a step of up to
-    ``PAIRS_PER_READ`` pairs."""
+    ``PAIRS_PER_READ`` pairs (fewer where ``conn`` binds fewer parameters)."""
     n, m = len(lookup.signatures), len(lookup.spots)
-    if not n or n + m > PAIRS_PER_READ:
+    most = PAIRS_PER_READ if conn is None else min(PAIRS_PER_READ, (variables(conn) - 2) // 2)
+    if not n or n + m > most:
         return sql.SELECT_STEP_CANDIDATES, step_params(lookup)
     query = _candidates.get((n, m))
     if query is None:

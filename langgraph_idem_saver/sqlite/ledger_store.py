@@ -120,7 +120,7 @@ class SqliteLedgerStore(_Connected):
         the worker): nothing is written, and nothing synced, when the read finds entries."""
 
         def claim(conn: sqlite3.Connection) -> tuple[list[LedgerEntry], list[ClaimOutcome] | None]:
-            rows = conn.execute(*ledger_batch.step_candidates(lookup)).fetchall()
+            rows = conn.execute(*ledger_batch.step_candidates(lookup, conn)).fetchall()
             if rows:
                 return [self.entry_of(r) for r in rows], None
             return [], self._claim_rows(conn, claims)
