@@ -331,3 +331,14 @@ def test_a_connection_of_few_parameters_gets_statements_that_fit(
     assert found == at_once.execute(sql.SELECT_STEP_CANDIDATES, step_params(lookup)).fetchall()
     bind_at_most(at_once, 20)  # not two claim rows
     assert ledger_batch.claim_inserted(at_once, [row(40), row(41)], SHARED) is None
+
+
+def test_the_one_statement_path_waits_for_returning_fixed() -> None:
+    """SQLite 3.35.0-3.35.3 had ``RETURNING`` defects (fixed in 3.35.4): there, and before
+    3.35, a statement a row; this library's version decides ``AT_ONCE``."""
+    assert not ledger_batch.supported((3, 34, 1))
+    assert not ledger_batch.supported((3, 35, 0))
+    assert not ledger_batch.supported((3, 35, 3))
+    assert ledger_batch.supported((3, 35, 4))
+    assert ledger_batch.supported((3, 40, 1))
+    assert ledger_batch.supported(sqlite3.sqlite_version_info) == ledger_batch.AT_ONCE

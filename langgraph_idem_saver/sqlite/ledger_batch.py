@@ -9,8 +9,8 @@ and the outcomes' rows in one statement"). The answer per row is the same as the
 statement-a-row path's, because ``(scope, key)`` is the primary key: a row whose pair
 comes back was written by this statement, and only then - so the path is taken only
 when the rows' pairs are distinct (two rows of one pair: row by row, as before, the
-first wins). ``RETURNING`` needs SQLite 3.35 (``UPDATE ... FROM`` 3.33): older
-libraries keep the statement a row.
+first wins). ``RETURNING`` needs SQLite 3.35 (``UPDATE ... FROM`` 3.33), and is taken from
+3.35.4 (``supported``): older libraries keep the statement a row.
 
 An outcome statement that fails (a row SQLite refuses) is undone whole by SQLite, and
 its rows go row by row, so a refused row is still that row's error alone and the others
@@ -30,8 +30,16 @@ from langgraph_idem_saver.backend import INTENT_COLUMNS, LEDGER_COLUMNS, step_pa
 from langgraph_idem_saver.ledger import StepLookup
 from langgraph_idem_saver.sqlite import sql
 
-# RETURNING (3.35) and UPDATE ... FROM (3.33)
-AT_ONCE = sqlite3.sqlite_version_info >= (3, 35, 0)
+
+def supported(version: tuple[int, ...]) -> bool:
+    """Whether the SQLite library ``version`` takes the one-statement path: ``RETURNING``
+    (3.35; ``UPDATE ... FROM`` 3.33), from the fixes of 3.35.4 ("Fix a defect in the new
+    RETURNING syntax"; before them ``RETURNING`` was reported to answer no row for a row
+    it wrote, which would read every fresh claim as "taken")."""
+    return version >= (3, 35, 4)
+
+
+AT_ONCE = supported(sqlite3.sqlite_version_info)
 # rows a statement: 12 * 64 + 3 = 771 parameters, under the 999 of SQLite before 3.32
 # (32766 since); fewer on a connection that binds fewer (``variables``)
 ROWS_PER_STATEMENT = 64
