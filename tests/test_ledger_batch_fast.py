@@ -25,7 +25,7 @@ import pytest
 from langgraph_idem_saver import AsyncSqliteSaver
 from langgraph_idem_saver.backend import INTENT_COLUMNS, Claims, step_params
 from langgraph_idem_saver.ledger import CallIntent, LedgerEntry, StepLookup
-from langgraph_idem_saver.sqlite import ledger_batch, sql
+from langgraph_idem_saver.sqlite import ledger_batch, runner, sql
 from langgraph_idem_saver.sqlite.ledger_store import _each_matched
 
 SHARED = ("me", 100.0, 400.0)  # owner, issued_at, lease_expires_at
@@ -342,3 +342,42 @@ def test_the_one_statement_path_waits_for_returning_fixed() -> None:
     assert ledger_batch.supported((3, 35, 4))
     assert ledger_batch.supported((3, 40, 1))
     assert ledger_batch.supported(sqlite3.sqlite_version_info) == ledger_batch.AT_ONCE
+
+
+async def claims_under_limit(path: str, limit: int | None) -> list[Any]:
+    """Through a saver whose connection binds at most ``limit`` parameters a statement: a
+    fresh claim of 70 calls, the same claim again (70 keys taken, read back), a step
+    claim that finds them (60 pairs), and the outcomes; every answer."""
+    async with aiosqlite.connect(path, check_same_thread=False) as conn:
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        if limit is not None:
+            bind_at_most(runner.raw_connection(conn), limit)
+        fresh = await saver.aclaim(intents(70), owner="me", lease_seconds=60)
+        again = await saver.aclaim(intents(70), owner="me", lease_seconds=60)
+        lookup = StepLookup("s", "agent", [("charge", "h")] * 40, [("p", "charge")] * 20)
+        stepped = await saver.aclaim_step(intents(2), lookup, owner="me", lease_seconds=60)
+        errors = await saver.record_outcome_rows([outcome(i) for i in range(70)])
+    return [
+        [(o.claimed, o.entry.key) for o in fresh],
+        [(o.claimed, o.entry.key, o.entry.owner) for o in again],
+        stepped.claimed,
+        len(stepped.candidates.by_signature.get(("charge", "h"), [])),
+        errors,
+    ]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="setlimit/getlimit: Python 3.11+")
+async def test_a_saver_binding_few_parameters_answers_as_one_binding_many(
+    tmp_path: Any,
+) -> None:
+    """The claims, the refused keys' read-back, the adoption read and the outcomes fit a
+    connection of 100 parameters a statement (``SELECT`` of 70 taken keys was 140) and
+    answer as with the default limit."""
+    many = await claims_under_limit(os.path.join(tmp_path, "many.db"), None)
+    few = await claims_under_limit(os.path.join(tmp_path, "few.db"), 100)
+    assert few == many
+    assert [claimed for claimed, _ in many[0]] == [True] * 70
+    assert [(claimed, owner) for claimed, _, owner in many[1]] == [(False, "me")] * 70
+    assert many[2] is None and many[3] == 70  # the step found the 70 entries
+    assert many[4] == [None] * 70

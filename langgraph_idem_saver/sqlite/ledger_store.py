@@ -88,10 +88,12 @@ class SqliteLedgerStore(_Connected):
     def _entries_by_keys(
         self, conn: sqlite3.Connection, keys: Sequence[tuple[Any, ...]]
     ) -> dict[tuple[Any, ...], LedgerEntry]:
-        """(scope, key) -> entry, for those of ``keys`` that exist: one statement."""
+        """(scope, key) -> entry, for those of ``keys`` that exist: one statement (more
+        where the connection binds fewer parameters than ``sql.KEYS_PER_READ`` pairs)."""
         found: dict[tuple[Any, ...], LedgerEntry] = {}
-        for i in range(0, len(keys), sql.KEYS_PER_READ):
-            chunk = keys[i : i + sql.KEYS_PER_READ]
+        per = max(1, min(sql.KEYS_PER_READ, ledger_batch.variables(conn) // 2))
+        for i in range(0, len(keys), per):
+            chunk = keys[i : i + per]
             params = [part for pair in chunk for part in pair]
             for row in conn.execute(sql.select_entries_by_keys(len(chunk)), params):
                 entry = self.entry_of(row)
