@@ -53,7 +53,7 @@ CALLS = 10
 # statement kinds, by the statement's opening words
 KINDS = [
     ("claim", re.compile(r"WITH u AS|idem_claim", re.I)),
-    ("outcome", re.compile(r"idem_finish|UPDATE idem_tool_calls SET status", re.I)),
+    ("outcome", re.compile(r"idem_finish|UPDATE idem_tool_calls (AS \w+ )?SET status", re.I)),
     (
         "checkpoint",
         re.compile(

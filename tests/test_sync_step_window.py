@@ -13,6 +13,7 @@ back with another connection as ``invoke`` returns. The crash test kills a real 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -79,7 +80,7 @@ class Store:
 
         def seen(text: str) -> None:
             text = " ".join(text.split())
-            if text.startswith("UPDATE idem_tool_calls SET status"):
+            if re.match(r"UPDATE idem_tool_calls (AS \w+ )?SET status", text):
                 outcome[0] = True
             elif text == "COMMIT" and outcome[0]:
                 self.writes += 1
