@@ -93,6 +93,7 @@ from langgraph_idem_saver.engine import (
 from langgraph_idem_saver.engine.loops import run_private
 from langgraph_idem_saver.engine.options import LedgerKwargs
 from langgraph_idem_saver.engine.outcomes import ended
+from langgraph_idem_saver.engine.prepare import prepare_blocking
 from langgraph_idem_saver.engine.results import calls_in_messages
 from langgraph_idem_saver.engine.types import READ_ONLY_METADATA_KEY, Plan, UnknownOutcomeResume
 from langgraph_idem_saver.errors import SerializationError
@@ -252,7 +253,7 @@ class IdempotentToolNode(ToolNode):
     def _func(self, input: NodeInput, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
         with self._step(input, config, sync=True) as batch:
             try:
-                run_private(self.engine.aprepare(batch, config))
+                prepare_blocking(self.engine, batch, config)  # the claim, committed
                 writes = sync_writes(batch, self.engine.name)
                 # set even when None: a graph run inside a tool never sees an outer step's
                 token = _WRITES.set(writes)

@@ -44,11 +44,6 @@ from langgraph.prebuilt.tool_node import ToolInvocationError
 
 from langgraph_idem_saver import telemetry
 from langgraph_idem_saver.checkpointer_unwrap import describe, ledger_in
-from langgraph_idem_saver.engine.adoption import (
-    aadopt_orphans,
-    aadopt_superseded,
-    step_lookup,
-)
 from langgraph_idem_saver.engine.context import EngineContext, on_ledger_loop
 from langgraph_idem_saver.engine.earlier import (
     adecide_earlier,
@@ -57,10 +52,10 @@ from langgraph_idem_saver.engine.earlier import (
     raise_changed,
 )
 from langgraph_idem_saver.engine.forks import siblings_refused
-from langgraph_idem_saver.engine.intents import key_calls, site_of
 from langgraph_idem_saver.engine.loops import awaiting
 from langgraph_idem_saver.engine.options import LedgerOptions
 from langgraph_idem_saver.engine.outcomes import Running, StepOutcomes
+from langgraph_idem_saver.engine.prepare import aprepare
 from langgraph_idem_saver.engine.results import retarget, text_of
 from langgraph_idem_saver.engine.step_writes import StepWrites, await_step_writes
 from langgraph_idem_saver.engine.types import (
@@ -74,7 +69,6 @@ from langgraph_idem_saver.engine.types import (
     ToolCallInProgress,
     intents_of,
     live,
-    of_kind,
 )
 from langgraph_idem_saver.engine.unknown import aapply, adecide
 from langgraph_idem_saver.engine.wide_step import all_claimed, plan_distinct, plan_each
@@ -251,47 +245,8 @@ class LedgerEngine:
     @telemetry.traced_prepare
     async def aprepare(self, batch: Batch, config: RunnableConfig) -> None:
         """Keys, adoption, one claim, settling: after it each ledgered plan knows whether
-        to run (``Kind.RUN``) or what to answer."""
-        pending = of_kind(batch.all_plans, Kind.PENDING)
-        if not pending:
-            return  # nothing side-effecting: no ledger needed
-        ledger = self.find_ledger(config)
-        batch.ledger = ledger
-        batch.ledger_loop = ledger.loop
-        batch.serde = ledger.serde
-
-        site = site_of(config, self.options.namespace, self.name)
-        batch.scope = site.scope
-        batch.owner = self.owner
-        # Keys first, for every call: a bad argument or key_fn fails before any claim.
-        step = key_calls(
-            pending, site, config, batch.origins, self.options.policy_for, self.counters
-        )
-
-        # Any exception from here on (conflict, interrupt(), timeout) releases the fresh
-        # claims of this run: the front door calls ``arelease_unstarted`` in a finally.
-        lookup = step_lookup(batch, step)
-        if lookup is None:
-            await self.aclaim(batch, step)
-        else:
-            # one round trip: adoption's read, and the claim when it found nothing
-            claim = await on_ledger_loop(
-                batch,
-                ledger.aclaim_step(
-                    intents_of(step),
-                    lookup,
-                    owner=batch.owner,
-                    lease_seconds=self.options.lease_seconds,
-                ),
-            )
-            if claim.claimed is not None:
-                await self.aclaimed(batch, step, claim.claimed)
-            else:
-                # what the one read found decides first: orphans, then reworded calls
-                await aadopt_orphans(self.context, batch, step, config, claim.candidates)
-                await aadopt_superseded(self.context, batch, step, config, claim.candidates)
-                await self.aclaim(batch, [p for p in step if p.entry is None])
-        await self.asettle(batch, of_kind(step, Kind.PENDING))
+        to run (``Kind.RUN``) or what to answer (``engine.prepare``)."""
+        await aprepare(self, batch, config)
 
     # --- claim and settle ------------------------------------------------------------------
 
