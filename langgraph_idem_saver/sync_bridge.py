@@ -66,7 +66,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from langgraph_idem_saver.answer_records import AnswerRecords
 from langgraph_idem_saver.engine.loops import awaiting, on_loop, running_loop
-from langgraph_idem_saver.errors import ConnectionClosedError
+from langgraph_idem_saver.errors import CloseTimeoutError, ConnectionClosedError
 from langgraph_idem_saver.forwarding import blocking, hopping, paging, relaying
 from langgraph_idem_saver.held_outcomes import OutcomeParams
 from langgraph_idem_saver.ledger import Outcome, ToolCallLedger
@@ -315,7 +315,16 @@ class SyncSaverBase(BaseCheckpointSaver[str], ForwardedLedger, Generic[S]):
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        """:meth:`close`; with the block's own exception in flight, a close past its
+        bound is said in the log only (``sync_closing``), so that exception is the one
+        raised, never masked by the ``CloseTimeoutError``."""
+        if exc_info[1] is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except CloseTimeoutError:  # logged once by the close: the block's error propagates
+            return
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._runtime.call(coro)

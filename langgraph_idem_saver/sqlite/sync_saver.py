@@ -135,11 +135,9 @@ class SqliteSaver(
 
         saver = cls.__new__(cls)
         saver._start("SqliteSaver", open_saver)
-        try:
+        with saver:  # its __exit__: the block's own error is never masked by a close's
             saver.conn = raw_connection(saver.saver.conn)
             yield saver
-        finally:
-            saver.close()
 
     def setup(self) -> None:
         """Configure the connection and create or migrate the tables (idempotent; also
