@@ -45,6 +45,7 @@ import concurrent.futures
 import inspect
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -64,6 +65,9 @@ LOG = logging.getLogger(__name__)
 
 # how often ``wait_on`` checks that the ledger's loop still runs
 _ALIVE_POLL_SECONDS = 1.0
+# how long ``wait_on`` waits for a loop that stopped, not closed, to run again: a loop
+# stopped for good (its thread gone) and never closed would otherwise never answer
+_STOPPED_GRACE_SECONDS = 30.0
 
 
 class SyncStepWrites(StepWrites):
@@ -262,7 +266,8 @@ def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     would report a failure that never happened. A loop closed with the task queued or
     left mid-way (checked every second: it never answers) raises ``ConfigError`` (a sync
     saver's loop is closed as its thread ends). A loop stopped for good but never closed
-    is waited for, as ``future.result()`` on it would be."""
+    is waited for up to ``_STOPPED_GRACE_SECONDS`` (30 s) in a row, then raises the same
+    ``ConfigError``: the wait never hangs for good."""
     if loop.is_closed() or not loop.is_running():
         return run_private(on_loop(loop, coro))
     try:
@@ -270,14 +275,21 @@ def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     except RuntimeError:  # closed since the check above
         coro.close()
         raise _stopped() from None
+    stopped_since: float | None = None  # when the loop was first seen stopped, in a row
     while True:
         try:
             return future.result(_ALIVE_POLL_SECONDS)
         except concurrent.futures.TimeoutError:
             if future.done():  # done as the wait timed out, or its own TimeoutError
                 return future.result()
-            if not loop.is_closed():  # running, or stopped for now: it may run again
+            if loop.is_running():
+                stopped_since = None
                 continue
+            if not loop.is_closed():  # stopped for now: it may run again, for a while
+                now = time.monotonic()
+                stopped_since = now if stopped_since is None else stopped_since
+                if now - stopped_since < _STOPPED_GRACE_SECONDS:
+                    continue
             if future.cancel() or not future.done():  # queued, or left mid-way
                 raise _stopped() from None
             return future.result()  # it ended as the loop stopped: its answer
@@ -287,6 +299,7 @@ def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
 
 def _stopped() -> ConfigError:
     return ConfigError(
-        "the ledger's event loop was closed before the step's outcomes were committed (its "
-        "saver was closed during the step): the calls not recorded stay issued"
+        "the ledger's event loop was closed (or stayed stopped) before the step's outcomes "
+        "were committed (its saver was closed during the step): the calls not recorded "
+        "stay issued"
     )
