@@ -273,46 +273,57 @@ _KIND = operator.attrgetter("kind")  # of a plan
 
 
 def traced_prepare(fn: F) -> F:
-    """``LedgerEngine.aprepare`` in an ``idem.claim`` span, timed, its claims counted.
-
-    Whether a run's calls open spans is decided here, once a run (``Batch.traced``):
-    asking OpenTelemetry for its provider reads the environment while none is set, and
-    a wide step runs 50 calls. Without a provider the span's attributes (passes over
-    the plans) are not computed either; the metrics are recorded either way."""
+    """``LedgerEngine.aprepare`` in an ``idem.claim`` span, timed, its claims counted
+    (:func:`claim_span`)."""
     if not ENABLED:
         return fn
 
     @functools.wraps(fn)
     async def aprepare(engine: Any, batch: Any, config: Any) -> None:
-        from langgraph_idem_saver.engine.types import Kind
-
-        if not any(p.kind is Kind.PENDING for p in batch.all_plans):
+        with claim_span(batch):
             await fn(engine, batch, config)
-            return
-        otel = _otel()
-        traced = batch.traced = otel.tracing()
-        started = time.perf_counter()
-        with otel.span("idem.claim") if traced else otel.no_span as span:
-            try:
-                await fn(engine, batch, config)
-            except BaseException as exc:
-                otel.error(span, exc)
-                raise
-            finally:
-                if traced:
-                    span.set_attributes(_plans_attributes(batch))
-                otel.claim_seconds.record(
-                    time.perf_counter() - started, {"idem.backend": _backend(batch)}
-                )
-            running = list(map(_KIND, batch.all_plans)).count(Kind.RUN)
-            if traced:
-                span.set_attribute("idem.claimed", running)
-                # given the entry of a lost call (an orphan, a reworded call) or a fork slot's
-                span.set_attribute("idem.adopted", sum(_adopted(p) for p in batch.all_plans))
-            if running:
-                otel.counters["idem.calls.claimed"].add(running)
 
     return cast(F, aprepare)
+
+
+@contextlib.contextmanager
+def claim_span(batch: Any) -> Iterator[None]:
+    """A step's preparation in an ``idem.claim`` span, timed, its claims counted; only
+    when the step has a call to claim. ``traced_prepare`` wraps ``aprepare`` in it; a
+    sync front door that prepares outside ``aprepare`` (``engine.prepare``) opens it
+    itself, in the node's thread and context.
+
+    Whether a run's calls open spans is decided here, once a run (``Batch.traced``):
+    asking OpenTelemetry for its provider reads the environment while none is set, and
+    a wide step runs 50 calls. Without a provider the span's attributes (passes over
+    the plans) are not computed either; the metrics are recorded either way."""
+    from langgraph_idem_saver.engine.types import Kind
+
+    if not ENABLED or not any(p.kind is Kind.PENDING for p in batch.all_plans):
+        yield
+        return
+    otel = _otel()
+    traced = batch.traced = otel.tracing()
+    started = time.perf_counter()
+    with otel.span("idem.claim") if traced else otel.no_span as span:
+        try:
+            yield
+        except BaseException as exc:
+            otel.error(span, exc)
+            raise
+        finally:
+            if traced:
+                span.set_attributes(_plans_attributes(batch))
+            otel.claim_seconds.record(
+                time.perf_counter() - started, {"idem.backend": _backend(batch)}
+            )
+        running = list(map(_KIND, batch.all_plans)).count(Kind.RUN)
+        if traced:
+            span.set_attribute("idem.claimed", running)
+            # given the entry of a lost call (an orphan, a reworded call) or a fork slot's
+            span.set_attribute("idem.adopted", sum(_adopted(p) for p in batch.all_plans))
+        if running:
+            otel.counters["idem.calls.claimed"].add(running)
 
 
 def _adopted(plan: Any) -> bool:

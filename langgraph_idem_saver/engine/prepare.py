@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from langchain_core.runnables import RunnableConfig
 
+from langgraph_idem_saver import telemetry
 from langgraph_idem_saver.engine.adoption import aadopt_orphans, aadopt_superseded, step_lookup
 from langgraph_idem_saver.engine.context import on_ledger_loop
 from langgraph_idem_saver.engine.intents import key_calls, site_of
@@ -110,10 +111,16 @@ def prepare_blocking(engine: LedgerEngine, batch: Batch, config: RunnableConfig)
     rows at the same moments: the claim committed before this returns. When the
     ledger's loop runs in another thread, the claim goes there and this thread waits on
     its future (no private loop); a fresh step is done then. What else the claim found
-    goes on through :func:`aclaimed` on the private loop, as before."""
+    goes on through :func:`aclaimed` on the private loop, as before. In the same
+    ``idem.claim`` span as ``aprepare`` (``telemetry.claim_span``), opened here."""
     if running_loop() is not None:  # run_private's ConfigError, before any key
         run_private(aprepare(engine, batch, config))
         return
+    with telemetry.claim_span(batch):
+        _prepare_blocking(engine, batch, config)
+
+
+def _prepare_blocking(engine: LedgerEngine, batch: Batch, config: RunnableConfig) -> None:
     found = keyed(engine, batch, config)
     if found is None:
         return
