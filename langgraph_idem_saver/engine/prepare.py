@@ -28,7 +28,6 @@ from langgraph_idem_saver.engine.loops import run_private, running_loop
 from langgraph_idem_saver.engine.types import Batch, Kind, Plan, intents_of, of_kind
 from langgraph_idem_saver.engine.wide_step import all_claimed
 from langgraph_idem_saver.ledger import ClaimOutcome, StepClaim, StepLookup
-from langgraph_idem_saver.sync_step_writes import wait_on
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.engine.core import LedgerEngine
@@ -121,6 +120,9 @@ def prepare_blocking(engine: LedgerEngine, batch: Batch, config: RunnableConfig)
 
 
 def _prepare_blocking(engine: LedgerEngine, batch: Batch, config: RunnableConfig) -> None:
+    # here, not at the top: sync_step_writes imports the engine, which imports this module
+    from langgraph_idem_saver.sync_step_writes import wait_on
+
     found = keyed(engine, batch, config)
     if found is None:
         return
