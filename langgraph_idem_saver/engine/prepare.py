@@ -16,7 +16,9 @@ thread and context. ``tests/test_sync_claim_fast.py`` runs both ways and compare
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 
@@ -31,6 +33,8 @@ from langgraph_idem_saver.ledger import ClaimOutcome, StepClaim, StepLookup
 
 if TYPE_CHECKING:
     from langgraph_idem_saver.engine.core import LedgerEngine
+
+T = TypeVar("T")
 
 
 def keyed(
@@ -119,10 +123,15 @@ def prepare_blocking(engine: LedgerEngine, batch: Batch, config: RunnableConfig)
         _prepare_blocking(engine, batch, config)
 
 
-def _prepare_blocking(engine: LedgerEngine, batch: Batch, config: RunnableConfig) -> None:
-    # here, not at the top: sync_step_writes imports the engine, which imports this module
-    from langgraph_idem_saver.sync_step_writes import wait_on
+def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """``sync_step_writes.wait_on``, imported when first called: that module imports the
+    engine, which imports this one."""
+    from langgraph_idem_saver.sync_step_writes import wait_on as wait
 
+    return wait(loop, coro)
+
+
+def _prepare_blocking(engine: LedgerEngine, batch: Batch, config: RunnableConfig) -> None:
     found = keyed(engine, batch, config)
     if found is None:
         return
