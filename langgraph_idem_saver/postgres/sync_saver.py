@@ -192,7 +192,9 @@ class PostgresSaver(
     ) -> Iterator[PostgresSaver]:
         """Connect to ``conn_string`` for the block (autocommit, prepared statements, as
         LangGraph's does), set up; ``pipeline=True`` runs the connection in pipeline mode.
-        ``conn`` is that sync connection, closed with the block."""
+        ``conn`` is that sync connection, closed with the block. The saver's ``close()``
+        keeps to :attr:`CLOSE_SECONDS`; closing this connection after it is psycopg's, and
+        waits for a statement of it the server still holds back (another session's lock)."""
         ttl = TTLConfig.of(ttl)  # refused before connecting
         with _connect_sync(conn_string) as conn:
             pipe_cm = conn.pipeline() if pipeline else nullcontext()
