@@ -18,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -244,3 +247,40 @@ def test_thread_local_is_per_thread() -> None:
     for t in threads:
         t.join()
     assert len(seen) == 2 and seen[0] is not seen[1]
+
+
+_FORK_SCRIPT = """
+import asyncio, concurrent.futures, gc, os, sys, threading
+from concurrent.futures import ThreadPoolExecutor
+from langgraph_idem_saver.engine.loops import run_private
+
+async def hop():
+    # completed from another thread: only the loop's self-pipe wakes it
+    fut = concurrent.futures.Future()
+    threading.Timer(0.1, fut.set_result, (7,)).start()
+    return await asyncio.wrap_future(fut)
+
+pool = ThreadPoolExecutor(1)
+assert run_private(hop()) == 7 and pool.submit(run_private, hop()).result() == 7
+pid = os.fork()
+if pid == 0:
+    ok = run_private(hop()) == 7  # the forking thread's first call in the child
+    gc.collect()  # both inherited loops unreachable in the child now
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+assert status == 0, status
+print(run_private(hop()), pool.submit(run_private, hop()).result(), flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
+def test_a_forked_child_leaves_the_parents_loops_working() -> None:
+    """A forked child that drops the loops it inherited (its first call in the forking
+    thread; the pool's threads do not exist there) must not close them: closing would
+    unregister their self-pipes from the epoll instance shared with the parent, and the
+    parent's next call waiting on another thread would hang."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["7", "7"]

@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import os
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
@@ -72,6 +73,7 @@ class _PrivateLoop:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.pid = os.getpid()
+        _ALIVE.add(self.loop)
 
     def __del__(self) -> None:
         if self.pid == os.getpid() and not self.loop.is_closed():
@@ -79,6 +81,30 @@ class _PrivateLoop:
 
 
 _PRIVATE = threading.local()
+
+# A forked child must never close (nor let the garbage collector close) a loop it
+# inherited: closing unregisters the loop's self-pipe from the epoll instance the child
+# shares with its parent, and the parent's thread then waits in that loop forever for a
+# wakeup that never comes. At fork every live private loop is held for good, in the
+# child only: the threads that held them do not exist there.
+_ALIVE: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+_FORKING: list[asyncio.AbstractEventLoop] = []
+_INHERITED: list[asyncio.AbstractEventLoop] = []
+
+
+def _hold_at_fork() -> None:
+    _FORKING.extend(_ALIVE)
+
+
+def _after_fork_in_child() -> None:
+    _INHERITED.extend(_FORKING)
+    _FORKING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_hold_at_fork, after_in_parent=_FORKING.clear, after_in_child=_after_fork_in_child
+    )
 
 
 def _private_loop() -> asyncio.AbstractEventLoop:
