@@ -68,16 +68,7 @@ def fill(saver: Any) -> None:
 
 async def async_answers(kind: str, where: str, checkpoint: str, key: str) -> dict[str, Any]:
     async with async_saver(kind, where) as saver:
-        counts = await saver.astorage_counts()
-        return {
-            "summaries": await saver.athread_summaries(),
-            "exists": (await saver.athread_exists("t1"), await saver.athread_exists("nope")),
-            "history": await saver.acheckpoint_history("t1", "", 10),
-            "ids": await saver.acheckpoint_ids_with_prefix("t1", "", checkpoint[:-2]),
-            "keys": await saver.aentry_keys_with_prefix(key[:8], "t1"),
-            "nodes": await saver.acheckpoint_nodes(["t1"]),
-            "counts": dataclasses.replace(counts, size_bytes=None),
-        }
+        return await twin_answers(saver, checkpoint, key)
 
 
 def sync_answers(saver: Any, checkpoint: str, key: str) -> dict[str, Any]:
