@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.tools import tool
 from langgraph.types import Command
+from test_sync_tool_step_fast import make_tools
 from tool_node_helpers import ai_calls, cfg, intent_for, plant_unknown, tool_graph, tool_messages
 
 from langgraph_idem_saver import IdempotentToolNode, tool_node
@@ -38,20 +38,6 @@ COLUMNS = (
     "status, attempts, replays, conflicts, result_type, result, error, adopted_by, "
     "position, occurrence"
 )
-
-
-def make_tools() -> list[Any]:
-    @tool
-    def charge(i: int) -> str:
-        """Charge (a side effect, as the ledger sees it)."""
-        return f"charged {i}"
-
-    @tool
-    def refuse(i: int) -> str:
-        """Fail."""
-        raise ValueError(f"refused {i}")
-
-    return [charge, refuse]
 
 
 def by_amount(call: Any, ctx: Any) -> str:
