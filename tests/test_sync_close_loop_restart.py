@@ -21,6 +21,30 @@ from langgraph_idem_saver.errors import ConfigError
 from langgraph_idem_saver.sync_step_writes import wait_on
 
 
+def waiting_node(loop: asyncio.AbstractEventLoop) -> tuple[threading.Thread, list[object]]:
+    """A node thread waiting (``wait_on``) on a 0.2 s step's end run on ``loop``, returned
+    once that step's end began; what the wait answered or raised goes to the list."""
+    begun = threading.Event()
+
+    async def step_end() -> int:
+        begun.set()
+        await asyncio.sleep(0.2)
+        return 42
+
+    outcome: list[object] = []
+
+    def node() -> None:
+        try:
+            outcome.append(wait_on(loop, step_end()))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=node, daemon=True)
+    waiter.start()
+    assert begun.wait(30), "the step's end never began"
+    return waiter, outcome
+
+
 def test_wait_on_a_loop_stopped_and_run_again_returns_the_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -40,25 +64,8 @@ def test_wait_on_a_loop_stopped_and_run_again_returns_the_answer(
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    begun = threading.Event()
-
-    async def step_end() -> int:
-        begun.set()
-        await asyncio.sleep(0.2)
-        return 42
-
-    outcome: list[object] = []
-
-    def node() -> None:
-        try:
-            outcome.append(wait_on(loop, step_end()))
-        except BaseException as exc:
-            outcome.append(exc)
-
-    waiter = threading.Thread(target=node, daemon=True)
+    waiter, outcome = waiting_node(loop)
     try:
-        waiter.start()
-        assert begun.wait(30), "the step's end never began"
         loop.call_soon_threadsafe(loop.stop)
         deadline = time.monotonic() + 30
         while loop.is_running():
@@ -91,25 +98,8 @@ def test_wait_on_a_loop_stopped_for_good_and_never_closed_raises_config_error(
     loop = asyncio.new_event_loop()
     server = threading.Thread(target=loop.run_forever, daemon=True)
     server.start()
-    begun = threading.Event()
-
-    async def step_end() -> int:
-        begun.set()
-        await asyncio.sleep(0.2)
-        return 42
-
-    outcome: list[object] = []
-
-    def node() -> None:
-        try:
-            outcome.append(wait_on(loop, step_end()))
-        except BaseException as exc:
-            outcome.append(exc)
-
-    waiter = threading.Thread(target=node, daemon=True)
+    waiter, outcome = waiting_node(loop)
     try:
-        waiter.start()
-        assert begun.wait(30), "the step's end never began"
         loop.call_soon_threadsafe(loop.stop)
         server.join(30)
         assert not server.is_alive() and not loop.is_closed()
