@@ -27,7 +27,8 @@ A child (:func:`child_main`) is one application process working on one thread:
    LangGraph's checkpointer has no compare-and-swap, so a turn sent while another
    process extends the thread lands on whichever checkpoint is newest - possibly the
    middle of the other's step, whose tool calls then stay unanswered for good (under
-   ``"exit"`` there are no mid-step checkpoints to land on);
+   ``"exit"`` there are no mid-step checkpoints to land on; there a :class:`TurnLock`
+   keeps a turn from being sent on a head that already has it);
 4. writes a JSON report to ``out`` and leaves with ``os._exit`` - unless the parent
    killed it first, which is the point.
 
@@ -62,6 +63,7 @@ that must show duplicates.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import sys
@@ -291,15 +293,72 @@ async def open_saver(scenario: dict[str, Any]) -> AsyncIterator[Any]:
                 yield saver
 
 
+class TurnLock:
+    """One source of user turns under durability ``"exit"``, across the round's processes.
+
+    A process sends a turn only if the thread's head has not seen it. Without this lock
+    that check races with another process's end-of-run save: a resumer that read the head
+    before the other process saved its turn, but whose run reads the head after, sends
+    that turn a second time - a user repeating themselves, not a crash (seen as a turn
+    answered twice and a "reworded" call paired with the other turn's lost call). So a
+    sender holds ``turns.lock`` from its check until its run has read the head, and every
+    checkpoint write (``aput``: under ``"exit"`` the run's one save) waits for it. Two
+    senders that check the same head still run from it together: the fork the pairs
+    variant is about. The kernel drops the lock of a killed process.
+    """
+
+    def __init__(self, scenario: dict[str, Any]) -> None:
+        self.path = Path(scenario["effects"]).with_name("turns.lock")
+        self.fd: int | None = None
+        self.armed = False
+
+    async def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        self.fd = fd
+
+    def release(self) -> None:
+        fd, self.fd, self.armed = self.fd, None, False
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor drops the flock
+
+    def install(self, saver: Any) -> None:
+        """Wrap the saver instance's ``aput`` (waits for another sender's check) and
+        ``aget_tuple`` (the run's head read ends this process's hold)."""
+        aput, aget_tuple = saver.aput, saver.aget_tuple
+
+        async def locked_aput(*args: Any, **kwargs: Any) -> Any:
+            if self.fd is not None:  # this process holds it: its own write
+                return await aput(*args, **kwargs)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+                return await aput(*args, **kwargs)
+            finally:
+                os.close(fd)
+
+        async def head_read(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await aget_tuple(*args, **kwargs)
+            finally:
+                if self.armed:
+                    self.release()
+
+        saver.aput, saver.aget_tuple = locked_aput, head_read
+
+
 def config_of(scenario: dict[str, Any]) -> dict[str, Any]:
     """The run config of the scenario's thread."""
     return {"configurable": {"thread_id": scenario.get("thread_id", "t1")}}
 
 
-async def adrive(graph: Any, scenario: dict[str, Any]) -> dict[str, Any]:
+async def adrive(
+    graph: Any, scenario: dict[str, Any], turns: TurnLock | None = None
+) -> dict[str, Any]:
     """Bring the thread forward as the process's ``role`` says (see the module docstring);
     returns the values of this process's own run (with concurrent resumers the thread's
-    head may be the other's branch)."""
+    head may be the other's branch). ``turns``: the round's :class:`TurnLock` (durability
+    ``"exit"``), held from each turn's check until its run read the head."""
     config = config_of(scenario)
     durability = scenario["durability"]
     state = await graph.aget_state(config)
@@ -311,15 +370,28 @@ async def adrive(graph: Any, scenario: dict[str, Any]) -> dict[str, Any]:
             graph, scenario, await graph.ainvoke(None, config, durability=durability)
         )
     if scenario.get("role", "app") == "app" or durability == "exit":
-        seen = {m.content for m in values.get("messages", []) if isinstance(m, HumanMessage)}
         for text in scenario["inputs"]:
             if values.get("__interrupt__"):
                 break
-            if text not in seen:
+            head = values
+            if turns is not None:
+                await turns.acquire()
+                head = dict((await graph.aget_state(config)).values)
+            seen = {m.content for m in head.get("messages", []) if isinstance(m, HumanMessage)}
+            if text in seen:
+                if turns is not None:
+                    turns.release()
+                continue
+            if turns is not None:
+                turns.armed = True  # released by the run's first head read
+            try:
                 values = await graph.ainvoke(
                     {"messages": [HumanMessage(content=text)]}, config, durability=durability
                 )
-                values = await answered(graph, scenario, values)
+            finally:
+                if turns is not None:
+                    turns.release()
+            values = await answered(graph, scenario, values)
     if values.get("__interrupt__"):
         raise RuntimeError(f"unexpected interrupt: {values['__interrupt__']!r}")
     return values
@@ -362,9 +434,13 @@ def _barrier(round_dir: Path, n: int) -> None:
 async def arun(scenario: dict[str, Any]) -> dict[str, Any]:
     """One application process's work on the thread; returns its report."""
     async with open_saver(scenario) as saver:
+        turns = None
+        if scenario["durability"] == "exit":
+            turns = TurnLock(scenario)
+            turns.install(saver)
         graph = build_graph(make_node(scenario, saver), saver)
         _barrier(Path(scenario["round_dir"]), int(scenario.get("n", 1)))
-        values = await adrive(graph, scenario)
+        values = await adrive(graph, scenario, turns)
         messages = summarize(values.get("messages", []))
         return {"ok": True, "pid": os.getpid(), "messages": messages}
 
