@@ -473,7 +473,7 @@ class ToolCallLedger(ABC):
 
     @abstractmethod
     async def aadopt(
-        self, scope: str, key: str, *, tool_call_id: str, previous: str | None = None
+        self, scope: str, key: str, *, tool_call_id: str | None, previous: str | None = None
     ) -> LedgerEntry | None:
         """Mark an orphaned entry as adopted by a re-issued call (new tool_call_id).
 
@@ -481,6 +481,8 @@ class ToolCallLedger(ABC):
         adopted by a call whose own message was lost too is adopted again, so adoption
         survives any number of consecutive lost messages. Returns None if the entry's
         ``adopted_by`` changed since it was read (someone else adopted it first).
+        ``tool_call_id=None`` hands the entry back: adopted by no call (a reworded call
+        decided to run on its own, ``engine.earlier``).
         """
 
     @abstractmethod

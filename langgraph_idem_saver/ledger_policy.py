@@ -255,7 +255,7 @@ class LedgerPolicy(ToolCallLedger):
         return await self._ledger_write(self._sql.RELEASE_ENTRY, (scope, key, owner)) > 0
 
     async def aadopt(
-        self, scope: str, key: str, *, tool_call_id: str, previous: str | None = None
+        self, scope: str, key: str, *, tool_call_id: str | None, previous: str | None = None
     ) -> LedgerEntry | None:
         params = (tool_call_id, scope, key, previous)
         return await self._guarded_update(Guarded(self._sql.ADOPT_ENTRY, params, scope, key))

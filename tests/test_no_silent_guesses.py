@@ -6,6 +6,8 @@ it is that call.
   ``charge(inv-1)`` (same step, same tool). The lost call is settled on its own
   (``verify`` about inv-1); inv-7 is then decided explicitly: asked by default,
   ``on_earlier_call="run"`` runs it, ``"replay"`` (chosen) answers it from inv-1.
+* A lost call paired with a reworded one that was decided "run" stays a lost call: made
+  again later with its very arguments, it is answered by its entry, not run twice.
 * Item 9: with ``create_react_agent(version="v2")`` each call is a task of its own. The
   inv-0 task, blind to its sibling, pairs with the lost inv-1 call, which ``verify``
   finds did not happen: it is closed "not applied; superseded". The inv-1 task, asking
@@ -122,6 +124,30 @@ def test_on_earlier_call_decides_a_reworded_call_without_asking(
     else:
         assert effects_lines(tmp_path / "effects") == ["inv-1"]
         assert answer == "charged inv-1 $10", "the recorded outcome of the lost call"
+
+
+@pytest.mark.parametrize("decided_by", ["human", "option"])
+def test_a_lost_call_a_reworded_call_ran_beside_still_answers_its_own_call_later(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, decided_by: str
+) -> None:
+    """The lost inv-1 charge, paired with the reworded inv-7, is decided "run" (by the
+    human, or by ``on_earlier_call="run"``): inv-7 is another call, and inv-1 stays a lost
+    call. When the user then asks for inv-1 again, its entry answers it - charged once,
+    replayed - instead of being hidden behind inv-7's adoption and charged twice."""
+    more = {"answer_earlier": "run"} if decided_by == "human" else {"on_earlier_call": "run"}
+    base = {**where(backend, tmp_path, request), **more}
+    crashed_paying_inv_1(base)
+    resumed(other_request(base))
+    assert Counter(effects_lines(tmp_path / "effects")) == {"inv-1": 1, "inv-7": 1}
+
+    again = {**base, "phase": "run", "text": "pay invoices inv-1", "durability": "exit"}
+    code, out, err = child(again)
+    assert out is not None and code == 0 and out["ok"], err
+    assert Counter(effects_lines(tmp_path / "effects")) == {"inv-1": 1, "inv-7": 1}
+    assert out["asked"] == [], "the same call: answered by its entry, nobody asked"
+    told = {out["calls"][i]: text for i, text in out["tool_messages"].items()}
+    assert told == {"inv-7": "charged inv-7 $10", "inv-1": "charged inv-1 $10"}
+    assert Counter(e["invoice"] for e in out["ledger"]) == {"inv-1": 1, "inv-7": 1}
 
 
 def died_after_claiming_inv1(

@@ -241,6 +241,7 @@ async def adecide_earlier(
         if choice == "replay":
             continue
         if reason == "reworded":
+            await ahand_back(batch, plan)
             plan.entry = plan.ledger_key = None
             plan.superseded = False
             plan.kind, plan.result = Kind.PENDING, None
@@ -248,6 +249,22 @@ async def adecide_earlier(
         elif not await areopen(ctx, batch, plan, "a call of a new conversation, run"):
             raise_changed(plan)
     return fresh
+
+
+async def ahand_back(batch: Batch, plan: Plan) -> None:
+    """A reworded call decided to run is another call: the lost call's entry it was paired
+    with stops being adopted by it and is a lost call again. Left adopted, the entry would
+    be hidden from orphan adoption (its adopter's message is durable), and the lost call
+    made again later - its very arguments - would run a second time instead of being
+    answered by its outcome. A row adopted since by someone else is theirs: left as is."""
+    entry, intent = cast(LedgerEntry, plan.entry), plan.intent
+    adopter = intent.tool_call_id if intent is not None else str(plan.call["id"])
+    if entry.adopted_by != adopter:
+        return
+    ledger = cast(ToolCallLedger, batch.ledger)
+    await on_ledger_loop(
+        batch, ledger.aadopt(batch.scope, entry.key, tool_call_id=None, previous=adopter)
+    )
 
 
 async def amark_reclaimed(batch: Batch, plan: Plan) -> None:
