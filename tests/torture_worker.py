@@ -254,6 +254,7 @@ def make_node(scenario: dict[str, Any], saver: Any = None) -> ToolNode:
         [charge],
         **hooks,
         key_policy=scenario.get("key_policy", "tool_call"),
+        on_earlier_call=scenario.get("on_earlier_call", "ask"),
         wait_seconds=float(scenario.get("wait_seconds", 15.0)),
         poll_seconds=0.01,
     )
@@ -370,7 +371,10 @@ async def adrive(
             graph, scenario, await graph.ainvoke(None, config, durability=durability)
         )
     if scenario.get("role", "app") == "app" or durability == "exit":
-        for text in scenario["inputs"]:
+        texts = list(scenario["inputs"])
+        if scenario.get("order") == "fickle" and scenario.get("round", 0) % 2:
+            texts.reverse()  # after a round that may have lost a turn: the other one first
+        for text in texts:
             if values.get("__interrupt__"):
                 break
             head = values
