@@ -58,8 +58,10 @@ from langgraph_idem_saver.engine import (
     UnknownToolOutcome,
     VerifyFn,
 )
+from langgraph_idem_saver.engine.finish import finish_blocking
 from langgraph_idem_saver.engine.loops import run_private
 from langgraph_idem_saver.engine.nested import RUNNING_TASK, RunningTask, amark_caller
+from langgraph_idem_saver.engine.prepare import prepare_blocking
 from langgraph_idem_saver.engine.types import OnEarlierCall
 from langgraph_idem_saver.errors import ConfigError, IdemSaverError
 from langgraph_idem_saver.keys import KeyFn
@@ -160,8 +162,10 @@ def idempotent_task(
                 batch, call = plan(args, kwargs)
                 batch.sync = True
                 try:
-                    run_private(amark_caller(task_name))  # a task calling us orchestrates
-                    run_private(engine.aprepare(batch, get_config()))
+                    outer = RUNNING_TASK.get()  # a task calling us orchestrates (marked once)
+                    if outer is not None and not outer.marked:
+                        run_private(amark_caller(task_name))
+                    prepare_blocking(engine, batch, get_config())  # engine/prepare.py
                     if call.kind is not Kind.RUN:
                         return _answered(call, run_private(engine.aanswer(batch, call)))
                     call.started = True
@@ -174,7 +178,7 @@ def idempotent_task(
                         raise
                     finally:
                         RUNNING_TASK.reset(token)
-                    run_private(engine.afinish(batch, call, value))
+                    finish_blocking(engine, batch, call, value)  # committed
                     return value
                 finally:
                     if call.owned and not call.started:
