@@ -40,8 +40,10 @@ from langgraph_idem_saver.engine import (
     LedgerOptions,
     Plan,
 )
+from langgraph_idem_saver.engine.finish import finish_blocking
 from langgraph_idem_saver.engine.loops import run_private
 from langgraph_idem_saver.engine.options import LedgerKwargs
+from langgraph_idem_saver.engine.prepare import prepare_blocking
 from langgraph_idem_saver.engine.results import calls_in_messages
 from langgraph_idem_saver.middleware_calls import Executed, anote_edit, executed_call
 from langgraph_idem_saver.middleware_order import check_order
@@ -180,8 +182,11 @@ class IdempotencyMiddleware(AgentMiddleware):
         batch.sync = True
         config = request.runtime.config
         try:
-            run_private(self.engine.aprepare(batch, config))
-            run_private(anote_edit(batch, plan, executed))
+            # the claim from this thread to the ledger's loop (engine/prepare.py); what it
+            # found (an entry: hooks, interrupt()) goes on on the private loop
+            prepare_blocking(self.engine, batch, config)
+            if executed.model_args is not None:  # an edited call: noted on its entry
+                run_private(anote_edit(batch, plan, executed))
             if plan.kind is not Kind.RUN:
                 return run_private(self.engine.aanswer(batch, plan))
             plan.started = True
@@ -191,7 +196,7 @@ class IdempotencyMiddleware(AgentMiddleware):
             except Exception as exc:
                 run_private(self.engine.araised(batch, plan, exc))
                 raise
-            return run_private(self.engine.afinish(batch, plan, result))
+            return finish_blocking(self.engine, batch, plan, result)  # committed
         finally:
             if plan.owned and not plan.started:
                 run_private(self.engine.arelease_unstarted(batch))
