@@ -409,6 +409,13 @@ class AsyncPostgresSaver(
                     *self._pack(b.type, b.data),
                     b.base_version,
                 )
+            if deltas:  # idem_missing_bases' argument, between the rows and the checkpoint
+                bases = [
+                    (thread_id, ns, b.channel, b.base_version)
+                    for b in stored_rows
+                    if b.base_version is not None
+                ]
+                params.append(sql.delta_bases_json(bases))
             params += checkpoint_params
             query = sql.put_checkpoint_sql(len(stored_rows), deltas)
             found = yield Statement(query, params, "all" if deltas else "none")

@@ -14,6 +14,8 @@ prepared statements) or as arrays they ``unnest``, so every call is a single sta
 
 from __future__ import annotations
 
+import json
+
 # Re-exported for the runtime: the schema and its lock keys (connection.py's setup()),
 # the checkpoint reads (the savers). Defined in SQL-text modules below this one.
 from langgraph_idem_saver.postgres.migrations import INSERT_MIGRATION as INSERT_MIGRATION
@@ -90,14 +92,18 @@ _BLOB_ROW = "(%s, %s, %s, %s, %s, %b, %s)"
 # blobs table was small, it was a sequential scan of every blob, kept as the table grew
 # (a fresh database: 657 scans reading 888,224 rows over 1,100 puts, each put 0.2 ms
 # slower). Each base is now one probe of the primary key, whatever plan is cached.
+#
+# The function's argument - a JSON array of [thread_id, checkpoint_ns, channel,
+# base_version], one per delta row - is built by the client (``delta_bases_json``) and
+# sent as one parameter after the rows: aggregated here from ``new_rows``
+# (``json_agg(json_build_array(...))``) it cost the server 40-60 us more CPU a put (9 of
+# the 12 puts of a 10-step ``graph.invoke``; benchmarks/README.md, issue #41).
 
 _PUT_WITH_DELTAS = """
 WITH new_rows (thread_id, checkpoint_ns, channel, version, type, blob, base_version) AS (
     VALUES {rows}
 ), missing AS (
-    SELECT m AS channel FROM idem_missing_bases((
-        SELECT json_agg(json_build_array(thread_id, checkpoint_ns, channel, base_version))
-        FROM new_rows WHERE base_version IS NOT NULL)) AS m
+    SELECT m AS channel FROM idem_missing_bases(%s::json) AS m
 ), new_blobs AS (
     INSERT INTO idem_blobs
         (thread_id, checkpoint_ns, channel, version, type, blob, base_version)
@@ -141,7 +147,8 @@ _put_writes_cache: dict[int, str] = {}
 
 def put_checkpoint_sql(n_blobs: int, deltas: bool = False) -> str:
     """aput's statement for ``n_blobs`` blob rows (7 parameters each: thread_id, ns,
-    channel, version, type, blob, base_version), then the checkpoint row's 10 parameters.
+    channel, version, type, blob, base_version), then, with ``deltas``, the bases'
+    JSON (``delta_bases_json``), then the checkpoint row's 10 parameters.
 
     With ``deltas`` (some rows have a base_version), the statement first checks that
     every base is stored and returns the channels whose base is not (writing nothing).
@@ -158,6 +165,13 @@ def put_checkpoint_sql(n_blobs: int, deltas: bool = False) -> str:
                 query = _UPSERT_BLOBS.format(rows=rows) + query
         _put_checkpoint_cache[key] = query
     return query
+
+
+def delta_bases_json(bases: list[tuple[str, str, str, str]]) -> str:
+    """``idem_missing_bases``' argument in ``_PUT_WITH_DELTAS``: the JSON array of each
+    delta row's (thread_id, checkpoint_ns, channel, base_version), as the statement once
+    built with ``json_agg(json_build_array(...))`` (non-ASCII text as it is, not escaped)."""
+    return json.dumps(bases, ensure_ascii=False, separators=(",", ":"))
 
 
 def put_writes_sql(n_writes: int) -> str:
