@@ -15,6 +15,13 @@ renamed; see ``benchmarks/sync_tool_step.py`` for the recipe), run in rotating o
 one process, on a SQLite file and on PostgreSQL (``--dsn``, else a throwaway server).
 
     python benchmarks/sync_doors.py --backends sqlite,pg --base /tmp/base
+
+Measured 2026-11-28, a shared host (load average 5), 400 fresh calls a door and stack,
+the door's thread CPU in µs a call, median: both doors claiming from the caller's thread
+and committing the outcome from there (40d9383) against the private loop for both
+(cf98b13): SQLite middleware 826 against 1585, task 647 against 1386; PostgreSQL
+middleware 848 against 1669, task 707 against 1469. A run's process CPU (every thread)
+moved by less than the noise (e.g. SQLite task 9.7 against 10.8 ms a run).
 """
 
 from __future__ import annotations
