@@ -148,6 +148,7 @@ def build(scenario: dict[str, Any], saver: Any) -> tuple[Any, Any]:
 async def run(scenario: dict[str, Any]) -> dict[str, Any]:
     config = {"configurable": {"thread_id": THREAD}}
     durability = scenario.get("durability", "sync")
+    asked_then: list[Any] = []
     async with open_saver(scenario) as saver:
         graph, node = build(scenario, saver)
         state = await graph.aget_state(config)
@@ -158,10 +159,16 @@ async def run(scenario: dict[str, Any]) -> dict[str, Any]:
         while out.get("__interrupt__"):
             interrupts = out["__interrupt__"]
             asked += [i.value for i in interrupts]
+            if scenario.get("leave_unanswered"):  # a user who never answers, asks anew
+                break
             if len(asked) > 10:
                 raise RuntimeError(f"asked again and again: {asked!r}")
             answers = {i.id: answer(i.value, scenario) for i in interrupts}
             out = await graph.ainvoke(Command(resume=answers), config, durability=durability)
+        if scenario.get("then"):  # the user's next turn, in this same process
+            then = {"messages": [HumanMessage(content=scenario["then"])]}
+            out = await graph.ainvoke(then, config, durability=durability)
+            asked_then = [i.value for i in out.get("__interrupt__", ())]
         entries = await saver.alist_entries(THREAD)
         return {
             "ok": True,
@@ -187,6 +194,7 @@ async def run(scenario: dict[str, Any]) -> dict[str, Any]:
                 for c in getattr(m, "tool_calls", None) or ()
             },
             "asked": asked,
+            "asked_then": asked_then,
         }
 
 

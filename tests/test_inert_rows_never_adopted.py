@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from langgraph_idem_saver.engine import adoption
+from langgraph_idem_saver.engine.earlier import paired_with
 from langgraph_idem_saver.engine.types import Batch, Kind, Plan
 from langgraph_idem_saver.keys import tool_call_keys
 from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, StepCandidates
@@ -161,7 +162,8 @@ async def test_the_control_a_row_of_a_call_the_state_lacks_is_adopted(
 ) -> None:
     """The harness sees adoption act: a row under the key of a call this state does not
     hold (an orphan), same signature - or, reworded, at the leader's fork slot - is
-    taken for the leader (``aadopt`` is tried)."""
+    taken for the leader (``aadopt`` is tried; at the fork slot as a pairing,
+    ``earlier.PAIRED``)."""
     monkeypatch.setattr(adoption, "_ADOPTED_HERE", OrderedDict())  # what _atake notes
     ledger = RecordingLedger()
     batch = state([("c0", "m-now"), ("c1", "m-now")], ledger)
@@ -169,4 +171,6 @@ async def test_the_control_a_row_of_a_call_the_state_lacks_is_adopted(
     digest = "h0" if where == "signature" else "h1"
     orphan = row(message_key("c9", "m-lost"), "c9", "send", digest)
     await adopt(batch, plans, [orphan])
-    assert ledger.adopted == [(orphan.key, "c0")]
+    # reworded, the entry is paired with the leader: a question, not an adoption
+    by = "c0" if where == "signature" else paired_with("c0")
+    assert ledger.adopted == [(orphan.key, by)]

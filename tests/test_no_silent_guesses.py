@@ -6,8 +6,9 @@ it is that call.
   ``charge(inv-1)`` (same step, same tool). The lost call is settled on its own
   (``verify`` about inv-1); inv-7 is then decided explicitly: asked by default,
   ``on_earlier_call="run"`` runs it, ``"replay"`` (chosen) answers it from inv-1.
-* A lost call paired with a reworded one that was decided "run" stays a lost call: made
-  again later with its very arguments, it is answered by its entry, not run twice.
+* A lost call paired with a reworded one that was decided "run", or whose question was
+  never answered, stays a lost call: made again later with its very arguments, it is
+  answered by its entry, not run twice.
 * Item 9: with ``create_react_agent(version="v2")`` each call is a task of its own. The
   inv-0 task, blind to its sibling, pairs with the lost inv-1 call, which ``verify``
   finds did not happen: it is closed "not applied; superseded". The inv-1 task, asking
@@ -148,6 +149,35 @@ def test_a_lost_call_a_reworded_call_ran_beside_still_answers_its_own_call_later
     told = {out["calls"][i]: text for i, text in out["tool_messages"].items()}
     assert told == {"inv-7": "charged inv-7 $10", "inv-1": "charged inv-1 $10"}
     assert Counter(e["invoice"] for e in out["ledger"]) == {"inv-1": 1, "inv-7": 1}
+
+
+@pytest.mark.parametrize("process", ["the same", "a new"])
+def test_a_lost_call_whose_reworded_question_is_never_answered_answers_its_own_call(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, process: str
+) -> None:
+    """The question about inv-7 (paired with the lost inv-1) is left unanswered; the user
+    asks for inv-1 again instead - in the process that asked, or in a new one. The
+    pairing is a question, not an adoption: inv-1's entry answers inv-1 - charged once,
+    replayed, nobody asked."""
+    base = where(backend, tmp_path, request)
+    crashed_paying_inv_1(base)
+    inv_1 = "pay invoices inv-1"
+    first = {**other_request(base), "phase": "run", "leave_unanswered": True}
+    if process == "the same":
+        first["then"] = inv_1
+    code, out, err = child(first)
+    assert out is not None and code == 0 and out["ok"], err
+    assert [q["kind"] for q in out["asked"]] == ["earlier_call"], "inv-7 asked about, unanswered"
+    if process == "a new":
+        again = {**base, "phase": "run", "text": inv_1, "durability": "exit"}
+        code, out, err = child(again)
+        assert out is not None and code == 0 and out["ok"], err
+    else:
+        assert out["asked_then"] == []
+        out["asked"] = []  # the question about inv-7 (above), not one about inv-1
+    assert effects_lines(tmp_path / "effects") == ["inv-1"], "charged once, inv-7 never ran"
+    assert out["asked"] == []
+    assert "charged inv-1 $10" in out["tool_messages"].values()
 
 
 def died_after_claiming_inv1(

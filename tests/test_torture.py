@@ -51,7 +51,8 @@ resumers; the same without a ``verify`` hook, a human who sees only the payload 
 same with a ``verify`` that always says "not applied" (an invoice may then be charged
 twice, and only one it was asked about); the same with a fickle user who sends the turns
 in the other order, so that a turn sent after a lost one is paired with the lost calls as
-a reworded request, decided "run" (:data:`FICKLE`); and the control, LangGraph's own saver + the
+a reworded request, decided "run" (:data:`FICKLE`), with one process a round and with
+concurrent resumers; and the control, LangGraph's own saver + the
 stock ``ToolNode`` on the concurrent schedules. Ours must show none of the problems
 above on both backends and under every durability; the control must show at least one
 duplicate per backend and durability - proof that the harness sees one - and no corrupt
@@ -171,6 +172,7 @@ FIXED_VARIANTS = [
     Variant("ours/human", "ours", pairs=False, seeds=(4,), options=(("verify", "absent"),)),
     Variant("ours/liar", "ours", pairs=False, seeds=(6,), options=(("verify", "liar"),)),
     Variant("ours/fickle", "ours", pairs=False, seeds=(7, 8), options=FICKLE),
+    Variant("ours/fickle/pairs", "ours", pairs=True, seeds=(7, 8), options=FICKLE),
     Variant("stock", "stock", pairs=True, seeds=(1, 2)),
 ]
 VARIANTS = with_extra_seeds(FIXED_VARIANTS, EXPLORE)
@@ -751,6 +753,7 @@ def test_the_exploration_knobs() -> None:
         (2, 5, 9, 1, 3, 4),
         (4, 1, 2, 3),
         (6, 1, 2, 3, 4),
+        (7, 8, 1, 2, 3, 4),
         (7, 8, 1, 2, 3, 4),
         (1, 2, 3, 4),
     ]

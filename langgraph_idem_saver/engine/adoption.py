@@ -21,7 +21,13 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 
 from langgraph_idem_saver.engine.context import EngineContext, on_ledger_loop
-from langgraph_idem_saver.engine.earlier import closed_superseded, of_ended_conversation
+from langgraph_idem_saver.engine.earlier import (
+    PAIRED,
+    adopter_of,
+    closed_superseded,
+    of_ended_conversation,
+    paired_with,
+)
 from langgraph_idem_saver.engine.history import alist_saved
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.results import collect_tool_calls
@@ -54,6 +60,15 @@ def _note_adopted_here(tool_call_id: str) -> None:
 
 def _adopted_here(tool_call_id: str | None) -> bool:
     return tool_call_id is not None and tool_call_id in _ADOPTED_HERE
+
+
+def forget_paired_here(tool_call_id: str) -> None:
+    """A reworded call's pairing is being decided (``earlier.adecide_earlier``): it no
+    longer shields the lost entry as a live run of this process, so the lost call asked
+    for again here - in this process's next turn, the question left unanswered - is
+    found by orphan adoption like anywhere else."""
+    with _ADOPTED_HERE_LOCK:
+        _ADOPTED_HERE.pop(tool_call_id, None)
 
 
 if hasattr(os, "register_at_fork"):  # a forked child runs nothing its parent adopted
@@ -168,7 +183,7 @@ async def aadopt_orphans(
         for call_id, msg in batch.pairs
         for key in tool_call_keys(first.agent_path, call_id, msg)
     }
-    orphans = [e for e in entries if _maybe_orphan(e, known, known_keys)]
+    orphans = [e for e in entries if _maybe_orphan(e, known, known_keys, pairings=False)]
     taken: set[str] = set()
     durable: set[str] | None = None  # tool call ids found in the thread's checkpoints
     for plan in candidates:
@@ -220,26 +235,36 @@ async def aadopt_orphans(
             break
 
 
-def _maybe_orphan(e: LedgerEntry, known: set[str], known_keys: set[str]) -> bool:
-    """Not a call of this state, not a claim or adoption of a live run here."""
-    return (
-        e.key not in known_keys
-        and not minted_here(e.owner)
-        and (
-            e.adopted_by is None or (e.adopted_by not in known and not _adopted_here(e.adopted_by))
-        )
-    )
+def _maybe_orphan(
+    e: LedgerEntry, known: set[str], known_keys: set[str], *, pairings: bool = True
+) -> bool:
+    """Not a call of this state, not a claim or adoption of a live run here. With
+    ``pairings=False`` (the lost call's own arguments asking: orphan adoption) a reworded
+    call's pairing hides the entry only while that call runs here (``earlier.PAIRED``)."""
+    if e.key in known_keys or minted_here(e.owner):
+        return False
+    adopted_by = e.adopted_by
+    if adopted_by is None:
+        return True
+    if adopted_by.startswith(PAIRED):
+        adopter = adopter_of(adopted_by)
+        return not _adopted_here(adopter) and (not pairings or adopter not in known)
+    return adopted_by not in known and not _adopted_here(adopted_by)
 
 
-async def _atake(batch: Batch, e: LedgerEntry, tool_call_id: str) -> LedgerEntry | None:
-    """Adopt ``e`` for ``tool_call_id``; None when a sibling task of this process took it."""
+async def _atake(
+    batch: Batch, e: LedgerEntry, tool_call_id: str, *, paired: bool = False
+) -> LedgerEntry | None:
+    """Adopt ``e`` for ``tool_call_id`` (``paired``: as a reworded call, ``earlier.PAIRED``);
+    None when a sibling task of this process took it."""
     assert batch.ledger is not None
     # noted before the write: a sibling task of this process that reads the
     # entry right after it must already see it as adopted here, not as an orphan
     _note_adopted_here(tool_call_id)
+    by = paired_with(tool_call_id) if paired else tool_call_id
     adopted = await on_ledger_loop(
         batch,
-        batch.ledger.aadopt(batch.scope, e.key, tool_call_id=tool_call_id, previous=e.adopted_by),
+        batch.ledger.aadopt(batch.scope, e.key, tool_call_id=by, previous=e.adopted_by),
     )
     if adopted is not None:
         return adopted
@@ -247,7 +272,7 @@ async def _atake(batch: Batch, e: LedgerEntry, tool_call_id: str) -> LedgerEntry
     # look further. Another process resuming the same lost call is this call: follow its
     # entry (wait for it, replay, or settle it), never claim the call afresh.
     latest = await on_ledger_loop(batch, batch.ledger.aget_entry(batch.scope, e.key))
-    if latest is None or _adopted_here(latest.adopted_by):
+    if latest is None or _adopted_here(adopter_of(latest.adopted_by)):
         return None
     return latest
 
@@ -299,7 +324,11 @@ async def aadopt_superseded(
         # a lost call closed as superseded did not happen: it settles nothing; a call of
         # an ended conversation is no lost call of this one (earlier.py)
         found = [e for e in found if not closed_superseded(e) and not of_ended_conversation(e)]
-        mine = [e for e in found if e.adopted_by == intent.tool_call_id and e.key not in taken]
+        mine = [
+            e
+            for e in found
+            if adopter_of(e.adopted_by) == intent.tool_call_id and e.key not in taken
+        ]
         # a lost call settled by the call that replaced it hands over to that call's entry
         successors = {e.tool_call_id for e in found}
         lost = [
@@ -308,16 +337,17 @@ async def aadopt_superseded(
             if e.key not in taken
             and (e.tool_name, e.args_hash) not in asked
             and e.branch != intent.branch
-            and not (e.adopted_by in successors and e.status is not CallStatus.ISSUED)
+            and not (adopter_of(e.adopted_by) in successors and e.status is not CallStatus.ISSUED)
             and _maybe_orphan(e, known, known_keys)
         ]
         if not mine and lost and durable is None:
-            wanted = {e.key for e in lost} | {e.adopted_by or "" for e in lost}
+            wanted = {e.key for e in lost} | {adopter_of(e.adopted_by) or "" for e in lost}
             durable = await adurable_calls(batch, config, intent.thread_id, wanted - {""})
         for e in mine or lost:
-            if not mine and (e.key in (durable or ()) or (e.adopted_by or "") in (durable or ())):
+            adopter = adopter_of(e.adopted_by) or ""
+            if not mine and (e.key in (durable or ()) or adopter in (durable or ())):
                 continue  # its message exists: a call of another live branch
-            adopted = e if mine else await _atake(batch, e, intent.tool_call_id)
+            adopted = e if mine else await _atake(batch, e, intent.tool_call_id, paired=True)
             if adopted is None:
                 continue
             taken.add(e.key)

@@ -62,6 +62,24 @@ REOPENED = "reopened"
 """History event: the entry was opened again for a call (its next attempt runs it)."""
 _MARKS = (SUPERSEDED, ENDED, REOPENED)
 BY = "idem-saver"
+PAIRED = "reworded:"
+"""``adopted_by`` of a lost call's entry taken by a reworded call: ``PAIRED`` + that call's
+id. A pairing is a question, not proof that the two are one call, so it must not hide the
+entry from the lost call itself: made again with its very arguments, it is still found
+by orphan adoption (``adoption._maybe_orphan``) - whether the question was answered
+"run", "replay", or never."""
+
+
+def paired_with(tool_call_id: str) -> str:
+    """The ``adopted_by`` a reworded call writes on the lost entry it is paired with."""
+    return PAIRED + tool_call_id
+
+
+def adopter_of(adopted_by: str | None) -> str | None:
+    """The call id an ``adopted_by`` names, paired or adopted."""
+    if adopted_by is not None and adopted_by.startswith(PAIRED):
+        return adopted_by[len(PAIRED) :]
+    return adopted_by
 
 
 def last_mark(entry: LedgerEntry) -> str | None:
@@ -235,6 +253,11 @@ async def adecide_earlier(
         reason = earlier_reason(plan)
         if reason is None:
             continue
+        if reason == "reworded":
+            # imported here: adoption imports this module
+            from langgraph_idem_saver.engine.adoption import forget_paired_here
+
+            forget_paired_here(str(plan.call["id"]))
         choice = ctx.options.on_earlier_call_for(plan.call["name"])
         if choice == "ask":
             choice = ask(batch, plan, reason, sole=sole)
@@ -259,11 +282,12 @@ async def ahand_back(batch: Batch, plan: Plan) -> None:
     answered by its outcome. A row adopted since by someone else is theirs: left as is."""
     entry, intent = cast(LedgerEntry, plan.entry), plan.intent
     adopter = intent.tool_call_id if intent is not None else str(plan.call["id"])
-    if entry.adopted_by != adopter:
+    if adopter_of(entry.adopted_by) != adopter:
         return
     ledger = cast(ToolCallLedger, batch.ledger)
     await on_ledger_loop(
-        batch, ledger.aadopt(batch.scope, entry.key, tool_call_id=None, previous=adopter)
+        batch,
+        ledger.aadopt(batch.scope, entry.key, tool_call_id=None, previous=entry.adopted_by),
     )
 
 
