@@ -36,7 +36,7 @@ from itertools import compress
 from typing import Any, cast
 
 from langchain_core.callbacks.manager import adispatch_custom_event
-from langchain_core.messages import ToolCall, ToolMessage
+from langchain_core.messages import ToolCall
 from langchain_core.runnables import RunnableConfig
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.errors import GraphBubbleUp
@@ -56,7 +56,7 @@ from langgraph_idem_saver.engine.loops import awaiting
 from langgraph_idem_saver.engine.options import LedgerOptions
 from langgraph_idem_saver.engine.outcomes import Running, StepOutcomes
 from langgraph_idem_saver.engine.prepare import aprepare
-from langgraph_idem_saver.engine.results import retarget, text_of
+from langgraph_idem_saver.engine.results import outcome_of, retarget
 from langgraph_idem_saver.engine.step_writes import StepWrites, await_step_writes
 from langgraph_idem_saver.engine.types import (
     Batch,
@@ -425,12 +425,7 @@ class LedgerEngine:
         except SerializationError as exc:  # the tool ran: its effect may have landed
             await self.araised(batch, plan, exc)
             raise
-        failed = isinstance(result, ToolMessage) and result.status == "error"
-        if failed:
-            outcome = Outcome.failed(text_of(result.content), result_type, data)
-        else:
-            outcome = Outcome.completed(result_type, data)
-        await self.arecord(batch, plan, outcome)
+        await self.arecord(batch, plan, outcome_of(result, result_type, data))
         return result
 
     def finish_in_step(self, batch: Batch, plan: Plan, result: Any) -> bool:

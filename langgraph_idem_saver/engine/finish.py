@@ -17,13 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import ToolMessage
-
 from langgraph_idem_saver.engine.loops import run_private, running_loop
-from langgraph_idem_saver.engine.results import text_of
+from langgraph_idem_saver.engine.results import outcome_of
 from langgraph_idem_saver.engine.types import Batch, Plan
 from langgraph_idem_saver.errors import SerializationError
-from langgraph_idem_saver.ledger import Outcome
 from langgraph_idem_saver.sync_step_writes import wait_on
 
 if TYPE_CHECKING:
@@ -49,9 +46,5 @@ def finish_blocking(engine: LedgerEngine, batch: Batch, plan: Plan, result: Any)
     except SerializationError as exc:  # the tool ran: its effect may have landed
         run_private(engine.araised(batch, plan, exc))
         raise
-    if isinstance(result, ToolMessage) and result.status == "error":
-        outcome = Outcome.failed(text_of(result.content), result_type, data)
-    else:
-        outcome = Outcome.completed(result_type, data)
-    wait_on(loop, engine.arecord(batch, plan, outcome))
+    wait_on(loop, engine.arecord(batch, plan, outcome_of(result, result_type, data)))
     return result

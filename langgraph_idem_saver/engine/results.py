@@ -20,7 +20,7 @@ from langgraph.prebuilt.tool_node import msg_content_output
 from langgraph.types import Command, Send
 
 from langgraph_idem_saver.errors import CorruptRecordError, SerializationError
-from langgraph_idem_saver.ledger import CallStatus, LedgerEntry
+from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, Outcome
 
 _ID = operator.itemgetter("id")
 
@@ -120,6 +120,15 @@ def collect_tool_calls(value: Any, found: set[tuple[str, str]], depth: int = 0) 
             collect_tool_calls(item, found, depth + 1)
     elif isinstance(value, Send):
         collect_tool_calls(value.arg, found, depth + 1)
+
+
+def outcome_of(result: Any, result_type: str | None, data: bytes | None) -> Outcome:
+    """The recorded outcome of a call that returned ``result`` (serialized as
+    ``result_type``/``data``): ``failed`` for a ``ToolMessage`` with ``status="error"``
+    (the tool's own error, handed to the model), ``completed`` otherwise."""
+    if isinstance(result, ToolMessage) and result.status == "error":
+        return Outcome.failed(text_of(result.content), result_type, data)
+    return Outcome.completed(result_type, data)
 
 
 def text_of(content: Any) -> str:
