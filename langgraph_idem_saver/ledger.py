@@ -148,6 +148,41 @@ def slot_of(call: CallIntent | LedgerEntry) -> tuple[Any, ...]:
     return (call.scope, call.position, call.tool_name, call.args_hash, call.occurrence)
 
 
+PAIRED = "reworded:"
+"""``adopted_by`` of a lost call's entry taken by a *reworded* call (``engine/earlier.py``):
+``PAIRED`` + that call's id. A pairing is a question, not proof that the two are one
+call, so it never hides the entry from the lost call itself: made again with its very
+arguments, it is found by orphan adoption - whatever became of the question."""
+ADOPTED = "adopted:"
+"""Prefixed to a plain adoption's call id that itself starts with a prefix of this
+codec: no model-given id is ever read as a pairing."""
+
+
+def paired_with(tool_call_id: str) -> str:
+    """The ``adopted_by`` a reworded call writes on the lost entry it is paired with."""
+    return PAIRED + tool_call_id
+
+
+def adopted_with(tool_call_id: str) -> str:
+    """The ``adopted_by`` a call writes on the lost entry it adopts: its id."""
+    return ADOPTED + tool_call_id if tool_call_id.startswith((PAIRED, ADOPTED)) else tool_call_id
+
+
+def is_paired(adopted_by: str | None) -> bool:
+    """``adopted_by`` records a reworded call's pairing, not an adoption."""
+    return adopted_by is not None and adopted_by.startswith(PAIRED)
+
+
+def adopter_of(adopted_by: str | None) -> str | None:
+    """The call id an ``adopted_by`` names, paired or adopted."""
+    if adopted_by is None:
+        return None
+    for prefix in (PAIRED, ADOPTED):
+        if adopted_by.startswith(prefix):
+            return adopted_by[len(prefix) :]
+    return adopted_by
+
+
 @dataclass(frozen=True)
 class LedgerEntry(CallRecord):
     """One row of the ledger, as read back."""

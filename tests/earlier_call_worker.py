@@ -130,6 +130,12 @@ def build(scenario: dict[str, Any], saver: Any) -> tuple[Any, Any]:
         ]
     model = InvoiceModel(script=script)
     node = make_node(scenario)
+    if scenario.get("no_verify"):  # unknown outcomes go to a human (an interrupt)
+        node = IdempotentToolNode(
+            list(node.tools_by_name.values()),
+            on_unknown="interrupt",
+            on_earlier_call=scenario.get("on_earlier_call", "ask"),
+        )
     if scenario.get("verify_waits_for"):  # verify answers once that invoice was charged
         node = IdempotentToolNode(
             list(node.tools_by_name.values()),

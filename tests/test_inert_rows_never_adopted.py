@@ -21,10 +21,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from langgraph_idem_saver.engine import adoption
-from langgraph_idem_saver.engine.earlier import paired_with
 from langgraph_idem_saver.engine.types import Batch, Kind, Plan
 from langgraph_idem_saver.keys import tool_call_keys
-from langgraph_idem_saver.ledger import CallIntent, CallStatus, LedgerEntry, StepCandidates
+from langgraph_idem_saver.ledger import (
+    CallIntent,
+    CallStatus,
+    LedgerEntry,
+    StepCandidates,
+    adopted_with,
+    adopter_of,
+    is_paired,
+    paired_with,
+)
 
 PATH = "tools"
 IDS = ["c0", "c1", "c2", "c3"]
@@ -174,3 +182,30 @@ async def test_the_control_a_row_of_a_call_the_state_lacks_is_adopted(
     # reworded, the entry is paired with the leader: a question, not an adoption
     by = "c0" if where == "signature" else paired_with("c0")
     assert ledger.adopted == [(orphan.key, by)]
+
+
+def test_a_pairing_hides_nothing_from_orphan_adoption_and_no_call_id_reads_as_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``adopted_by`` tells a reworded call's pairing (``ledger.PAIRED``) from an adoption:
+    a pairing - whoever made it, even a live run here - leaves the entry an orphan for
+    the lost call's own arguments, and still counts when pairing again; an adoption by a
+    call whose id happens to start with the pairing's prefix is an adoption."""
+    monkeypatch.setattr(adoption, "_ADOPTED_HERE", OrderedDict())
+    known = {"c7"}
+    paired = row("k1", "lost", "send", "h0", adopted_by=paired_with("c7"))
+    assert is_paired(paired.adopted_by) and adopter_of(paired.adopted_by) == "c7"
+    assert adoption._maybe_orphan(paired, known, set(), pairings=False)
+    assert not adoption._maybe_orphan(paired, known, set(), pairings=True)
+    adoption._note_adopted_here("c8")
+    live = row("k2", "lost", "send", "h0", adopted_by=paired_with("c8"))
+    assert adoption._maybe_orphan(live, set(), set(), pairings=False)
+    assert not adoption._maybe_orphan(live, set(), set(), pairings=True)
+
+    odd = "reworded:Z"  # a model-given id
+    stored = adopted_with(odd)
+    assert stored != odd and not is_paired(stored) and adopter_of(stored) == odd
+    adoption._note_adopted_here(odd)  # adopted by a live run of this process
+    taken = row("k3", "lost", "send", "h0", adopted_by=stored)
+    assert not adoption._maybe_orphan(taken, set(), set(), pairings=False)
+    assert adopted_with("call_1") == "call_1" and adopter_of("call_1") == "call_1"

@@ -11,8 +11,7 @@ import sys
 import langgraph_idem_saver
 
 MODULES = sorted(
-    m.name
-    for m in pkgutil.walk_packages(langgraph_idem_saver.__path__, "langgraph_idem_saver.")
+    m.name for m in pkgutil.walk_packages(langgraph_idem_saver.__path__, "langgraph_idem_saver.")
 )
 
 # one interpreter a module: each import starts from an empty sys.modules

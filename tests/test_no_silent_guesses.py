@@ -180,6 +180,35 @@ def test_a_lost_call_whose_reworded_question_is_never_answered_answers_its_own_c
     assert "charged inv-1 $10" in out["tool_messages"].values()
 
 
+@pytest.mark.parametrize("process", ["the same", "a new"])
+def test_a_lost_call_whose_unknown_outcome_is_never_answered_is_not_run_again(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, process: str
+) -> None:
+    """No ``verify``: paired with inv-7, the lost inv-1 (its outcome unknown) is asked
+    about first, and nobody answers; the user asks for inv-1 again - in that process or a
+    new one. inv-1's entry still answers it: asked about again, never charged again."""
+    base = {**where(backend, tmp_path, request), "no_verify": True}
+    crashed_paying_inv_1(base)
+    inv_1 = "pay invoices inv-1"
+    first = {**other_request(base), "phase": "run", "leave_unanswered": True}
+    if process == "the same":
+        first["then"] = inv_1
+    code, out, err = child(first)
+    assert out is not None and code == 0 and out["ok"], err
+    assert [(q["kind"], q["args"]["invoice"]) for q in out["asked"]] == [
+        ("unknown_tool_outcome", "inv-1")
+    ], "the lost call's outcome asked about, unanswered"
+    if process == "a new":
+        again = {**base, "phase": "run", "text": inv_1, "durability": "exit"}
+        code, out, err = child({**again, "leave_unanswered": True})
+        assert out is not None and code == 0 and out["ok"], err
+        later = out["asked"]
+    else:
+        later = out["asked_then"]
+    assert effects_lines(tmp_path / "effects") == ["inv-1"], "never charged a second time"
+    assert [(q["kind"], q["args"]["invoice"]) for q in later] == [("unknown_tool_outcome", "inv-1")]
+
+
 def died_after_claiming_inv1(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> dict[str, Any]:

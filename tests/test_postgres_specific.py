@@ -839,8 +839,7 @@ def normalized(value: Any) -> Any:
             d[k] = d[k] is not None
         if d.get("history"):  # its events' times ("at") differ between the two runs
             d["history"] = [
-                {k: v for k, v in event.items() if k != "at"}
-                for event in json.loads(d["history"])
+                {k: v for k, v in event.items() if k != "at"} for event in json.loads(d["history"])
             ]
         return d
     return value

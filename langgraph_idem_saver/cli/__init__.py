@@ -68,7 +68,9 @@ JSON output (``--json``; field names are stable, times are ISO 8601 UTC or null)
   entry: ``{key, key_short, scope, thread_id, agent_path, tool, tool_call_id, args, status,
   state, attempts, replays, conflicts, owner, issued_at, lease_expires_at, finished_at,
   result, error, adopted_by, run_id}``; ``status`` is the stored one (issued, completed,
-  failed), ``state`` splits issued into ``unknown`` and ``in_progress``
+  failed), ``state`` splits issued into ``unknown`` and ``in_progress``; ``adopted_by`` is
+  the call that adopted a lost call's entry, or ``reworded:<id>`` for a reworded call
+  only paired with it (``ledger.PAIRED``)
 * resolve: ``{key, thread_id, tool, resolution, status}``
 * prune: ``{mode, before, applied, threads: [{thread_id, checkpoints, delete_checkpoints,
   delete_writes}], totals: {checkpoints, delete_checkpoints, delete_writes, blobs_deleted}}``

@@ -21,13 +21,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 
 from langgraph_idem_saver.engine.context import EngineContext, on_ledger_loop
-from langgraph_idem_saver.engine.earlier import (
-    PAIRED,
-    adopter_of,
-    closed_superseded,
-    of_ended_conversation,
-    paired_with,
-)
+from langgraph_idem_saver.engine.earlier import closed_superseded, of_ended_conversation
 from langgraph_idem_saver.engine.history import alist_saved
 from langgraph_idem_saver.engine.loops import on_loop
 from langgraph_idem_saver.engine.results import collect_tool_calls
@@ -39,6 +33,10 @@ from langgraph_idem_saver.ledger import (
     LedgerEntry,
     StepCandidates,
     StepLookup,
+    adopted_with,
+    adopter_of,
+    is_paired,
+    paired_with,
 )
 from langgraph_idem_saver.owners import minted_here
 
@@ -60,15 +58,6 @@ def _note_adopted_here(tool_call_id: str) -> None:
 
 def _adopted_here(tool_call_id: str | None) -> bool:
     return tool_call_id is not None and tool_call_id in _ADOPTED_HERE
-
-
-def forget_paired_here(tool_call_id: str) -> None:
-    """A reworded call's pairing is being decided (``earlier.adecide_earlier``): it no
-    longer shields the lost entry as a live run of this process, so the lost call asked
-    for again here - in this process's next turn, the question left unanswered - is
-    found by orphan adoption like anywhere else."""
-    with _ADOPTED_HERE_LOCK:
-        _ADOPTED_HERE.pop(tool_call_id, None)
 
 
 if hasattr(os, "register_at_fork"):  # a forked child runs nothing its parent adopted
@@ -209,7 +198,7 @@ async def aadopt_orphans(
         mine = [
             e
             for e in entries
-            if e.adopted_by == intent.tool_call_id
+            if e.adopted_by == adopted_with(intent.tool_call_id)
             and intent.tool_call_id not in batch.reused_ids
             and same_call(e)
         ]
@@ -221,10 +210,10 @@ async def aadopt_orphans(
         if not matching:
             continue
         if durable is None:
-            wanted = {e.key for e in orphans} | {e.adopted_by or "" for e in orphans}
+            wanted = {e.key for e in orphans} | {_adopter(e) for e in orphans}
             durable = await adurable_calls(batch, config, intent.thread_id, wanted - {""})
         for e in matching:
-            if e.key in durable or (e.adopted_by or "") in durable:
+            if e.key in durable or _adopter(e) in durable:
                 continue  # its message exists: a sibling's (or an earlier) call
             adopted = await _atake(batch, e, intent.tool_call_id)
             if adopted is None:
@@ -235,21 +224,25 @@ async def aadopt_orphans(
             break
 
 
+def _adopter(e: LedgerEntry) -> str:
+    """The call that adopted ``e`` ("" when none did, or a reworded call only paired it:
+    a pairing is not an adoption, ``ledger.PAIRED``)."""
+    return "" if is_paired(e.adopted_by) else adopter_of(e.adopted_by) or ""
+
+
 def _maybe_orphan(
     e: LedgerEntry, known: set[str], known_keys: set[str], *, pairings: bool = True
 ) -> bool:
     """Not a call of this state, not a claim or adoption of a live run here. With
-    ``pairings=False`` (the lost call's own arguments asking: orphan adoption) a reworded
-    call's pairing hides the entry only while that call runs here (``earlier.PAIRED``)."""
+    ``pairings=False`` (orphan adoption: the lost call's own arguments asking) a reworded
+    call's pairing hides nothing (``ledger.PAIRED``); with ``pairings=True`` (pairing
+    again) it counts as that call's."""
     if e.key in known_keys or minted_here(e.owner):
         return False
-    adopted_by = e.adopted_by
-    if adopted_by is None:
+    if e.adopted_by is None or (not pairings and is_paired(e.adopted_by)):
         return True
-    if adopted_by.startswith(PAIRED):
-        adopter = adopter_of(adopted_by)
-        return not _adopted_here(adopter) and (not pairings or adopter not in known)
-    return adopted_by not in known and not _adopted_here(adopted_by)
+    adopter = adopter_of(e.adopted_by)
+    return adopter not in known and not _adopted_here(adopter)
 
 
 async def _atake(
@@ -261,7 +254,7 @@ async def _atake(
     # noted before the write: a sibling task of this process that reads the
     # entry right after it must already see it as adopted here, not as an orphan
     _note_adopted_here(tool_call_id)
-    by = paired_with(tool_call_id) if paired else tool_call_id
+    by = paired_with(tool_call_id) if paired else adopted_with(tool_call_id)
     adopted = await on_ledger_loop(
         batch,
         batch.ledger.aadopt(batch.scope, e.key, tool_call_id=by, previous=e.adopted_by),

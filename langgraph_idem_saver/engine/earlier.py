@@ -51,7 +51,13 @@ from langgraph_idem_saver.engine.types import (
     Plan,
     ToolCallInProgress,
 )
-from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, Outcome, ToolCallLedger
+from langgraph_idem_saver.ledger import (
+    CallStatus,
+    LedgerEntry,
+    Outcome,
+    ToolCallLedger,
+    adopter_of,
+)
 from langgraph_idem_saver.owners import RERUN_APPROVED
 from langgraph_idem_saver.retention import ENDED  # appended by deleting transactions
 
@@ -62,24 +68,6 @@ REOPENED = "reopened"
 """History event: the entry was opened again for a call (its next attempt runs it)."""
 _MARKS = (SUPERSEDED, ENDED, REOPENED)
 BY = "idem-saver"
-PAIRED = "reworded:"
-"""``adopted_by`` of a lost call's entry taken by a reworded call: ``PAIRED`` + that call's
-id. A pairing is a question, not proof that the two are one call, so it must not hide the
-entry from the lost call itself: made again with its very arguments, it is still found
-by orphan adoption (``adoption._maybe_orphan``) - whether the question was answered
-"run", "replay", or never."""
-
-
-def paired_with(tool_call_id: str) -> str:
-    """The ``adopted_by`` a reworded call writes on the lost entry it is paired with."""
-    return PAIRED + tool_call_id
-
-
-def adopter_of(adopted_by: str | None) -> str | None:
-    """The call id an ``adopted_by`` names, paired or adopted."""
-    if adopted_by is not None and adopted_by.startswith(PAIRED):
-        return adopted_by[len(PAIRED) :]
-    return adopted_by
 
 
 def last_mark(entry: LedgerEntry) -> str | None:
@@ -253,11 +241,6 @@ async def adecide_earlier(
         reason = earlier_reason(plan)
         if reason is None:
             continue
-        if reason == "reworded":
-            # imported here: adoption imports this module
-            from langgraph_idem_saver.engine.adoption import forget_paired_here
-
-            forget_paired_here(str(plan.call["id"]))
         choice = ctx.options.on_earlier_call_for(plan.call["name"])
         if choice == "ask":
             choice = ask(batch, plan, reason, sole=sole)

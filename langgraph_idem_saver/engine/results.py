@@ -20,7 +20,7 @@ from langgraph.prebuilt.tool_node import msg_content_output
 from langgraph.types import Command, Send
 
 from langgraph_idem_saver.errors import CorruptRecordError, SerializationError
-from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, Outcome
+from langgraph_idem_saver.ledger import CallStatus, LedgerEntry, Outcome, adopter_of
 
 _ID = operator.itemgetter("id")
 
@@ -88,7 +88,8 @@ def replayed_result(
             status=status,
         )
     value = loads_recorded(serde, entry, "tool call result")
-    recorded_ids = {entry.tool_call_id} | ({entry.adopted_by} if entry.adopted_by else set())
+    adopter = adopter_of(entry.adopted_by)
+    recorded_ids = {entry.tool_call_id} | ({adopter} if adopter else set())
     if isinstance(value, ToolMessage):
         recorded_ids.add(value.tool_call_id)
     elif not isinstance(value, (Command, list)):
