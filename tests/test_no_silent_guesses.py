@@ -151,6 +151,18 @@ def test_a_lost_call_a_reworded_call_ran_beside_still_answers_its_own_call_later
     assert Counter(e["invoice"] for e in out["ledger"]) == {"inv-1": 1, "inv-7": 1}
 
 
+def left_unanswered(base: dict[str, Any], *, then: str | None) -> dict[str, Any]:
+    """inv-1 charged and lost; the user asks for inv-7 and leaves the question it raises
+    unanswered (``then``: the user's next turn, in that same process)."""
+    crashed_paying_inv_1(base)
+    first = {**other_request(base), "phase": "run", "leave_unanswered": True}
+    if then is not None:
+        first["then"] = then
+    code, out, err = child(first)
+    assert out is not None and code == 0 and out["ok"], err
+    return out
+
+
 @pytest.mark.parametrize("process", ["the same", "a new"])
 def test_a_lost_call_whose_reworded_question_is_never_answered_answers_its_own_call(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest, process: str
@@ -160,13 +172,8 @@ def test_a_lost_call_whose_reworded_question_is_never_answered_answers_its_own_c
     pairing is a question, not an adoption: inv-1's entry answers inv-1 - charged once,
     replayed, nobody asked."""
     base = where(backend, tmp_path, request)
-    crashed_paying_inv_1(base)
     inv_1 = "pay invoices inv-1"
-    first = {**other_request(base), "phase": "run", "leave_unanswered": True}
-    if process == "the same":
-        first["then"] = inv_1
-    code, out, err = child(first)
-    assert out is not None and code == 0 and out["ok"], err
+    out = left_unanswered(base, then=inv_1 if process == "the same" else None)
     assert [q["kind"] for q in out["asked"]] == ["earlier_call"], "inv-7 asked about, unanswered"
     if process == "a new":
         again = {**base, "phase": "run", "text": inv_1, "durability": "exit"}
@@ -188,13 +195,8 @@ def test_a_lost_call_whose_unknown_outcome_is_never_answered_is_not_run_again(
     about first, and nobody answers; the user asks for inv-1 again - in that process or a
     new one. inv-1's entry still answers it: asked about again, never charged again."""
     base = {**where(backend, tmp_path, request), "no_verify": True}
-    crashed_paying_inv_1(base)
     inv_1 = "pay invoices inv-1"
-    first = {**other_request(base), "phase": "run", "leave_unanswered": True}
-    if process == "the same":
-        first["then"] = inv_1
-    code, out, err = child(first)
-    assert out is not None and code == 0 and out["ok"], err
+    out = left_unanswered(base, then=inv_1 if process == "the same" else None)
     assert [(q["kind"], q["args"]["invoice"]) for q in out["asked"]] == [
         ("unknown_tool_outcome", "inv-1")
     ], "the lost call's outcome asked about, unanswered"
