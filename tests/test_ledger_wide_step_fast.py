@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 
-from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode
+from langgraph_idem_saver import AsyncSqliteSaver, IdempotentToolNode, telemetry
 from langgraph_idem_saver.engine import core, intents, step_writes, wide_step
 from langgraph_idem_saver.engine.types import Batch, Kind
 from langgraph_idem_saver.engine.upstream import CONFIG_KEY_CHECKPOINT_MAP
@@ -185,6 +185,9 @@ async def test_fast_and_general_paths_write_the_same_rows(
     shape: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = SHAPES[shape]
+    # an OpenTelemetry provider set by a test that ran earlier in this process would make
+    # every step traced (a span a call: no inlined run); these steps run untraced
+    monkeypatch.setattr(telemetry, "ENABLED", False)
     with taken(monkeypatch) as fast_seen:
         fast = await run_shape(os.path.join(tmp_path, "fast.db"), calls, IdempotentToolNode)
     with taken(monkeypatch) as general_seen, general_path(monkeypatch):
